@@ -1,0 +1,260 @@
+#include "analysis/importers/kineto/json_tokenizer.h"
+
+#include "analysis/importers/io/byte_stream.h"
+
+namespace dynaflow {
+namespace {
+
+// Top-level values other than the event array (deviceProperties,
+// distributedInfo, ...) are small; anything larger is skipped, not buffered.
+constexpr size_t kMaxTopLevelValue = 64 << 20;
+
+bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+const char* SkipSpace(const char* p, const char* end) {
+  while (p < end && IsSpace(*p)) ++p;
+  return p;
+}
+
+// A UTF-8 byte order mark (EF BB BF) may precede the document.
+bool IsByteOrderMark(char c) {
+  auto u = static_cast<unsigned char>(c);
+  return u == 0xEF || u == 0xBB || u == 0xBF;
+}
+
+}  // namespace
+
+void ChromeJsonTokenizer::BeginValue(char first) {
+  depth_ = 0;
+  in_string_ = false;
+  escape_ = false;
+  scalar_ = first != '{' && first != '[' && first != '"';
+  keep_ = true;
+  carry_.clear();
+}
+
+ChromeJsonTokenizer::Scan ChromeJsonTokenizer::ScanValue(const char** pp, const char* end) {
+  const char* p = *pp;
+  while (p < end) {
+    if (in_string_) {
+      // Skip string bodies quickly: only '"' and '\\' matter inside.
+      while (p < end) {
+        char c = *p++;
+        if (escape_) {
+          escape_ = false;
+        } else if (c == '\\') {
+          escape_ = true;
+        } else if (c == '"') {
+          in_string_ = false;
+          break;
+        }
+      }
+      if (!in_string_ && depth_ == 0) {
+        *pp = p;
+        return Scan::kComplete;
+      }
+      continue;
+    }
+    char c = *p;
+    if (scalar_) {
+      if (c == ',' || c == '}' || c == ']' || IsSpace(c)) {
+        *pp = p;
+        return Scan::kComplete;
+      }
+      ++p;
+      continue;
+    }
+    ++p;
+    switch (c) {
+      case '"':
+        in_string_ = true;
+        break;
+      case '{':
+      case '[':
+        ++depth_;
+        break;
+      case '}':
+      case ']':
+        if (--depth_ == 0) {
+          *pp = p;
+          return Scan::kComplete;
+        }
+        break;
+      default:
+        break;
+    }
+  }
+  *pp = p;
+  return Scan::kNeedMore;
+}
+
+void ChromeJsonTokenizer::EmitEvent(const char* begin, const char* end, bool in_place) {
+  std::string_view text = in_place ? std::string_view(begin, static_cast<size_t>(end - begin))
+                                   : std::string_view(carry_);
+  if (scalar_ || text.empty() || text[0] != '{') {
+    sink_->OnNonObjectEvent();
+    return;
+  }
+  ++events_;
+  if (!in_place) {
+    // Pad the reassembled copy the way chunks are padded.
+    const size_t size = carry_.size();
+    carry_.append(kChunkPadding, ' ');
+    text = std::string_view(carry_.data(), size);
+  }
+  sink_->OnEvent(text);
+}
+
+Status ChromeJsonTokenizer::Feed(std::string_view chunk) {
+  const char* p = chunk.data();
+  const char* end = p + chunk.size();
+  while (p < end) {
+    switch (state_) {
+      case State::kStart:
+        while (p < end && (IsSpace(*p) || IsByteOrderMark(*p))) ++p;
+        if (p == end) break;
+        if (*p == '{') {
+          state_ = State::kKey;
+        } else if (*p == '[') {
+          top_is_array_ = true;
+          saw_events_ = true;
+          state_ = State::kEvents;
+        } else {
+          return Status::BadInput("not a JSON trace: it does not start with '{' or '['");
+        }
+        ++p;
+        break;
+
+      case State::kKey:
+        if (!key_in_string_) {
+          while (p < end && (IsSpace(*p) || *p == ',')) ++p;
+          if (p == end) break;
+          if (*p == '}') {
+            state_ = State::kDone;
+            ++p;
+            break;
+          }
+          if (*p != '"') return Status::BadInput("not a JSON trace: expected a key at top level");
+          key_.clear();
+          key_in_string_ = true;
+          ++p;
+        }
+        while (p < end) {
+          char c = *p++;
+          if (key_escape_) {
+            key_escape_ = false;
+          } else if (c == '\\') {
+            key_escape_ = true;
+            continue;
+          } else if (c == '"') {
+            key_in_string_ = false;
+            state_ = State::kColon;
+            break;
+          }
+          key_.push_back(c);
+        }
+        break;
+
+      case State::kColon:
+        p = SkipSpace(p, end);
+        if (p == end) break;
+        if (*p != ':') return Status::BadInput("not a JSON trace: expected ':' after a key");
+        ++p;
+        state_ = State::kValue;
+        break;
+
+      case State::kValue:
+        p = SkipSpace(p, end);
+        if (p == end) break;
+        if (key_ == "traceEvents" && *p == '[') {
+          saw_events_ = true;
+          state_ = State::kEvents;
+          ++p;
+        } else {
+          BeginValue(*p);
+          state_ = State::kOther;
+        }
+        break;
+
+      case State::kOther: {
+        const char* begin = p;
+        if (ScanValue(&p, end) == Scan::kComplete) {
+          if (keep_) {
+            carry_.append(begin, p);
+            sink_->OnTopLevel(key_, carry_);
+          } else {
+            ++dropped_values_;
+          }
+          carry_.clear();
+          state_ = State::kKey;
+        } else if (keep_) {
+          carry_.append(begin, p);
+          if (carry_.size() > kMaxTopLevelValue) {
+            keep_ = false;
+            std::string().swap(carry_);
+          }
+        }
+        break;
+      }
+
+      case State::kEvents:
+        while (p < end && (IsSpace(*p) || *p == ',')) ++p;
+        if (p == end) break;
+        if (*p == ']') {
+          ++p;
+          state_ = top_is_array_ ? State::kDone : State::kKey;
+          break;
+        }
+        BeginValue(*p);
+        state_ = State::kEvent;
+        break;
+
+      case State::kEvent: {
+        const char* begin = p;
+        if (ScanValue(&p, end) == Scan::kComplete) {
+          if (carry_.empty()) {
+            EmitEvent(begin, p, /*in_place=*/true);
+          } else {
+            carry_.append(begin, p);
+            EmitEvent(nullptr, nullptr, /*in_place=*/false);
+          }
+          carry_.clear();
+          state_ = State::kEvents;
+        } else {
+          carry_.append(begin, p);
+        }
+        break;
+      }
+
+      case State::kDone:
+        p = end;  // trailing bytes after the document are ignored
+        break;
+    }
+  }
+  offset_ += static_cast<int64_t>(chunk.size());
+  return Status::Ok();
+}
+
+Status ChromeJsonTokenizer::Finish() {
+  switch (state_) {
+    case State::kDone:
+      if (!saw_events_) {
+        return Status::BadInput("JSON without a \"traceEvents\" array: not a Kineto/Chrome trace");
+      }
+      if (top_is_array_ && events_ == 0) {
+        return Status::BadInput("JSON array without trace events: not a Kineto/Chrome trace");
+      }
+      return Status::Ok();
+    case State::kStart:
+      return Status::BadInput("empty input: no JSON trace");
+    case State::kEvents:
+    case State::kEvent:
+      return Status::BadInput("truncated trace: the input ends inside \"traceEvents\" after " +
+                              std::to_string(events_) + " events");
+    default:
+      return Status::BadInput("truncated trace: the JSON document ends early (after " +
+                              std::to_string(offset_) + " bytes)");
+  }
+}
+
+}  // namespace dynaflow

@@ -1,0 +1,532 @@
+#include "analysis/importers/kineto/kineto_parser.h"
+
+#include <simdjson.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <unordered_map>
+#include <vector>
+
+#include "analysis/importers/io/byte_stream.h"
+
+namespace dynaflow {
+namespace {
+
+namespace od = simdjson::ondemand;
+
+enum class Category {
+  kKernel,
+  kMemcpy,
+  kMemset,
+  kRuntime,
+  kDriver,
+  kSync,
+  kOperator,
+  kUserAnnotation,
+  kGpuUserAnnotation,
+  kPythonFunction,
+  kOther,
+};
+
+Category ClassifyCategory(std::string_view cat) {
+  if (cat == "kernel" || cat == "Kernel") return Category::kKernel;
+  if (cat == "gpu_memcpy" || cat == "Memcpy") return Category::kMemcpy;
+  if (cat == "gpu_memset" || cat == "Memset") return Category::kMemset;
+  if (cat == "cuda_runtime" || cat == "Runtime") return Category::kRuntime;
+  if (cat == "cuda_driver") return Category::kDriver;
+  if (cat == "cuda_sync") return Category::kSync;
+  if (cat == "cpu_op" || cat == "Operator" || cat == "operator") return Category::kOperator;
+  if (cat == "user_annotation") return Category::kUserAnnotation;
+  if (cat == "gpu_user_annotation") return Category::kGpuUserAnnotation;
+  if (cat == "python_function") return Category::kPythonFunction;
+  return Category::kOther;
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\r' ||
+                        s.back() == '\t')) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+// "stream 7" -> 7, "25738" -> 25738; false when there is no trailing number.
+bool TrailingInteger(std::string_view s, int64_t* out) {
+  size_t end = s.size();
+  size_t begin = end;
+  while (begin > 0 && s[begin - 1] >= '0' && s[begin - 1] <= '9') --begin;
+  if (begin == end) return false;
+  bool negative = begin > 0 && s[begin - 1] == '-';
+  int64_t v = 0;
+  auto res = std::from_chars(s.data() + begin, s.data() + end, v);
+  if (res.ec != std::errc()) return false;
+  *out = negative ? -v : v;
+  return true;
+}
+
+// Removes whitespace outside strings: "[[1, 512], []]" -> "[[1,512],[]]".
+std::string CompactJson(std::string_view raw) {
+  std::string out;
+  out.reserve(raw.size());
+  bool in_string = false;
+  bool escape = false;
+  for (char c : raw) {
+    if (in_string) {
+      out.push_back(c);
+      if (escape) {
+        escape = false;
+      } else if (c == '\\') {
+        escape = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == ' ' || c == '\n' || c == '\r' || c == '\t') continue;
+    if (c == '"') in_string = true;
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::string_view RawArray(od::value v) {
+  od::array array = v.get_array();
+  return array.raw_json().value();
+}
+
+// The fields of one event that any category needs. Views point into the
+// event text or simdjson's string buffer and live until the next event.
+struct RawEvent {
+  std::string_view ph;
+  std::string_view cat;
+  std::string_view name;
+  bool has_ts = false;
+  bool has_dur = false;
+  bool ts_bad = false;
+  int64_t ts = 0;
+  int64_t dur = 0;
+  int64_t pid = 0;
+  int64_t tid = 0;
+
+  int64_t device = -1;
+  int64_t stream = -1;
+  int64_t correlation = -1;
+  int64_t external_id = -1;
+  int64_t bytes = 0;
+  int64_t sequence = -1;
+  int64_t registers = 0;
+  int64_t shared_memory = 0;
+  int64_t grid[3] = {0, 0, 0};
+  int64_t block[3] = {0, 0, 0};
+  bool backward_thread = false;  // "Fwd thread id" marks an autograd (backward) op
+  std::string_view arg_name;     // metadata events: args.name
+  std::string_view copy_kind;    // args.kind of memcpy
+  std::string input_dims;
+  std::string input_types;
+  std::string_view module_path;
+};
+
+// Reads an integer that may be written as a number or a string.
+int64_t ReadId(od::value v) {
+  od::json_type type = v.type();
+  if (type == od::json_type::number) {
+    std::string_view tok = Trim(v.raw_json_token());
+    int64_t out = 0;
+    auto res = std::from_chars(tok.data(), tok.data() + tok.size(), out);
+    if (res.ec == std::errc()) return out;
+    return static_cast<int64_t>(std::strtod(std::string(tok).c_str(), nullptr));
+  }
+  if (type == od::json_type::string) {
+    int64_t out = 0;
+    if (TrailingInteger(v.get_string().value(), &out)) return out;
+  }
+  return 0;
+}
+
+bool ReadMicros(od::value v, int64_t* ns) {
+  od::json_type type = v.type();
+  if (type == od::json_type::number) return MicrosToNs(Trim(v.raw_json_token()), ns);
+  if (type == od::json_type::string) return MicrosToNs(v.get_string().value(), ns);
+  return false;
+}
+
+void ReadDim3(od::value v, int64_t out[3]) {
+  int i = 0;
+  for (auto element : v.get_array()) {
+    if (i == 3) break;
+    out[i++] = element.get_int64().value();
+  }
+}
+
+void ReadArgs(od::object args, RawEvent* e) {
+  for (auto field : args) {
+    std::string_view key = field.unescaped_key().value();
+    od::value v = field.value().value();
+    if (key.empty()) continue;
+    switch (key[0]) {
+      case 'd':
+        if (key == "device") e->device = ReadId(v);
+        break;
+      case 's':
+        if (key == "stream") {
+          e->stream = ReadId(v);
+        } else if (key == "shared memory") {
+          e->shared_memory = ReadId(v);
+        }
+        break;
+      case 'c':
+        if (key == "correlation") e->correlation = ReadId(v);
+        break;
+      case 'E':
+      case 'e':
+        if (key == "External id" || key == "external id") e->external_id = ReadId(v);
+        break;
+      case 'b':
+        if (key == "bytes") {
+          e->bytes = ReadId(v);
+        } else if (key == "block") {
+          ReadDim3(v, e->block);
+        }
+        break;
+      case 'g':
+        if (key == "grid") ReadDim3(v, e->grid);
+        break;
+      case 'r':
+        if (key == "registers per thread") e->registers = ReadId(v);
+        break;
+      case 'S':
+        if (key == "Sequence number") e->sequence = ReadId(v);
+        break;
+      case 'F':
+        if (key == "Fwd thread id") e->backward_thread = true;
+        break;
+      case 'I':
+        if (key == "Input Dims") {
+          e->input_dims = CompactJson(RawArray(v));
+        } else if (key == "Input type") {
+          e->input_types = CompactJson(RawArray(v));
+        }
+        break;
+      case 'M':
+        if (key == "Module Hierarchy" && v.type() == od::json_type::string) {
+          e->module_path = v.get_string().value();
+        }
+        break;
+      case 'n':
+        if (key == "name" && v.type() == od::json_type::string) e->arg_name = v.get_string().value();
+        break;
+      case 'k':
+        if (key == "kind" && v.type() == od::json_type::string) e->copy_kind = v.get_string().value();
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+void ReadEvent(od::object obj, RawEvent* e) {
+  for (auto field : obj) {
+    std::string_view key = field.unescaped_key().value();
+    od::value v = field.value().value();
+    if (key == "ph") {
+      e->ph = v.get_string().value();
+    } else if (key == "cat") {
+      e->cat = v.get_string().value();
+    } else if (key == "name") {
+      if (v.type() == od::json_type::string) e->name = v.get_string().value();
+    } else if (key == "ts") {
+      e->has_ts = ReadMicros(v, &e->ts);
+      e->ts_bad = !e->has_ts;
+    } else if (key == "dur") {
+      e->has_dur = ReadMicros(v, &e->dur);
+    } else if (key == "pid") {
+      e->pid = ReadId(v);
+    } else if (key == "tid") {
+      e->tid = ReadId(v);
+    } else if (key == "args") {
+      if (v.type() == od::json_type::object) ReadArgs(v.get_object().value(), e);
+    }
+  }
+}
+
+// "Memcpy HtoD (Pageable -> Device)" -> "HtoD".
+std::string_view CopyKindFromName(std::string_view name) {
+  constexpr std::string_view kPrefix = "Memcpy ";
+  if (name.substr(0, kPrefix.size()) != kPrefix) return {};
+  name.remove_prefix(kPrefix.size());
+  return name.substr(0, name.find(' '));
+}
+
+struct DeviceProps {
+  std::string name;
+  int32_t sm_count = 0;
+  int32_t cc_major = 0;
+  int32_t cc_minor = 0;
+  int64_t memory_bytes = 0;
+};
+
+}  // namespace
+
+bool MicrosToNs(std::string_view tok, int64_t* ns) {
+  if (tok.empty()) return false;
+  size_t i = 0;
+  bool negative = false;
+  if (tok[0] == '-') {
+    negative = true;
+    i = 1;
+  }
+  int64_t whole = 0;
+  size_t digits = 0;
+  for (; i < tok.size() && tok[i] >= '0' && tok[i] <= '9'; ++i, ++digits) {
+    if (whole > (INT64_MAX / 10 - 9) / 1000) return false;
+    whole = whole * 10 + (tok[i] - '0');
+  }
+  int64_t frac = 0;  // nanoseconds
+  bool round_up = false;
+  if (i < tok.size() && tok[i] == '.') {
+    ++i;
+    int frac_digits = 0;
+    for (; i < tok.size() && tok[i] >= '0' && tok[i] <= '9'; ++i, ++digits) {
+      if (frac_digits < 3) {
+        frac = frac * 10 + (tok[i] - '0');
+      } else if (frac_digits == 3) {
+        round_up = tok[i] >= '5';
+      }
+      ++frac_digits;
+    }
+    for (; frac_digits < 3; ++frac_digits) frac *= 10;
+  }
+  if (digits == 0) return false;
+  if (i < tok.size()) {
+    // Exponent or anything unusual: fall back to floating point.
+    char* end = nullptr;
+    std::string copy(tok);
+    double us = std::strtod(copy.c_str(), &end);
+    if (end == copy.c_str() || *end != '\0') return false;
+    *ns = static_cast<int64_t>(us * 1000.0 + (us >= 0 ? 0.5 : -0.5));
+    return true;
+  }
+  int64_t v = whole * 1000 + frac + (round_up ? 1 : 0);
+  *ns = negative ? -v : v;
+  return true;
+}
+
+struct KinetoParser::Impl {
+  od::parser parser;
+  std::unordered_map<int64_t, DeviceProps> props;  // deviceProperties by id
+};
+
+KinetoParser::KinetoParser(Trace* part) : impl_(std::make_unique<Impl>()), part_(part) {}
+KinetoParser::~KinetoParser() = default;
+
+void KinetoParser::OnNonObjectEvent() {
+  part_->stats.Add("kineto_non_object_event", "data_loss",
+                   "elements of traceEvents that are not JSON objects");
+}
+
+void KinetoParser::OnTopLevel(std::string_view key, std::string_view json) {
+  if (key != "distributedInfo" && key != "deviceProperties") return;
+  simdjson::padded_string padded(json);
+  try {
+    od::document doc = impl_->parser.iterate(padded);
+    if (key == "distributedInfo") {
+      for (auto field : doc.get_object()) {
+        if (field.unescaped_key().value() == "rank") {
+          rank_ = static_cast<int32_t>(ReadId(field.value().value()));
+        }
+      }
+      return;
+    }
+    for (auto element : doc.get_array()) {
+      DeviceProps p;
+      int64_t id = -1;
+      for (auto field : element.get_object()) {
+        std::string_view k = field.unescaped_key().value();
+        od::value v = field.value().value();
+        if (k == "id") {
+          id = ReadId(v);
+        } else if (k == "name") {
+          p.name = std::string(v.get_string().value());
+        } else if (k == "numSms") {
+          p.sm_count = static_cast<int32_t>(ReadId(v));
+        } else if (k == "computeMajor") {
+          p.cc_major = static_cast<int32_t>(ReadId(v));
+        } else if (k == "computeMinor") {
+          p.cc_minor = static_cast<int32_t>(ReadId(v));
+        } else if (k == "totalGlobalMem") {
+          p.memory_bytes = ReadId(v);
+        }
+      }
+      if (id >= 0) impl_->props[id] = std::move(p);
+    }
+  } catch (const simdjson::simdjson_error&) {
+    part_->stats.Add("kineto_bad_" + std::string(key), "data_loss",
+                     "a top-level metadata value that could not be parsed");
+  }
+}
+
+void KinetoParser::OnEvent(std::string_view json) {
+  RawEvent e;
+  try {
+    od::document doc = impl_->parser.iterate(
+        simdjson::padded_string_view(json.data(), json.size(), json.size() + kChunkPadding));
+    ReadEvent(doc.get_object(), &e);
+  } catch (const simdjson::simdjson_error&) {
+    part_->stats.Add("kineto_malformed_event", "data_loss",
+                     "events that are not valid JSON or have fields of the wrong type");
+    return;
+  }
+  Trace& t = *part_;
+
+  if (e.ph == "M") {
+    if (e.name == "process_name" && !e.arg_name.empty()) {
+      t.processes.push_back({0, static_cast<int32_t>(e.pid), std::string(e.arg_name)});
+    } else if (e.name == "thread_name" && !e.arg_name.empty()) {
+      t.threads.push_back({0, static_cast<int32_t>(e.pid), static_cast<int32_t>(e.tid),
+                           std::string(e.arg_name)});
+    }
+    return;
+  }
+  if (e.ph == "s" || e.ph == "f" || e.ph == "t") {
+    t.stats.Add("kineto_flow_events", "info",
+                "flow events (ac2g, fwdbwd); launches are linked by correlation id instead");
+    return;
+  }
+  if (e.ph != "X") {
+    t.stats.Add("kineto_other_phase_events", "info",
+                "instant, counter and other non-duration events, not imported");
+    return;
+  }
+  if (!e.has_ts || !e.has_dur) {
+    t.stats.Add("kineto_missing_time", "data_loss",
+                "duration events without a valid ts or dur, skipped");
+    return;
+  }
+
+  const Category category = ClassifyCategory(e.cat);
+  const TimeNs start = e.ts;
+  const TimeNs end = e.ts + e.dur;
+  switch (category) {
+    case Category::kKernel:
+    case Category::kMemcpy:
+    case Category::kMemset: {
+      GpuActivity g;
+      g.start = start;
+      g.end = end;
+      const int64_t device = e.device >= 0 ? e.device : e.pid;
+      g.device_index = t.DeviceIndex(0, static_cast<int32_t>(device));
+      g.stream = static_cast<int32_t>(e.stream >= 0 ? e.stream : e.tid);
+      g.name = t.strings.Intern(e.name);
+      g.correlation = e.correlation;
+      g.external_id = e.external_id;
+      if (category == Category::kKernel) {
+        g.kind = GpuKind::kKernel;
+        for (int i = 0; i < 3; ++i) {
+          g.grid[i] = static_cast<int32_t>(e.grid[i]);
+          g.block[i] = static_cast<int32_t>(e.block[i]);
+        }
+        g.registers = static_cast<int32_t>(e.registers);
+        g.shared_memory = static_cast<int32_t>(e.shared_memory);
+      } else {
+        g.kind = category == Category::kMemcpy ? GpuKind::kMemcpy : GpuKind::kMemset;
+        g.bytes = e.bytes;
+        if (category == Category::kMemcpy) {
+          g.copy_kind =
+              t.strings.Intern(e.copy_kind.empty() ? CopyKindFromName(e.name) : e.copy_kind);
+        }
+      }
+      t.gpu.push_back(g);
+      return;
+    }
+    case Category::kRuntime:
+    case Category::kDriver:
+    case Category::kSync: {
+      ApiCall a;
+      a.start = start;
+      a.end = end;
+      a.pid = static_cast<int32_t>(e.pid);
+      a.tid = static_cast<int32_t>(e.tid);
+      a.name = t.strings.Intern(e.name);
+      a.correlation = e.correlation;
+      a.external_id = e.external_id;
+      a.kind = category == Category::kRuntime  ? ApiKind::kRuntime
+               : category == Category::kDriver ? ApiKind::kDriver
+                                               : ApiKind::kSync;
+      t.api.push_back(a);
+      return;
+    }
+    case Category::kOperator: {
+      Operator o;
+      o.start = start;
+      o.end = end;
+      o.pid = static_cast<int32_t>(e.pid);
+      o.tid = static_cast<int32_t>(e.tid);
+      o.name = t.strings.Intern(e.name);
+      o.external_id = e.external_id;
+      o.sequence = e.sequence;
+      o.input_shapes = t.strings.Intern(e.input_dims);
+      o.input_types = t.strings.Intern(e.input_types);
+      o.module_path = t.strings.Intern(e.module_path);
+      if (e.backward_thread || e.name.rfind("autograd::engine::evaluate_function", 0) == 0) {
+        o.pass = Pass::kBackward;
+      } else if (e.sequence >= 0) {
+        o.pass = Pass::kForward;
+      }
+      t.ops.push_back(o);
+      return;
+    }
+    case Category::kUserAnnotation:
+    case Category::kGpuUserAnnotation: {
+      Range r;
+      r.start = start;
+      r.end = end;
+      r.pid = static_cast<int32_t>(e.pid);
+      r.tid = static_cast<int32_t>(e.tid);
+      r.name = t.strings.Intern(e.name);
+      if (category == Category::kGpuUserAnnotation) {
+        r.domain = RangeDomain::kGpuUser;
+        const int64_t device = e.device >= 0 ? e.device : e.pid;
+        r.device_index = static_cast<int32_t>(t.DeviceIndex(0, static_cast<int32_t>(device)));
+      }
+      t.ranges.push_back(r);
+      return;
+    }
+    case Category::kPythonFunction:
+      t.stats.Add("kineto_python_function_events", "info",
+                  "Python stack events (with_stack), not imported");
+      return;
+    case Category::kOther:
+      t.stats.Add("kineto_other_category_events", "info",
+                  "duration events of categories dynaflow does not use (Trace, overhead...)");
+      return;
+  }
+}
+
+void KinetoParser::Finish() {
+  for (DeviceInfo& d : part_->devices) {
+    auto it = impl_->props.find(d.device);
+    if (it == impl_->props.end()) continue;
+    const DeviceProps& p = it->second;
+    d.name = p.name;
+    d.sm_count = p.sm_count;
+    d.cc_major = p.cc_major;
+    d.cc_minor = p.cc_minor;
+    d.memory_bytes = p.memory_bytes;
+  }
+  part_->metadata["format"] = "kineto";
+}
+
+Status ParseKinetoJson(std::string_view json, int32_t default_rank, Trace* trace) {
+  Trace part;
+  KinetoParser parser(&part);
+  ChromeJsonTokenizer tokenizer(&parser);
+  std::string padded(json);
+  padded.append(kChunkPadding, ' ');
+  DF_RETURN_IF_ERROR(tokenizer.Feed(std::string_view(padded.data(), json.size())));
+  DF_RETURN_IF_ERROR(tokenizer.Finish());
+  parser.Finish();
+  trace->Append(std::move(part), parser.rank() >= 0 ? parser.rank() : default_rank);
+  return Status::Ok();
+}
+
+}  // namespace dynaflow

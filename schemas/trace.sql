@@ -1,0 +1,190 @@
+-- dynaflow trace store, schema version 1 (PRAGMA user_version = 1).
+--
+-- One SQLite file holds one or more imported or captured traces. Times are
+-- integer nanoseconds on the trace's clock; names are interned in `strings`
+-- and referenced by id (0 is the empty string). A reader refuses a file whose
+-- user_version it does not know. Changing a table is a new version.
+--
+-- Natural queries go through the views at the end, e.g.
+--   SELECT name, count(*), sum(dur_ns) FROM gpu_activity GROUP BY name ORDER BY 3 DESC;
+
+PRAGMA user_version = 1;
+
+-- Key/value facts about the trace: format, source files, tool versions,
+-- and anything a tracer wants to record (dropped records, "no GPU", ...).
+CREATE TABLE meta (
+  key   TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+);
+
+CREATE TABLE strings (
+  id    INTEGER PRIMARY KEY,
+  value TEXT NOT NULL
+);
+
+-- One row per GPU, identified by (rank, device). 0 means "not known".
+CREATE TABLE devices (
+  id                    INTEGER PRIMARY KEY,   -- referenced by device_id columns
+  rank                  INTEGER NOT NULL,
+  device                INTEGER NOT NULL,
+  name                  TEXT NOT NULL,
+  sm_count              INTEGER NOT NULL,
+  cc_major              INTEGER NOT NULL,
+  cc_minor              INTEGER NOT NULL,
+  memory_bytes          INTEGER NOT NULL,
+  clock_khz             INTEGER NOT NULL,
+  memory_bandwidth_gbps REAL NOT NULL,
+  peak_tflops_fp32      REAL NOT NULL,
+  peak_tflops_bf16      REAL NOT NULL,
+  peak_tflops_fp8       REAL NOT NULL,
+  UNIQUE (rank, device)
+);
+
+CREATE TABLE processes (
+  rank INTEGER NOT NULL,
+  pid  INTEGER NOT NULL,
+  name TEXT NOT NULL,
+  PRIMARY KEY (rank, pid)
+);
+
+CREATE TABLE threads (
+  rank INTEGER NOT NULL,
+  pid  INTEGER NOT NULL,
+  tid  INTEGER NOT NULL,
+  name TEXT NOT NULL,
+  PRIMARY KEY (rank, pid, tid)
+);
+
+-- Kernels as they ran. correlation links to api_calls.correlation of the same
+-- rank; external_id links to operators.external_id of the same rank.
+CREATE TABLE kernels (
+  device_id     INTEGER NOT NULL REFERENCES devices(id),
+  stream        INTEGER NOT NULL,
+  start_ns      INTEGER NOT NULL,
+  end_ns        INTEGER NOT NULL,
+  name_id       INTEGER NOT NULL REFERENCES strings(id),
+  correlation   INTEGER,
+  external_id   INTEGER,
+  grid_x        INTEGER NOT NULL, grid_y  INTEGER NOT NULL, grid_z  INTEGER NOT NULL,
+  block_x       INTEGER NOT NULL, block_y INTEGER NOT NULL, block_z INTEGER NOT NULL,
+  registers     INTEGER NOT NULL,
+  shared_memory INTEGER NOT NULL,
+  graph_id      INTEGER,                      -- CUDA graph, NULL outside graphs
+  graph_node    INTEGER
+);
+
+CREATE TABLE memcpy (
+  device_id   INTEGER NOT NULL REFERENCES devices(id),
+  stream      INTEGER NOT NULL,
+  start_ns    INTEGER NOT NULL,
+  end_ns      INTEGER NOT NULL,
+  name_id     INTEGER NOT NULL REFERENCES strings(id),
+  copy_kind   TEXT NOT NULL,                  -- HtoD, DtoH, DtoD, PtoP, ...
+  bytes       INTEGER NOT NULL,
+  correlation INTEGER,
+  external_id INTEGER
+);
+
+CREATE TABLE memset (
+  device_id   INTEGER NOT NULL REFERENCES devices(id),
+  stream      INTEGER NOT NULL,
+  start_ns    INTEGER NOT NULL,
+  end_ns      INTEGER NOT NULL,
+  name_id     INTEGER NOT NULL REFERENCES strings(id),
+  bytes       INTEGER NOT NULL,
+  correlation INTEGER,
+  external_id INTEGER
+);
+
+-- CUDA runtime and driver calls, and synchronization (kind).
+CREATE TABLE api_calls (
+  rank        INTEGER NOT NULL,
+  pid         INTEGER NOT NULL,
+  tid         INTEGER NOT NULL,
+  kind        TEXT NOT NULL CHECK (kind IN ('runtime', 'driver', 'sync')),
+  start_ns    INTEGER NOT NULL,
+  end_ns      INTEGER NOT NULL,
+  name_id     INTEGER NOT NULL REFERENCES strings(id),
+  correlation INTEGER,
+  external_id INTEGER
+);
+
+-- Annotated ranges: user annotations on host threads, their projection on a
+-- device (device_id not NULL, e.g. ProfilerStep#N), and NVTX ranges.
+CREATE TABLE ranges (
+  rank      INTEGER NOT NULL,
+  pid       INTEGER NOT NULL,
+  tid       INTEGER NOT NULL,
+  device_id INTEGER REFERENCES devices(id),
+  domain    TEXT NOT NULL CHECK (domain IN ('user', 'gpu_user', 'nvtx')),
+  start_ns  INTEGER NOT NULL,
+  end_ns    INTEGER NOT NULL,
+  name_id   INTEGER NOT NULL REFERENCES strings(id)
+);
+
+-- Framework operators. input_shapes and input_types are compact JSON arrays.
+CREATE TABLE operators (
+  rank           INTEGER NOT NULL,
+  pid            INTEGER NOT NULL,
+  tid            INTEGER NOT NULL,
+  start_ns       INTEGER NOT NULL,
+  end_ns         INTEGER NOT NULL,
+  name_id        INTEGER NOT NULL REFERENCES strings(id),
+  sequence       INTEGER,                     -- autograd sequence number
+  pass           TEXT NOT NULL CHECK (pass IN ('unknown', 'forward', 'backward')),
+  input_shapes_id INTEGER NOT NULL REFERENCES strings(id),
+  input_types_id  INTEGER NOT NULL REFERENCES strings(id),
+  module_path_id  INTEGER NOT NULL REFERENCES strings(id),
+  external_id    INTEGER
+);
+
+-- Malformed or skipped input, counted by named category (never fatal).
+CREATE TABLE import_stats (
+  name        TEXT PRIMARY KEY,
+  severity    TEXT NOT NULL CHECK (severity IN ('info', 'data_loss', 'error')),
+  count       INTEGER NOT NULL,
+  description TEXT NOT NULL
+);
+
+-- Every GPU activity in one place, with names resolved.
+CREATE VIEW gpu_activity AS
+  SELECT 'kernel' AS kind, d.rank, d.device, k.stream, k.start_ns, k.end_ns,
+         k.end_ns - k.start_ns AS dur_ns, s.value AS name, 0 AS bytes,
+         k.correlation, k.external_id
+    FROM kernels k JOIN devices d ON d.id = k.device_id JOIN strings s ON s.id = k.name_id
+  UNION ALL
+  SELECT 'memcpy', d.rank, d.device, m.stream, m.start_ns, m.end_ns,
+         m.end_ns - m.start_ns, s.value, m.bytes, m.correlation, m.external_id
+    FROM memcpy m JOIN devices d ON d.id = m.device_id JOIN strings s ON s.id = m.name_id
+  UNION ALL
+  SELECT 'memset', d.rank, d.device, m.stream, m.start_ns, m.end_ns,
+         m.end_ns - m.start_ns, s.value, m.bytes, m.correlation, m.external_id
+    FROM memset m JOIN devices d ON d.id = m.device_id JOIN strings s ON s.id = m.name_id;
+
+CREATE VIEW operators_named AS
+  SELECT o.rank, o.pid, o.tid, o.start_ns, o.end_ns, o.end_ns - o.start_ns AS dur_ns,
+         n.value AS name, o.sequence, o.pass, sh.value AS input_shapes,
+         ty.value AS input_types, mp.value AS module_path, o.external_id
+    FROM operators o
+    JOIN strings n ON n.id = o.name_id
+    JOIN strings sh ON sh.id = o.input_shapes_id
+    JOIN strings ty ON ty.id = o.input_types_id
+    JOIN strings mp ON mp.id = o.module_path_id;
+
+-- Which operator launched which GPU work (Kineto's External id).
+CREATE VIEW operator_gpu_links AS
+  SELECT o.rank, o.name, o.module_path, o.external_id, g.kind, g.device, g.stream,
+         g.name AS gpu_name, g.start_ns, g.end_ns
+    FROM operators_named o
+    JOIN gpu_activity g ON g.rank = o.rank AND g.external_id = o.external_id
+   WHERE o.external_id IS NOT NULL;
+
+CREATE VIEW api_calls_named AS
+  SELECT a.rank, a.pid, a.tid, a.kind, a.start_ns, a.end_ns, a.end_ns - a.start_ns AS dur_ns,
+         s.value AS name, a.correlation, a.external_id
+    FROM api_calls a JOIN strings s ON s.id = a.name_id;
+
+CREATE VIEW ranges_named AS
+  SELECT r.rank, r.pid, r.tid, d.device, r.domain, r.start_ns, r.end_ns,
+         r.end_ns - r.start_ns AS dur_ns, s.value AS name
+    FROM ranges r JOIN strings s ON s.id = r.name_id LEFT JOIN devices d ON d.id = r.device_id;
