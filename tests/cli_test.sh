@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# End-to-end tests of the dynaflow command: exit codes, outputs, bad input.
+# Needs DYNAFLOW_BIN and DYNAFLOW_SOURCE_DIR (ctest sets both).
+set -u
+bin=${DYNAFLOW_BIN:?}
+src=${DYNAFLOW_SOURCE_DIR:?}
+shared="$src/../shared/traces"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+passes=0
+
+check() {  # check NAME COMMAND... : the command must succeed
+  local name=$1
+  shift
+  if "$@"; then
+    passes=$((passes + 1))
+  else
+    echo "FAIL: $name"
+    failures=$((failures + 1))
+  fi
+}
+
+# expect_code NAME CODE CMD...: runs CMD, compares the exit code.
+expect_code() {
+  local name=$1 want=$2
+  shift 2
+  "$@" >"$work/out" 2>"$work/err"
+  local got=$?
+  if [ "$got" -ne "$want" ]; then
+    echo "FAIL: $name: exit $got, want $want; stderr: $(head -c 300 "$work/err")"
+    failures=$((failures + 1))
+  else
+    passes=$((passes + 1))
+  fi
+}
+
+json_get() {  # json_get FILE PYTHON_EXPR(j) -> prints the value
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"
+}
+
+# --- help and usage errors
+expect_code "help" 0 "$bin" --help
+check "help lists verbs" grep -q "advise" "$work/out"
+expect_code "advise help" 0 "$bin" advise --help
+check "advise help lists formats" grep -q "html" "$work/out"
+expect_code "no verb" 2 "$bin"
+expect_code "unknown option" 2 "$bin" advise --no-such-flag x
+expect_code "bad format" 2 "$bin" advise --format xml "$src/README.md"
+
+# --- bad input: exit 2, one line on stderr, no output file
+printf '' >"$work/empty.json"
+printf '{"model": "llama"}' >"$work/config.json"
+printf 'garbage\x00\x01' >"$work/garbage.bin"
+sqlite3 "$work/other.sqlite" 'CREATE TABLE users(id INTEGER);'
+bad_inputs=("$work/empty.json" "$work/config.json" "$work/garbage.bin" "$work/other.sqlite"
+            "$work/missing.json" "$work")
+if [ -d "$shared" ]; then
+  head -c 10000 "$shared/kineto/hta_a100_alexnet.json.gz" >"$work/truncated.json.gz"
+  bad_inputs+=("$work/truncated.json.gz")
+fi
+for bad in "${bad_inputs[@]}"; do
+  name=$(basename "$bad")
+  expect_code "advise $name" 2 "$bin" advise "$bad" -o "$work/report.txt"
+  check "advise $name: one line on stderr" test "$(wc -l <"$work/err")" -eq 1
+  check "advise $name: no partial report" test ! -e "$work/report.txt"
+  expect_code "import $name" 2 "$bin" import "$bad" -o "$work/bad.db"
+  check "import $name: no partial trace.db" test ! -e "$work/bad.db"
+  expect_code "info $name" 2 "$bin" info "$bad"
+done
+
+# --- the examples the project ships
+for example in "$src"/examples/traces/*.json.gz; do
+  [ -e "$example" ] || continue
+  expect_code "advise $(basename "$example")" 0 "$bin" advise "$example"
+  check "example report has a timeline" grep -q "GPU timeline" "$work/out"
+done
+
+# --- real traces: formats, import round trip, info
+if [ -d "$shared" ]; then
+  bert="$shared/kineto/tracelens_mi300_bert_small.json.gz"
+  expect_code "advise json" 0 "$bin" advise "$bert" --format json -o "$work/bert.json"
+  check "json schema" test "$(json_get "$work/bert.json" 'j["schema"]')" = "dynaflow.report/1"
+  check "json one device" test "$(json_get "$work/bert.json" 'len(j["devices"])')" = 1
+  check "json total matches TraceLens" python3 -c "
+import json,sys
+t=json.load(open(sys.argv[1]))['devices'][0]['timeline']
+assert abs(t['total_us']/1000 - 3.49597607421875) < 1e-6, t" "$work/bert.json"
+
+  expect_code "advise html" 0 "$bin" advise "$bert" --format html -o "$work/bert.html"
+  check "html page" grep -q "<svg" "$work/bert.html"
+
+  expect_code "import two ranks" 0 "$bin" import "$shared/kineto/hta_sampled_rank-0.json.gz" \
+    "$shared/kineto/hta_sampled_rank-1.json.gz" -o "$work/ranks.db"
+  check "trace.db queryable" test "$(sqlite3 "$work/ranks.db" \
+    "SELECT count(DISTINCT rank) FROM gpu_activity")" = 2
+  check "trace.db kernel count" test "$(sqlite3 "$work/ranks.db" \
+    "SELECT count(*) FROM kernels")" -gt 2000
+  expect_code "info trace.db" 0 "$bin" info "$work/ranks.db"
+  check "info lists both ranks" grep -q "rank 1 device 1" "$work/out"
+  expect_code "advise trace.db" 0 "$bin" advise "$work/ranks.db" --format json -o "$work/db.json"
+  expect_code "advise originals" 0 "$bin" advise "$shared/kineto/hta_sampled_rank-0.json.gz" \
+    "$shared/kineto/hta_sampled_rank-1.json.gz" --format json -o "$work/orig.json"
+  check "trace.db gives the same devices" python3 -c "
+import json,sys
+a=json.load(open(sys.argv[1]))['devices']; b=json.load(open(sys.argv[2]))['devices']
+assert [d['timeline'] for d in a] == [d['timeline'] for d in b]" "$work/db.json" "$work/orig.json"
+
+  expect_code "nsys info" 0 "$bin" info "$shared/nsys/nsysai_mock_rtx3080.sqlite"
+  check "nsys device name" grep -q "RTX 3080" "$work/out"
+  expect_code "cpu-only trace" 0 "$bin" advise "$shared/kineto/hta_cpu_only.json.gz"
+  check "cpu-only says so" grep -q "No GPU activity" "$work/out"
+fi
+
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]

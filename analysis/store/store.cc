@@ -113,9 +113,8 @@ void WriteAll(const Trace& t, SQLite::Database& db) {
 
   SQLite::Statement str(db, "INSERT INTO strings VALUES (?, ?)");
   for (size_t i = 0; i < t.strings.size(); ++i) {
-    std::string_view s = t.strings.Get(static_cast<StringId>(i));
     str.bind(1, static_cast<int64_t>(i));
-    str.bind(2, s.data(), static_cast<int>(s.size()));
+    str.bind(2, std::string(t.strings.Get(static_cast<StringId>(i))));  // TEXT, not BLOB
     Insert(str, tx);
   }
 
@@ -182,8 +181,7 @@ void WriteAll(const Trace& t, SQLite::Database& db) {
         copy.bind(3, g.start);
         copy.bind(4, g.end);
         copy.bind(5, g.name);
-        std::string_view kind = t.strings.Get(g.copy_kind);
-        copy.bind(6, kind.data(), static_cast<int>(kind.size()));
+        copy.bind(6, std::string(t.strings.Get(g.copy_kind)));
         copy.bind(7, g.bytes);
         BindOptional(copy, 8, g.correlation);
         BindOptional(copy, 9, g.external_id);

@@ -1,1 +1,192 @@
+#include "analysis/store/store.h"
+
+#include <SQLiteCpp/SQLiteCpp.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "schemas/trace_sql.h"
+
+namespace dynaflow {
+namespace {
+
+std::string TempPath(const char* name) {
+  return (std::filesystem::temp_directory_path() /
+          (std::string(name) + "-" + std::to_string(getpid()) + ".db"))
+      .string();
+}
+
+Trace SampleTrace() {
+  Trace t;
+  uint32_t d = t.DeviceIndex(1, 2);
+  t.devices[d].name = "NVIDIA H200";
+  t.devices[d].sm_count = 132;
+  t.devices[d].cc_major = 9;
+  t.devices[d].memory_bandwidth_gbps = 4800;
+  t.devices[d].peak_tflops_bf16 = 989;
+  GpuActivity k;
+  k.device_index = d;
+  k.stream = 7;
+  k.start = 1000;
+  k.end = 5000;
+  k.name = t.strings.Intern("sm90_gemm");
+  k.correlation = 11;
+  k.external_id = 3;
+  k.grid[0] = 132;
+  k.block[0] = 256;
+  k.registers = 168;
+  k.shared_memory = 65536;
+  k.graph_id = 4;
+  t.gpu.push_back(k);
+  GpuActivity c;
+  c.kind = GpuKind::kMemcpy;
+  c.device_index = d;
+  c.start = 6000;
+  c.end = 7000;
+  c.name = t.strings.Intern("Memcpy HtoD");
+  c.copy_kind = t.strings.Intern("HtoD");
+  c.bytes = 4096;
+  t.gpu.push_back(c);
+  GpuActivity m;
+  m.kind = GpuKind::kMemset;
+  m.device_index = d;
+  m.start = 7000;
+  m.end = 7100;
+  m.name = t.strings.Intern("Memset");
+  m.bytes = 64;
+  t.gpu.push_back(m);
+  ApiCall a;
+  a.rank = 1;
+  a.pid = 10;
+  a.tid = 11;
+  a.start = 500;
+  a.end = 900;
+  a.correlation = 11;
+  a.name = t.strings.Intern("cudaLaunchKernel");
+  a.kind = ApiKind::kDriver;
+  t.api.push_back(a);
+  Operator o;
+  o.rank = 1;
+  o.pid = 10;
+  o.tid = 11;
+  o.start = 400;
+  o.end = 950;
+  o.external_id = 3;
+  o.sequence = 42;
+  o.pass = Pass::kBackward;
+  o.name = t.strings.Intern("aten::mm");
+  o.input_shapes = t.strings.Intern("[[8,4096],[4096,4096]]");
+  o.input_types = t.strings.Intern("[\"c10::BFloat16\",\"c10::BFloat16\"]");
+  o.module_path = t.strings.Intern("model.layers.0.mlp");
+  t.ops.push_back(o);
+  Range r;
+  r.rank = 1;
+  r.device_index = static_cast<int32_t>(d);
+  r.domain = RangeDomain::kGpuUser;
+  r.start = 0;
+  r.end = 8000;
+  r.name = t.strings.Intern("ProfilerStep#1");
+  t.ranges.push_back(r);
+  t.processes.push_back({1, 10, "python"});
+  t.threads.push_back({1, 10, 11, "main"});
+  t.stats.Add("kineto_malformed_event", "data_loss", "bad events", 3);
+  t.metadata["format"] = "kineto";
+  return t;
+}
+
+TEST(StoreTest, RoundTripKeepsEveryRecord) {
+  const std::string path = TempPath("store-roundtrip");
+  Trace in = SampleTrace();
+  ASSERT_TRUE(WriteTraceDb(in, path).ok());
+  Trace out;
+  Status st = ReadTraceDb(path, &out);
+  ASSERT_TRUE(st.ok()) << st.message();
+
+  ASSERT_EQ(out.devices.size(), 1u);
+  EXPECT_EQ(out.devices[0].rank, 1);
+  EXPECT_EQ(out.devices[0].device, 2);
+  EXPECT_EQ(out.devices[0].name, "NVIDIA H200");
+  EXPECT_EQ(out.devices[0].sm_count, 132);
+  EXPECT_DOUBLE_EQ(out.devices[0].peak_tflops_bf16, 989);
+  ASSERT_EQ(out.gpu.size(), 3u);
+  const GpuActivity& k = out.gpu[0];
+  EXPECT_EQ(out.strings.Get(k.name), "sm90_gemm");
+  EXPECT_EQ(k.start, 1000);
+  EXPECT_EQ(k.end, 5000);
+  EXPECT_EQ(k.stream, 7);
+  EXPECT_EQ(k.correlation, 11);
+  EXPECT_EQ(k.external_id, 3);
+  EXPECT_EQ(k.grid[0], 132);
+  EXPECT_EQ(k.block[0], 256);
+  EXPECT_EQ(k.registers, 168);
+  EXPECT_EQ(k.shared_memory, 65536);
+  EXPECT_EQ(k.graph_id, 4);
+  EXPECT_EQ(k.graph_node, -1);
+  EXPECT_EQ(out.gpu[1].kind, GpuKind::kMemcpy);
+  EXPECT_EQ(out.strings.Get(out.gpu[1].copy_kind), "HtoD");
+  EXPECT_EQ(out.gpu[1].bytes, 4096);
+  EXPECT_EQ(out.gpu[1].correlation, -1);
+  EXPECT_EQ(out.gpu[2].kind, GpuKind::kMemset);
+  ASSERT_EQ(out.api.size(), 1u);
+  EXPECT_EQ(out.api[0].kind, ApiKind::kDriver);
+  EXPECT_EQ(out.api[0].tid, 11);
+  ASSERT_EQ(out.ops.size(), 1u);
+  EXPECT_EQ(out.ops[0].pass, Pass::kBackward);
+  EXPECT_EQ(out.ops[0].sequence, 42);
+  EXPECT_EQ(out.strings.Get(out.ops[0].input_shapes), "[[8,4096],[4096,4096]]");
+  EXPECT_EQ(out.strings.Get(out.ops[0].module_path), "model.layers.0.mlp");
+  ASSERT_EQ(out.ranges.size(), 1u);
+  EXPECT_EQ(out.ranges[0].device_index, 0);
+  EXPECT_EQ(out.ranges[0].domain, RangeDomain::kGpuUser);
+  EXPECT_EQ(out.processes.size(), 1u);
+  EXPECT_EQ(out.threads.size(), 1u);
+  EXPECT_EQ(out.stats.Get("kineto_malformed_event"), 3);
+  EXPECT_EQ(out.metadata["format"], "kineto");
+  std::filesystem::remove(path);
+}
+
+TEST(StoreTest, SchemaVersionAndViewsAreQueryable) {
+  const std::string path = TempPath("store-views");
+  ASSERT_TRUE(WriteTraceDb(SampleTrace(), path).ok());
+  SQLite::Database db(path, SQLite::OPEN_READONLY);
+  EXPECT_EQ(db.execAndGet("PRAGMA user_version").getInt(), kTraceSchemaVersion);
+  EXPECT_EQ(db.execAndGet("SELECT count(*) FROM gpu_activity").getInt(), 3);
+  EXPECT_EQ(db.execAndGet("SELECT sum(dur_ns) FROM gpu_activity WHERE kind = 'kernel'").getInt(),
+            4000);
+  EXPECT_EQ(db.execAndGet("SELECT gpu_name FROM operator_gpu_links WHERE name = 'aten::mm'")
+                .getString(),
+            "sm90_gemm");
+  EXPECT_EQ(db.execAndGet("SELECT device FROM ranges_named").getInt(), 2);
+  std::filesystem::remove(path);
+}
+
+TEST(StoreTest, FailedWriteLeavesNoFile) {
+  const std::string path = "/nonexistent-dir-for-dynaflow/trace.db";
+  Status st = WriteTraceDb(SampleTrace(), path);
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kFailure);
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST(StoreTest, RejectsUnknownSchemaVersion) {
+  const std::string path = TempPath("store-version");
+  ASSERT_TRUE(WriteTraceDb(SampleTrace(), path).ok());
+  {
+    SQLite::Database db(path, SQLite::OPEN_READWRITE);
+    db.exec("PRAGMA user_version = 99");
+  }
+  Trace out;
+  Status st = ReadTraceDb(path, &out);
+  EXPECT_EQ(st.code(), StatusCode::kBadInput);
+  EXPECT_NE(st.message().find("version 99"), std::string::npos);
+  std::filesystem::remove(path);
+}
+
+TEST(StoreTest, LooksLikeTraceDb) {
+  EXPECT_TRUE(LooksLikeTraceDb({"meta", "strings", "kernels", "operators", "devices"}));
+  EXPECT_FALSE(LooksLikeTraceDb({"CUPTI_ACTIVITY_KIND_KERNEL", "StringIds"}));
+}
+
+}  // namespace
+}  // namespace dynaflow

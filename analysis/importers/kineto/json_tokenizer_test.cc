@@ -1,1 +1,121 @@
+#include "analysis/importers/kineto/json_tokenizer.h"
+
 #include <gtest/gtest.h>
+
+#include <vector>
+
+#include "analysis/importers/io/byte_stream.h"
+
+namespace dynaflow {
+namespace {
+
+class Collect : public ChromeJsonTokenizer::Sink {
+ public:
+  void OnEvent(std::string_view json) override { events.emplace_back(json); }
+  void OnTopLevel(std::string_view key, std::string_view json) override {
+    top.emplace_back(std::string(key) + "=" + std::string(json));
+  }
+  void OnNonObjectEvent() override { ++non_objects; }
+  std::vector<std::string> events;
+  std::vector<std::string> top;
+  int non_objects = 0;
+};
+
+// Feeds `doc` in pieces cut at `cuts`, each padded as ByteStream pads chunks.
+Status FeedInPieces(const std::string& doc, std::vector<size_t> cuts, Collect* sink,
+                    ChromeJsonTokenizer* tok) {
+  cuts.push_back(doc.size());
+  size_t from = 0;
+  for (size_t to : cuts) {
+    std::string piece = doc.substr(from, to - from);
+    const size_t n = piece.size();
+    piece.append(kChunkPadding, '\0');
+    DF_RETURN_IF_ERROR(tok->Feed(std::string_view(piece.data(), n)));
+    from = to;
+  }
+  return tok->Finish();
+}
+
+const std::string kDoc =
+    "\xEF\xBB\xBF {\"schemaVersion\": 1, \"deviceProperties\": [{\"id\": 0, \"name\": \"H200\"}],\n"
+    " \"traceEvents\": [\n"
+    "  {\"ph\": \"X\", \"name\": \"a}{\\\"]\", \"ts\": 1.5, \"args\": {\"grid\": [1, 2, 3]}},\n"
+    "  {\"ph\": \"M\", \"name\": \"process_name\", \"args\": {\"name\": \"py\\\\\"}},\n"
+    "  {}\n"
+    " ],\n"
+    " \"traceName\": \"x\", \"flag\": true, \"n\": -1.5e3}\n";
+
+TEST(ChromeJsonTokenizerTest, SplitsEventsAndTopLevelValues) {
+  Collect sink;
+  ChromeJsonTokenizer tok(&sink);
+  ASSERT_TRUE(FeedInPieces(kDoc, {}, &sink, &tok).ok());
+  ASSERT_EQ(sink.events.size(), 3u);
+  EXPECT_EQ(sink.events[0],
+            "{\"ph\": \"X\", \"name\": \"a}{\\\"]\", \"ts\": 1.5, \"args\": {\"grid\": [1, 2, 3]}}");
+  EXPECT_EQ(sink.events[2], "{}");
+  ASSERT_EQ(sink.top.size(), 5u);
+  EXPECT_EQ(sink.top[0], "schemaVersion=1");
+  EXPECT_EQ(sink.top[1], "deviceProperties=[{\"id\": 0, \"name\": \"H200\"}]");
+  EXPECT_EQ(sink.top[2], "traceName=\"x\"");
+  EXPECT_EQ(sink.top[3], "flag=true");
+  EXPECT_EQ(sink.top[4], "n=-1.5e3");
+  EXPECT_EQ(tok.events(), 3);
+}
+
+TEST(ChromeJsonTokenizerTest, EveryChunkBoundaryGivesTheSameResult) {
+  Collect whole;
+  ChromeJsonTokenizer ref(&whole);
+  ASSERT_TRUE(FeedInPieces(kDoc, {}, &whole, &ref).ok());
+  for (size_t cut = 1; cut < kDoc.size(); ++cut) {
+    for (size_t second : {cut + 1, cut + 7}) {
+      std::vector<size_t> cuts = {cut};
+      if (second < kDoc.size()) cuts.push_back(second);
+      Collect sink;
+      ChromeJsonTokenizer tok(&sink);
+      ASSERT_TRUE(FeedInPieces(kDoc, cuts, &sink, &tok).ok()) << "cut at " << cut;
+      EXPECT_EQ(sink.events, whole.events) << "cut at " << cut;
+      EXPECT_EQ(sink.top, whole.top) << "cut at " << cut;
+    }
+  }
+}
+
+TEST(ChromeJsonTokenizerTest, TopLevelArrayAndNonObjects) {
+  Collect sink;
+  ChromeJsonTokenizer tok(&sink);
+  ASSERT_TRUE(FeedInPieces("[{\"ph\":\"X\"}, 3, \"s\", [1], {\"ph\":\"i\"}]", {}, &sink, &tok).ok());
+  EXPECT_EQ(sink.events.size(), 2u);
+  EXPECT_EQ(sink.non_objects, 3);
+}
+
+TEST(ChromeJsonTokenizerTest, RejectsWhatIsNotATrace) {
+  struct Case {
+    std::string doc;
+    std::string message;
+  } cases[] = {
+      {"", "empty"},
+      {"   \n", "empty"},
+      {"hello", "does not start"},
+      {"{\"foo\": 1}", "traceEvents"},
+      {"[1, 2, 3]", "without trace events"},
+      {"{\"traceEvents\": [{\"ph\": \"X\"}, {\"ph\"", "truncated"},
+      {"{\"traceEvents\": [{\"ph\": \"X\"}]", "truncated"},
+      {"{\"a\" 1}", "expected ':'"},
+  };
+  for (const Case& c : cases) {
+    Collect sink;
+    ChromeJsonTokenizer tok(&sink);
+    Status st = FeedInPieces(c.doc, {}, &sink, &tok);
+    EXPECT_EQ(st.code(), StatusCode::kBadInput) << c.doc;
+    EXPECT_NE(st.message().find(c.message), std::string::npos) << c.doc << " -> " << st.message();
+  }
+}
+
+TEST(ChromeJsonTokenizerTest, EmptyEventArrayIsAValidEmptyTrace) {
+  Collect sink;
+  ChromeJsonTokenizer tok(&sink);
+  EXPECT_TRUE(FeedInPieces("{\"traceEvents\": []}", {}, &sink, &tok).ok());
+  EXPECT_TRUE(sink.events.empty());
+}
+
+}  // namespace
+}  // namespace dynaflow

@@ -37,9 +37,12 @@ constexpr Source kTargetGpus{"TARGET_INFO_GPU", "gpu_info"};
 constexpr Source kCudaDevices{"TARGET_INFO_CUDA_DEVICE", "cuda_device_info"};
 
 // Any of these marks an nsys export, even one without GPU activity.
-constexpr std::array<std::string_view, 6> kMarkerTables = {
-    "CUPTI_ACTIVITY_KIND_KERNEL",  "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
-    "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS",                "TARGET_INFO_GPU"};
+constexpr std::array<std::string_view, 6> kMarkerTables = {"CUPTI_ACTIVITY_KIND_KERNEL",
+                                                           "CUPTI_ACTIVITY_KIND_MEMCPY",
+                                                           "CUPTI_ACTIVITY_KIND_MEMSET",
+                                                           "CUPTI_ACTIVITY_KIND_RUNTIME",
+                                                           "NVTX_EVENTS",
+                                                           "TARGET_INFO_GPU"};
 
 // The event tables, whose rows the progress callback counts.
 constexpr std::array<Source, 6> kEventSources = {kKernels, kMemcpys, kMemsets,
@@ -51,10 +54,10 @@ constexpr int64_t kProgressEveryRows = 1 << 16;
 // They follow CUPTI's numbering (CUpti_ActivityMemcpyKind, nsys's UVM kinds
 // after it; CUpti_ActivitySynchronizationType).
 constexpr std::array<std::string_view, 14> kMemcpyKindLabels = {
-    "CUDA_MEMCPY_KIND_UNKNOWN",  "CUDA_MEMCPY_KIND_HTOD",     "CUDA_MEMCPY_KIND_DTOH",
-    "CUDA_MEMCPY_KIND_HTOA",     "CUDA_MEMCPY_KIND_ATOH",     "CUDA_MEMCPY_KIND_ATOA",
-    "CUDA_MEMCPY_KIND_ATOD",     "CUDA_MEMCPY_KIND_DTOA",     "CUDA_MEMCPY_KIND_DTOD",
-    "CUDA_MEMCPY_KIND_HTOH",     "CUDA_MEMCPY_KIND_PTOP",     "CUDA_MEMCPY_KIND_UVM_HTOD",
+    "CUDA_MEMCPY_KIND_UNKNOWN",  "CUDA_MEMCPY_KIND_HTOD",    "CUDA_MEMCPY_KIND_DTOH",
+    "CUDA_MEMCPY_KIND_HTOA",     "CUDA_MEMCPY_KIND_ATOH",    "CUDA_MEMCPY_KIND_ATOA",
+    "CUDA_MEMCPY_KIND_ATOD",     "CUDA_MEMCPY_KIND_DTOA",    "CUDA_MEMCPY_KIND_DTOD",
+    "CUDA_MEMCPY_KIND_HTOH",     "CUDA_MEMCPY_KIND_PTOP",    "CUDA_MEMCPY_KIND_UVM_HTOD",
     "CUDA_MEMCPY_KIND_UVM_DTOH", "CUDA_MEMCPY_KIND_UVM_DTOD"};
 constexpr std::array<std::string_view, 5> kSyncTypeLabels = {
     "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_UNKNOWN",
@@ -62,8 +65,9 @@ constexpr std::array<std::string_view, 5> kSyncTypeLabels = {
     "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT",
     "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE",
     "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_CONTEXT_SYNCHRONIZE"};
-constexpr std::array<std::string_view, 2> kEventClassLabels = {
-    "TRACE_PROCESS_EVENT_CUDA_RUNTIME", "TRACE_PROCESS_EVENT_CUDA_DRIVER"};
+constexpr std::string_view kRuntimeClass = "TRACE_PROCESS_EVENT_CUDA_RUNTIME";
+constexpr std::string_view kDriverClass = "TRACE_PROCESS_EVENT_CUDA_DRIVER";
+constexpr std::array<std::string_view, 2> kEventClassLabels = {kRuntimeClass, kDriverClass};
 // NVTX range event types (push/pop and start/end, NVTX and NVTXT) when the
 // export lacks ENUM_NSYS_EVENT_TYPE; marks (34) and other events are not ranges.
 constexpr std::array<int64_t, 4> kNvtxRangeTypes = {59, 60, 70, 71};
@@ -203,10 +207,10 @@ class NsysStrings {
   // nullopt when the export has no string with this id.
   std::optional<StringId> Find(int64_t id) const {
     if (!dense_.empty()) {
-      if (id < 0 || static_cast<size_t>(id) >= dense_.size() || dense_[id] == kAbsent) {
-        return std::nullopt;
-      }
-      return dense_[static_cast<size_t>(id)];
+      if (id < 0 || static_cast<size_t>(id) >= dense_.size()) return std::nullopt;
+      const StringId s = dense_[static_cast<size_t>(id)];
+      if (s == kAbsent) return std::nullopt;
+      return s;
     }
     auto it = sparse_.find(id);
     if (it == sparse_.end()) return std::nullopt;
@@ -304,15 +308,17 @@ class NsysImport {
       return true;
     }
     trace_->stats.Add("nsys_" + std::string(t.category()) + "_unusable", "data_loss",
-                      t.table() + " lacks an essential column (start, end, deviceId...); "
-                                  "its rows were skipped");
+                      t.table() +
+                          " lacks an essential column (start, end, deviceId...); "
+                          "its rows were skipped");
     return false;
   }
 
   void CountBadRow(const TableCursor& t) {
     trace_->stats.Add("nsys_" + std::string(t.category()) + "_bad_row", "data_loss",
-                      t.table() + " rows with a NULL start, end or deviceId, or end < start; "
-                                  "skipped");
+                      t.table() +
+                          " rows with a NULL start, end or deviceId, or end < start; "
+                          "skipped");
   }
 
   // The row's [start, end]; false, counting the row, when either is NULL or
@@ -473,9 +479,9 @@ class NsysImport {
       ApiCall c;
       if (const std::optional<int64_t> cls = t.Int(event_class)) {
         const std::string_view label = LabelOf(classes, kEventClassLabels, *cls);
-        if (label == kEventClassLabels[1]) {
+        if (label == kDriverClass) {
           c.kind = ApiKind::kDriver;
-        } else if (label != kEventClassLabels[0]) {
+        } else if (label != kRuntimeClass) {
           trace_->stats.Add("nsys_runtime_other_class", "info",
                             "CUPTI_ACTIVITY_KIND_RUNTIME rows of other event classes "
                             "(e.g. CUDA backtrace copies); skipped");
@@ -649,10 +655,10 @@ class NsysImport {
     while (t.Step()) {
       const std::optional<int64_t> key = t.Int(id);
       if (!key) continue;
-      gpus.try_emplace(*key, GpuProperties{
-                                 std::string(trace_->strings.Get(NameAt(t, {name}))),
-                                 t.IntOr(sm_count, 0), t.IntOr(cc_major, 0), t.IntOr(cc_minor, 0),
-                                 t.IntOr(memory, 0), t.IntOr(clock, 0), t.IntOr(bandwidth, 0)});
+      gpus.try_emplace(
+          *key, GpuProperties{std::string(trace_->strings.Get(NameAt(t, {name}))),
+                              t.IntOr(sm_count, 0), t.IntOr(cc_major, 0), t.IntOr(cc_minor, 0),
+                              t.IntOr(memory, 0), t.IntOr(clock, 0), t.IntOr(bandwidth, 0)});
     }
     return gpus;
   }
@@ -745,7 +751,8 @@ class NsysReader final : public TraceReader {
   Status Read(const FileProbe& probe, int ordinal, const ImportOptions& options,
               Trace* trace) override {
     try {
-      SQLite::Database db(probe.path, SQLite::OPEN_READONLY);
+      // Only this thread uses the connection: skip SQLite's per-call mutex.
+      SQLite::Database db(probe.path, SQLite::OPEN_READONLY | SQLite::OPEN_NOMUTEX);
       NsysImport(db, ordinal, options, trace).Run();
     } catch (const SQLite::Exception& e) {
       return Status::BadInput(probe.path + ": unreadable Nsight Systems export: " + e.what());
@@ -797,8 +804,9 @@ std::string_view StripNsysApiVersion(std::string_view name) {
   const size_t v = name.rfind("_v");
   if (v == std::string_view::npos || v == 0 || v + 2 == name.size()) return name;
   const std::string_view digits = name.substr(v + 2);
-  const bool all_digits = std::all_of(digits.begin(), digits.end(),
-                                      [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  const bool all_digits = std::all_of(digits.begin(), digits.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c));
+  });
   return all_digits ? name.substr(0, v) : name;
 }
 

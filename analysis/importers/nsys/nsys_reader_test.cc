@@ -2,15 +2,14 @@
 
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <string>
-#include <unistd.h>
 #include <utility>
 #include <vector>
 
@@ -423,6 +422,26 @@ TEST(NsysReader, EnumTablesOverrideCuptiNumbering) {
   EXPECT_EQ(Name(trace, trace.ranges[0].name), "a range");
 }
 
+TEST(NsysReader, ResolvesSparseStringIds) {
+  // Ids far apart (nsys 2026 numbers strings up to ~330k for ~140 strings)
+  // and one beyond any sensible dense table.
+  TempDb db(R"sql(
+    CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
+    INSERT INTO StringIds VALUES (5, 'near'), (1099511627776, 'far');
+    CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER,
+      demangledName INTEGER);
+    INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (1, 2, 0, 1099511627776), (3, 4, 0, 5),
+      (5, 6, 0, 6);
+  )sql");
+  Trace trace;
+  ASSERT_TRUE(ReadInto(db.path(), 0, &trace).ok());
+  ASSERT_EQ(trace.gpu.size(), 3u);
+  EXPECT_EQ(Name(trace, trace.gpu[0].name), "far");
+  EXPECT_EQ(Name(trace, trace.gpu[1].name), "near");
+  EXPECT_EQ(trace.gpu[2].name, 0u);
+  EXPECT_EQ(trace.stats.Get("nsys_unknown_string_id"), 1);
+}
+
 TEST(NsysReader, CountsMalformedRowsAndSkipsThem) {
   TempDb db(R"sql(
     CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
@@ -537,7 +556,8 @@ TEST(NsysReader, ReportsProgressInRows) {
 
 TEST(NsysReader, BrokenFileIsBadInput) {
   const std::string path =
-      (fs::temp_directory_path() / ("nsys_reader_test_broken_" + std::to_string(getpid()))).string();
+      (fs::temp_directory_path() / ("nsys_reader_test_broken_" + std::to_string(getpid())))
+          .string();
   {
     std::ofstream out(path, std::ios::binary);
     out << std::string("SQLite format 3\0", 16) << std::string(4080, '\x5a');
@@ -559,9 +579,9 @@ std::string SharedTrace(const std::string& name) {
   return std::string(DYNAFLOW_SOURCE_DIR) + "/../shared/traces/nsys/" + name;
 }
 
-#define SKIP_IF_ABSENT(path)                  \
-  if (!fs::exists(path)) {                    \
-    GTEST_SKIP() << "missing " << (path);     \
+#define SKIP_IF_ABSENT(path)              \
+  if (!fs::exists(path)) {                \
+    GTEST_SKIP() << "missing " << (path); \
   }
 
 struct Counts {
@@ -627,7 +647,9 @@ TEST(NsysSamples, H100TwoGpus) {
   }
   EXPECT_EQ(runtime_per_pid, (std::map<int32_t, int>{{111, 2898}, {112, 2898}}));
   for (const ApiCall& a : trace.api) {
-    if (a.kind == ApiKind::kSync) EXPECT_EQ(a.tid, a.pid);  // the main thread called them
+    if (a.kind == ApiKind::kSync) {
+      EXPECT_EQ(a.tid, a.pid);  // each process's main thread synchronized
+    }
   }
 
   EXPECT_EQ(trace.ranges.size(), 16782u);
