@@ -1,0 +1,32 @@
+// One function per verb: each adds its subcommand to the app and, when the
+// subcommand runs, stores the exit code in *exit_code (0 ok, 1 failure, 2 usage
+// error or bad input). Verbs parse arguments and call libraries, nothing more.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+#include "analysis/base/status.h"
+#include "analysis/model/trace.h"
+
+namespace dynaflow {
+
+void AddImportCommand(CLI::App& app, int* exit_code);
+void AddInfoCommand(CLI::App& app, int* exit_code);
+void AddAdviseCommand(CLI::App& app, int* exit_code);
+
+// Shared by the verbs.
+
+// Prints "dynaflow: <message>" on stderr and returns the status's exit code.
+int Fail(const Status& status);
+
+// Imports `inputs` into `trace`, with progress on stderr when it is a terminal.
+Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace);
+
+// Writes `text` to `path` through a temporary file, so a failure leaves no
+// partial output; "-" or empty means stdout.
+Status WriteOutput(const std::string& path, const std::string& text);
+
+}  // namespace dynaflow

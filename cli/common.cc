@@ -1,0 +1,75 @@
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "analysis/importers/reader.h"
+#include "cli/commands.h"
+
+namespace dynaflow {
+
+int Fail(const Status& status) {
+  std::cerr << "dynaflow: " << status.message() << "\n";
+  return status.exit_code();
+}
+
+namespace {
+
+// Progress on stderr, only when it is a terminal, at most four times a second.
+ImportOptions ProgressOptions() {
+  ImportOptions options;
+  if (isatty(STDERR_FILENO) == 0) return options;
+  auto last = std::make_shared<std::chrono::steady_clock::time_point>();
+  options.progress = [last](int64_t done, int64_t total) {
+    auto now = std::chrono::steady_clock::now();
+    if (now - *last < std::chrono::milliseconds(250)) return;
+    *last = now;
+    if (total > 0) {
+      std::fprintf(stderr, "\rimporting: %3d%% of %.1f MB", static_cast<int>(100 * done / total),
+                   static_cast<double>(total) / 1e6);
+    } else {
+      std::fprintf(stderr, "\rimporting: %.1f MB", static_cast<double>(done) / 1e6);
+    }
+    std::fflush(stderr);
+  };
+  return options;
+}
+
+}  // namespace
+
+Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace) {
+  ImportOptions options = ProgressOptions();
+  Status st = ImportFiles(inputs, options, trace);
+  if (options.progress) std::fprintf(stderr, "\r%40s\r", "");
+  return st;
+}
+
+Status WriteOutput(const std::string& path, const std::string& text) {
+  if (path.empty() || path == "-") {
+    std::cout << text;
+    std::cout.flush();
+    return std::cout ? Status::Ok() : Status::Failure("cannot write to stdout");
+  }
+  const std::string tmp = path + ".tmp-" + std::to_string(getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << text;
+    if (!f) {
+      std::remove(tmp.c_str());
+      return Status::Failure(path + ": cannot write");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    return Status::Failure(path + ": cannot write: " + ec.message());
+  }
+  return Status::Ok();
+}
+
+}  // namespace dynaflow
