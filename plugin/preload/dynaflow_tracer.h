@@ -1,0 +1,65 @@
+/* The C ABI of libdynaflow_preload.so that the torch extension (and any other
+ * framework glue) calls to record framework operators. The torch extension
+ * finds these symbols with dlsym(RTLD_DEFAULT, ...) when the preload library
+ * is loaded (LD_PRELOAD); when they are absent it records nothing.
+ *
+ * Every function is safe to call from any thread, never blocks on I/O, never
+ * throws and never aborts: on overload a record is dropped and counted.
+ */
+#ifndef DYNAFLOW_PLUGIN_PRELOAD_DYNAFLOW_TRACER_H_
+#define DYNAFLOW_PLUGIN_PRELOAD_DYNAFLOW_TRACER_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DYNAFLOW_TRACER_ABI_VERSION 1
+
+/* Pass of an operator, as in the trace store's operators.pass column. */
+enum DynaflowPass { DYNAFLOW_PASS_UNKNOWN = 0, DYNAFLOW_PASS_FORWARD = 1, DYNAFLOW_PASS_BACKWARD = 2 };
+
+/* One finished framework operator. Strings are copied before the call returns. */
+typedef struct DynaflowOperatorRecord {
+  uint64_t id;            /* unique per process; also the CUPTI external correlation id */
+  int64_t start_ns;       /* dynaflow_now_ns() clock */
+  int64_t end_ns;
+  int64_t sequence;       /* autograd sequence number, -1 when none */
+  int32_t tid;            /* OS thread id */
+  int32_t pass;           /* enum DynaflowPass */
+  const char* name;       /* e.g. "aten::mm" */
+  const char* input_shapes; /* compact JSON, e.g. "[[8,4096],[4096,4096]]"; may be NULL */
+  const char* input_types;  /* compact JSON, e.g. "[\"c10::BFloat16\"]"; may be NULL */
+  const char* module_path;  /* e.g. "model.layers.0.mlp"; may be NULL */
+} DynaflowOperatorRecord;
+
+/* DYNAFLOW_TRACER_ABI_VERSION of the loaded library. */
+int dynaflow_tracer_abi_version(void);
+
+/* Nonzero while the tracer records (after --delay, before --duration ends). */
+int dynaflow_tracer_active(void);
+
+/* Nonzero when framework operators should be recorded (--ops on). */
+int dynaflow_tracer_record_ops(void);
+
+/* Timestamp on the clock of GPU activity records (CUPTI's when available,
+ * CLOCK_REALTIME otherwise), in nanoseconds. */
+int64_t dynaflow_now_ns(void);
+
+/* A process-unique operator id, to pass to push/record. */
+uint64_t dynaflow_next_operator_id(void);
+
+/* Marks GPU work launched by this thread until the matching pop as caused by
+ * operator `id` (a CUPTI external correlation id). No-op without CUPTI. */
+void dynaflow_push_operator(uint64_t id);
+void dynaflow_pop_operator(void);
+
+/* Queues a finished operator for the writer thread. */
+void dynaflow_record_operator(const DynaflowOperatorRecord* record);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  /* DYNAFLOW_PLUGIN_PRELOAD_DYNAFLOW_TRACER_H_ */
