@@ -1,5 +1,7 @@
 #include "analysis/importers/kineto/json_tokenizer.h"
 
+#include <cstring>
+
 #include "analysis/importers/io/byte_stream.h"
 
 namespace dynaflow {
@@ -33,22 +35,39 @@ void ChromeJsonTokenizer::BeginValue(char first) {
   carry_.clear();
 }
 
+// String bodies are most of a trace's bytes, so they are skipped with memchr
+// rather than byte by byte: a quote ends the string unless an odd run of
+// backslashes precedes it. Every byte before `p` in the string is already
+// accounted for (an escape pending from the previous chunk is in escape_).
+const char* ChromeJsonTokenizer::SkipStringBody(const char* p, const char* end) {
+  if (escape_) {
+    if (p == end) return p;
+    escape_ = false;
+    ++p;
+  }
+  while (p < end) {
+    const char* quote = static_cast<const char*>(std::memchr(p, '"', static_cast<size_t>(end - p)));
+    const char* stop = quote != nullptr ? quote : end;
+    size_t backslashes = 0;
+    for (const char* b = stop; b > p && b[-1] == '\\'; --b) ++backslashes;
+    if (quote == nullptr) {
+      escape_ = backslashes % 2 == 1;
+      return end;
+    }
+    p = quote + 1;
+    if (backslashes % 2 == 0) {
+      in_string_ = false;
+      return p;
+    }
+  }
+  return p;
+}
+
 ChromeJsonTokenizer::Scan ChromeJsonTokenizer::ScanValue(const char** pp, const char* end) {
   const char* p = *pp;
   while (p < end) {
     if (in_string_) {
-      // Skip string bodies quickly: only '"' and '\\' matter inside.
-      while (p < end) {
-        char c = *p++;
-        if (escape_) {
-          escape_ = false;
-        } else if (c == '\\') {
-          escape_ = true;
-        } else if (c == '"') {
-          in_string_ = false;
-          break;
-        }
-      }
+      p = SkipStringBody(p, end);
       if (!in_string_ && depth_ == 0) {
         *pp = p;
         return Scan::kComplete;

@@ -47,6 +47,8 @@ class ChromeJsonTokenizer {
   // Scans a JSON value from `*p` with string and nesting awareness, advancing
   // `*p`; kComplete when the value ended (at *p).
   Scan ScanValue(const char** p, const char* end);
+  // Advances past string content from `p`; clears in_string_ at the closing quote.
+  const char* SkipStringBody(const char* p, const char* end);
   void BeginValue(char first);
   void EmitEvent(const char* begin, const char* end, bool in_place);
 

@@ -65,9 +65,10 @@ bool TrailingInteger(std::string_view s, int64_t* out) {
 }
 
 // Removes whitespace outside strings: "[[1, 512], []]" -> "[[1,512],[]]".
-std::string CompactJson(std::string_view raw) {
-  std::string out;
-  out.reserve(raw.size());
+// Writes into `out` (cleared first) so one buffer serves every event.
+std::string_view CompactJson(std::string_view raw, std::string* buffer) {
+  std::string& out = *buffer;
+  out.clear();
   bool in_string = false;
   bool escape = false;
   for (char c : raw) {
@@ -121,8 +122,8 @@ struct RawEvent {
   bool backward_thread = false;  // "Fwd thread id" marks an autograd (backward) op
   std::string_view arg_name;     // metadata events: args.name
   std::string_view copy_kind;    // args.kind of memcpy
-  std::string input_dims;
-  std::string input_types;
+  std::string_view input_dims;   // raw JSON arrays, compacted when interned
+  std::string_view input_types;
   std::string_view module_path;
 };
 
@@ -202,9 +203,9 @@ void ReadArgs(od::object args, RawEvent* e) {
         break;
       case 'I':
         if (key == "Input Dims") {
-          e->input_dims = CompactJson(RawArray(v));
+          e->input_dims = RawArray(v);
         } else if (key == "Input type") {
-          e->input_types = CompactJson(RawArray(v));
+          e->input_types = RawArray(v);
         }
         break;
       case 'M':
@@ -313,6 +314,7 @@ bool MicrosToNs(std::string_view tok, int64_t* ns) {
 
 struct KinetoParser::Impl {
   od::parser parser;
+  std::string compact;  // scratch for CompactJson
   std::unordered_map<int64_t, DeviceProps> props;  // deviceProperties by id
 };
 
@@ -464,8 +466,8 @@ void KinetoParser::OnEvent(std::string_view json) {
       o.name = t.strings.Intern(e.name);
       o.external_id = e.external_id;
       o.sequence = e.sequence;
-      o.input_shapes = t.strings.Intern(e.input_dims);
-      o.input_types = t.strings.Intern(e.input_types);
+      o.input_shapes = t.strings.Intern(CompactJson(e.input_dims, &impl_->compact));
+      o.input_types = t.strings.Intern(CompactJson(e.input_types, &impl_->compact));
       o.module_path = t.strings.Intern(e.module_path);
       if (e.backward_thread || e.name.rfind("autograd::engine::evaluate_function", 0) == 0) {
         o.pass = Pass::kBackward;
