@@ -189,6 +189,8 @@ Status ChromeJsonTokenizer::Feed(std::string_view chunk) {
           saw_events_ = true;
           state_ = State::kEvents;
           ++p;
+        } else if (*p == '}' || *p == ']' || *p == ',') {
+          return Status::BadInput("malformed JSON: a top-level key without a value");
         } else {
           BeginValue(*p);
           state_ = State::kOther;
@@ -224,6 +226,9 @@ Status ChromeJsonTokenizer::Feed(std::string_view chunk) {
           state_ = top_is_array_ ? State::kDone : State::kKey;
           break;
         }
+        // A value never starts with '}'; scanning one as a scalar would
+        // consume nothing and never advance.
+        if (*p == '}') return Status::BadInput("malformed JSON: unexpected '}' in traceEvents");
         BeginValue(*p);
         state_ = State::kEvent;
         break;

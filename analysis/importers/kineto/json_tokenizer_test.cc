@@ -100,6 +100,8 @@ TEST(ChromeJsonTokenizerTest, RejectsWhatIsNotATrace) {
       {"{\"traceEvents\": [{\"ph\": \"X\"}, {\"ph\"", "truncated"},
       {"{\"traceEvents\": [{\"ph\": \"X\"}]", "truncated"},
       {"{\"a\" 1}", "expected ':'"},
+      {"{\"traceEvents\": [{}, }]}", "unexpected '}'"},
+      {"{\"a\": }", "without a value"},
   };
   for (const Case& c : cases) {
     Collect sink;

@@ -3,6 +3,7 @@
 #include <simdjson.h>
 
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <unordered_map>
 #include <vector>
@@ -135,7 +136,9 @@ int64_t ReadId(od::value v) {
     int64_t out = 0;
     auto res = std::from_chars(tok.data(), tok.data() + tok.size(), out);
     if (res.ec == std::errc()) return out;
-    return static_cast<int64_t>(std::strtod(std::string(tok).c_str(), nullptr));
+    const double d = std::strtod(std::string(tok).c_str(), nullptr);
+    // Out-of-range doubles (1e300, inf) have no integer value: treat as absent.
+    return std::fabs(d) < 9e18 ? static_cast<int64_t>(d) : 0;
   }
   if (type == od::json_type::string) {
     int64_t out = 0;
@@ -269,6 +272,9 @@ struct DeviceProps {
 }  // namespace
 
 bool MicrosToNs(std::string_view tok, int64_t* ns) {
+  // |time| <= 3e18 ns (year 2065 in epoch nanoseconds) keeps every end
+  // (start + duration) and every difference of two times inside int64.
+  constexpr int64_t kMaxAbsUs = 3'000'000'000'000'000;
   if (tok.empty()) return false;
   size_t i = 0;
   bool negative = false;
@@ -279,7 +285,7 @@ bool MicrosToNs(std::string_view tok, int64_t* ns) {
   int64_t whole = 0;
   size_t digits = 0;
   for (; i < tok.size() && tok[i] >= '0' && tok[i] <= '9'; ++i, ++digits) {
-    if (whole > (INT64_MAX / 10 - 9) / 1000) return false;
+    if (whole > kMaxAbsUs) return false;
     whole = whole * 10 + (tok[i] - '0');
   }
   int64_t frac = 0;  // nanoseconds
@@ -304,9 +310,11 @@ bool MicrosToNs(std::string_view tok, int64_t* ns) {
     std::string copy(tok);
     double us = std::strtod(copy.c_str(), &end);
     if (end == copy.c_str() || *end != '\0') return false;
+    if (!(std::fabs(us) <= static_cast<double>(kMaxAbsUs))) return false;  // also NaN
     *ns = static_cast<int64_t>(us * 1000.0 + (us >= 0 ? 0.5 : -0.5));
     return true;
   }
+  if (whole > kMaxAbsUs) return false;
   int64_t v = whole * 1000 + frac + (round_up ? 1 : 0);
   *ns = negative ? -v : v;
   return true;
@@ -407,7 +415,7 @@ void KinetoParser::OnEvent(std::string_view json) {
 
   const Category category = ClassifyCategory(e.cat);
   const TimeNs start = e.ts;
-  const TimeNs end = e.ts + e.dur;
+  const TimeNs end = e.ts + e.dur;  // both within +-3e18 (MicrosToNs): no overflow
   switch (category) {
     case Category::kKernel:
     case Category::kMemcpy:

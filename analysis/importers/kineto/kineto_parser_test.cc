@@ -21,6 +21,13 @@ TEST(MicrosToNsTest, ConvertsDecimalsExactly) {
   EXPECT_EQ(ns, -2250);
   ASSERT_TRUE(MicrosToNs("1.5e3", &ns));
   EXPECT_EQ(ns, 1500000);
+  // Beyond +-3e15 us the sums and differences of times could overflow int64.
+  EXPECT_FALSE(MicrosToNs("3000000000000001", &ns));
+  EXPECT_FALSE(MicrosToNs("99999999999999999999.5", &ns));
+  EXPECT_FALSE(MicrosToNs("1e300", &ns));
+  EXPECT_FALSE(MicrosToNs("-1e300", &ns));
+  ASSERT_TRUE(MicrosToNs("3000000000000000", &ns));
+  EXPECT_EQ(ns, 3000000000000000000);
   EXPECT_FALSE(MicrosToNs("", &ns));
   EXPECT_FALSE(MicrosToNs("abc", &ns));
   EXPECT_FALSE(MicrosToNs("1.2.3", &ns));
