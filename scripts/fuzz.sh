@@ -32,20 +32,20 @@ export CC="${CC:-clang}" CXX="${CXX:-clang++}"
 flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
 flags+=" -fno-omit-frame-pointer -g -O1"
 
+# Configure every time (seconds when nothing changed) so that an interrupted
+# or failed configure is redone; the generator is chosen only once.
 generator=()
 if command -v ninja >/dev/null 2>&1 && [ ! -f "$build/CMakeCache.txt" ]; then
   generator=(-G Ninja)
 fi
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" "${generator[@]}" \
-    -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g -DCMAKE_C_FLAGS_DEBUG=-g \
-    -DDYNAFLOW_BUILD_FUZZERS=ON -DDYNAFLOW_BUILD_TESTS=OFF \
-    -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags"
-fi
+cmake -S "$root" -B "$build" "${generator[@]}" \
+  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g -DCMAKE_C_FLAGS_DEBUG=-g \
+  -DDYNAFLOW_BUILD_FUZZERS=ON -DDYNAFLOW_BUILD_TESTS=OFF \
+  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags"
 # shellcheck disable=SC2086
 cmake --build "$build" --parallel "$jobs" --target $targets
 
-export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:symbolize=1}"
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:symbolize=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
 
 max_len_of() {
@@ -71,6 +71,13 @@ seed_real_traces() {
   done
 }
 
+# The lines of a sanitizer or libFuzzer log that say what and where.
+report() {
+  awk '/ERROR|runtime error|^[a-z]+_fuzzer: / && !started { print; started = 1; next }
+       started && /^ +#[0-9]+ 0x/ && frames < 4 { print; frames++; next }
+       /^SUMMARY/ { print; exit }' "$1" >&2
+}
+
 status=0
 for target in $targets; do
   bin="$build/tests/fuzz/$target"
@@ -84,9 +91,9 @@ for target in $targets; do
   if compgen -G "$regressions/*" >/dev/null; then
     echo "== $target: replaying $regressions"
     for input in "$regressions"/*; do
-      if ! "$bin" -rss_limit_mb=2048 "$input" >"$build/$target.replay.log" 2>&1; then
+      if ! "$bin" -rss_limit_mb=2048 -timeout=25 "$input" >"$build/$target.replay.log" 2>&1; then
         echo "FAIL: $target crashes on regression input $input" >&2
-        grep -E "ERROR|runtime error|SUMMARY|#[0-9]+ 0x" "$build/$target.replay.log" | head -12 >&2 || true
+        report "$build/$target.replay.log"
         status=1
       fi
     done
@@ -108,12 +115,13 @@ for target in $targets; do
     -artifact_prefix="$artifacts/" >"$log" 2>&1
   rc=$?
   set -e
-  grep -E "^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)" "$log" || true
+  grep -E "^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)" "$log" |
+    awk '!seen[$0]++' || true
   if [ "$rc" -ne 0 ]; then
     status=1
     echo "FAIL: $target crashed (exit $rc)" >&2
-    grep -E "ERROR|runtime error|SUMMARY|#[0-9]+ 0x|kineto_fuzzer:|nsys_fuzzer:" "$log" | head -20 >&2 || true
-    saved="$(grep -Eo "(Test unit written to|artifact_prefix.*; Test unit written to) [^ ]+" "$log" | awk '{print $NF}' | tail -1)"
+    report "$log"
+    saved="$(grep -Eo "Test unit written to [^ ]+" "$log" | awk '{print $NF}' | tail -1)"
     echo "crash input saved to: ${saved:-$artifacts/ (see $log)}" >&2
     echo "reproduce with: $bin <input>" >&2
   fi

@@ -17,6 +17,10 @@
 namespace dynaflow {
 
 using TimeNs = int64_t;
+
+// Importers reject times beyond +-3e18 ns (year 2065 in epoch nanoseconds), so
+// the end of any activity and the difference of any two times fit in TimeNs.
+inline constexpr TimeNs kMaxAbsTimeNs = 3'000'000'000'000'000'000;
 using StringId = uint32_t;  // 0 is always the empty string.
 
 class StringTable {

@@ -157,7 +157,12 @@ std::vector<DeviceTimeline> AnalyzeTimelines(const Trace& trace, const TimelineO
   const size_t n_devices = trace.devices.size();
   std::vector<std::vector<const GpuActivity*>> per_device(n_devices);
   for (const GpuActivity& g : trace.gpu) {
-    if (g.end > g.start && g.device_index < n_devices) per_device[g.device_index].push_back(&g);
+    // Times beyond +-kMaxAbsTimeNs (only a hand-made store can hold them) are
+    // left out so that no sum or difference below can overflow.
+    if (g.end > g.start && g.device_index < n_devices && g.start >= -kMaxAbsTimeNs &&
+        g.end <= kMaxAbsTimeNs) {
+      per_device[g.device_index].push_back(&g);
+    }
   }
   const auto launches = BuildLaunchIndex(trace);
   Classifier classify(trace);

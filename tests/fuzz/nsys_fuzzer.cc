@@ -12,16 +12,21 @@
 // and deletes the base rows, drops tables and columns (the schema drift
 // between nsys versions), replaces StringIds by a table without a primary key
 // (so ids may repeat, be negative or text), and may corrupt bytes of the
-// finished file. The empty input reads the base export unchanged.
+// finished file. The empty input reads the base export unchanged. An input
+// that starts with SQLite's magic is taken as the database itself, so that a
+// regression can be a file written with the sqlite3 shell.
 //
-// The database is written to one temporary file per process, reused.
+// The database is written to one temporary file per process, reused; set
+// NSYS_FUZZER_KEEP_DB=<path> to keep a copy of the one an input produces.
 
 #include <fuzzer/FuzzedDataProvider.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <SQLiteCpp/SQLiteCpp.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +35,7 @@
 #include <iterator>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -46,6 +52,7 @@ constexpr int64_t kPid = 4242;
 constexpr int64_t GlobalTid(int64_t pid, int64_t tid) { return (pid << 24) | tid; }
 
 constexpr int kMaxOps = 64;
+constexpr std::string_view kSqliteMagic{"SQLite format 3\0", 16};
 constexpr int kMaxBulkRows = 32;
 
 // How plausible values of a column are generated.
@@ -408,6 +415,22 @@ void RemoveTemporaryFile() {
   if (g_state != nullptr) std::remove(g_state->path.c_str());
 }
 
+constexpr std::string_view kFilePrefix = "dynaflow_nsys_fuzz_";
+
+// A crashed run cannot remove its file (libFuzzer owns the death callback):
+// removes those of processes that no longer exist.
+void RemoveStaleFiles(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(kFilePrefix)) continue;
+    const long pid = std::strtol(name.c_str() + kFilePrefix.size(), nullptr, 10);
+    if (pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::filesystem::remove(entry.path(), ec);
+    }
+  }
+}
+
 // Runs the script against the open copy of the base export. Statements that
 // SQLite refuses are skipped. Returns byte patches for the closed file.
 std::vector<std::pair<uint32_t, uint8_t>> RunScript(FuzzedDataProvider& fdp,
@@ -415,7 +438,7 @@ std::vector<std::pair<uint32_t, uint8_t>> RunScript(FuzzedDataProvider& fdp,
   const std::vector<TableSpec>& tables = Tables();
   std::vector<std::pair<uint32_t, uint8_t>> patches;
   for (int op = 0; op < kMaxOps && fdp.remaining_bytes() > 0; ++op) {
-    const uint8_t code = fdp.ConsumeIntegral<uint8_t>() % 16;
+    const uint8_t code = fdp.ConsumeIntegral<uint8_t>() % 17;
     const TableSpec& table = tables[fdp.ConsumeIntegralInRange<size_t>(0, tables.size() - 1)];
     try {
       if (code <= 5) {  // insert a row
@@ -466,6 +489,16 @@ std::vector<std::pair<uint32_t, uint8_t>> RunScript(FuzzedDataProvider& fdp,
         }
       } else if (code == 14) {  // empty a table
         db.exec("DELETE FROM " + Quote(table.name));
+      } else if (code == 15) {  // a row with a chosen rowid (MAX(rowid) near INT64_MAX)
+        SQLite::Statement stmt(db, "INSERT INTO " + Quote(table.name) + " (rowid, " +
+                                       Quote(table.columns[0].name) + ") VALUES (?, ?)");
+        const int64_t rowid = fdp.ConsumeBool() ? std::numeric_limits<int64_t>::max() -
+                                                      fdp.ConsumeIntegralInRange<int64_t>(0, 3)
+                                                : fdp.ConsumeIntegral<int64_t>();
+        stmt.bind(1, rowid);
+        RowContext row;
+        Bind(stmt, 2, Generate(fdp, table.columns[0].role, &row));
+        stmt.exec();
       } else {  // corrupt the finished file
         patches.emplace_back(fdp.ConsumeIntegral<uint32_t>(), fdp.ConsumeIntegral<uint8_t>());
       }
@@ -507,11 +540,14 @@ extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path dir = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") : fs::temp_directory_path();
+  RemoveStaleFiles(dir);
   g_state = new State;
-  g_state->path = (dir / ("dynaflow_nsys_fuzz_" + std::to_string(getpid()) + ".sqlite")).string();
+  g_state->path =
+      (dir / (std::string(kFilePrefix) + std::to_string(getpid()) + ".sqlite")).string();
   std::remove(g_state->path.c_str());
   {
     SQLite::Database db(g_state->path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    db.exec("PRAGMA page_size = 1024");  // a small file to copy for every input
     db.exec("PRAGMA journal_mode = MEMORY");
     SQLite::Transaction tx(db);
     BuildBaseExport(db);
@@ -529,9 +565,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool read_twice = flags & 1;     // a second "file" as rank 1
   const bool with_progress = flags & 2;
 
-  if (!WriteAll(g_state->path, g_state->template_bytes)) Fail("cannot write the temporary file");
   std::vector<std::pair<uint32_t, uint8_t>> patches;
-  {
+  if (std::string_view(reinterpret_cast<const char*>(data), size).starts_with(kSqliteMagic)) {
+    // A database as it is (regression inputs written with sqlite3).
+    if (!WriteAll(g_state->path, std::string(reinterpret_cast<const char*>(data), size))) {
+      Fail("cannot write the temporary file");
+    }
+  } else {
+    if (!WriteAll(g_state->path, g_state->template_bytes)) Fail("cannot write the temporary file");
     SQLite::Database db(g_state->path, SQLite::OPEN_READWRITE);
     db.exec("PRAGMA journal_mode = MEMORY");
     db.exec("PRAGMA synchronous = OFF");
@@ -545,6 +586,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!bytes.empty()) bytes[offset % bytes.size()] = static_cast<char>(value);
     }
     WriteAll(g_state->path, bytes);
+  }
+
+  // To see what an input does: NSYS_FUZZER_KEEP_DB=x.sqlite nsys_fuzzer input
+  if (const char* keep = std::getenv("NSYS_FUZZER_KEEP_DB")) {
+    WriteAll(keep, ReadAll(g_state->path));
   }
 
   StatusOr<FileProbe> probe = ProbeFile(g_state->path);

@@ -272,9 +272,7 @@ struct DeviceProps {
 }  // namespace
 
 bool MicrosToNs(std::string_view tok, int64_t* ns) {
-  // |time| <= 3e18 ns (year 2065 in epoch nanoseconds) keeps every end
-  // (start + duration) and every difference of two times inside int64.
-  constexpr int64_t kMaxAbsUs = 3'000'000'000'000'000;
+  constexpr int64_t kMaxAbsUs = kMaxAbsTimeNs / 1000;  // see trace.h
   if (tok.empty()) return false;
   size_t i = 0;
   bool negative = false;
@@ -415,7 +413,7 @@ void KinetoParser::OnEvent(std::string_view json) {
 
   const Category category = ClassifyCategory(e.cat);
   const TimeNs start = e.ts;
-  const TimeNs end = e.ts + e.dur;  // both within +-3e18 (MicrosToNs): no overflow
+  const TimeNs end = e.ts + e.dur;  // both within +-kMaxAbsTimeNs: no overflow
   switch (category) {
     case Category::kKernel:
     case Category::kMemcpy:

@@ -1,5 +1,7 @@
 #include "analysis/importers/nsys/nsys_reader.h"
 
+#include <climits>
+
 #include <SQLiteCpp/SQLiteCpp.h>
 
 #include <algorithm>
@@ -196,7 +198,9 @@ class NsysStrings {
       const std::optional<int64_t> key = t.Int(id);
       if (!key) continue;
       const StringId interned = t.IsNull(value) ? 0 : strings->Intern(TextOf(t.Column(value)));
-      if (dense) {
+      // MAX(id) ignores nothing: a text id sorts above every integer and
+      // reads as 0, so the range can be wrong; ids outside it go to sparse_.
+      if (dense && *key >= 0 && static_cast<uint64_t>(*key) < dense_.size()) {
         dense_[static_cast<size_t>(*key)] = interned;
       } else {
         sparse_[*key] = interned;
@@ -206,8 +210,7 @@ class NsysStrings {
 
   // nullopt when the export has no string with this id.
   std::optional<StringId> Find(int64_t id) const {
-    if (!dense_.empty()) {
-      if (id < 0 || static_cast<size_t>(id) >= dense_.size()) return std::nullopt;
+    if (id >= 0 && static_cast<uint64_t>(id) < dense_.size()) {
       const StringId s = dense_[static_cast<size_t>(id)];
       if (s == kAbsent) return std::nullopt;
       return s;
@@ -285,7 +288,11 @@ class NsysImport {
       if (!db_.tableExists(std::string(s.table))) continue;
       try {
         SQLite::Statement max_rowid(db_, "SELECT MAX(rowid) FROM \"" + std::string(s.table) + "\"");
-        if (max_rowid.executeStep()) total += max_rowid.getColumn(0).getInt64();
+        if (max_rowid.executeStep()) {
+          // Rowids may be anything up to INT64_MAX: saturate rather than overflow.
+          const int64_t rows = std::max<int64_t>(0, max_rowid.getColumn(0).getInt64());
+          total = rows > INT64_MAX - total ? INT64_MAX : total + rows;
+        }
       } catch (const SQLite::Exception&) {
         // A WITHOUT ROWID table has no estimate; progress just undercounts.
       }
@@ -314,19 +321,32 @@ class NsysImport {
     return false;
   }
 
+  // Static plus dynamic shared memory; values no GPU has (negative, or a sum
+  // beyond int32) read as 0 rather than overflow.
+  static int32_t SharedMemoryBytes(int64_t static_bytes, int64_t dynamic_bytes) {
+    constexpr int64_t kMax = INT32_MAX;
+    if (static_bytes < 0 || dynamic_bytes < 0 || static_bytes > kMax || dynamic_bytes > kMax ||
+        static_bytes + dynamic_bytes > kMax) {
+      return 0;
+    }
+    return static_cast<int32_t>(static_bytes + dynamic_bytes);
+  }
+
   void CountBadRow(const TableCursor& t) {
     trace_->stats.Add("nsys_" + std::string(t.category()) + "_bad_row", "data_loss",
                       t.table() +
-                          " rows with a NULL start, end or deviceId, or end < start; "
+                          " rows with a NULL start, end or deviceId, end < start, or a time "
+                          "beyond +-3e18 ns; "
                           "skipped");
   }
 
-  // The row's [start, end]; false, counting the row, when either is NULL or
-  // end < start.
+  // The row's [start, end]; false, counting the row, when either is NULL,
+  // end < start, or a time lies beyond +-kMaxAbsTimeNs.
   bool ReadSpan(const TableCursor& t, int start_pos, int end_pos, TimeNs* start, TimeNs* end) {
     const std::optional<int64_t> s = t.Int(start_pos);
     const std::optional<int64_t> e = t.Int(end_pos);
-    if (!s || !e || *e < *s) {
+    auto in_range = [](int64_t v) { return v >= -kMaxAbsTimeNs && v <= kMaxAbsTimeNs; };
+    if (!s || !e || *e < *s || !in_range(*s) || !in_range(*e)) {
       CountBadRow(t);
       return false;
     }
@@ -400,8 +420,7 @@ class NsysImport {
         a.block[i] = static_cast<int32_t>(t.IntOr(block[i], 0));
       }
       a.registers = static_cast<int32_t>(t.IntOr(registers, 0));
-      a.shared_memory =
-          static_cast<int32_t>(t.IntOr(static_shared, 0) + t.IntOr(dynamic_shared, 0));
+      a.shared_memory = SharedMemoryBytes(t.IntOr(static_shared, 0), t.IntOr(dynamic_shared, 0));
       a.graph_id = t.IntOr(graph, -1);
       a.graph_node = t.IntOr(graph_node, -1);
       trace_->gpu.push_back(a);
