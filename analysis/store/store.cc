@@ -7,254 +7,15 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "analysis/store/store_enums.h"
+#include "analysis/store/trace_db_writer.h"
 #include "schemas/trace_sql.h"
 
 namespace dynaflow {
 namespace {
 
-// Rows per transaction: large enough to amortise the commit, small enough to
-// keep the journal-less write bounded if the process dies mid-way.
-constexpr int kRowsPerTransaction = 200000;
-
-const char* ApiKindName(ApiKind k) {
-  switch (k) {
-    case ApiKind::kRuntime: return "runtime";
-    case ApiKind::kDriver: return "driver";
-    case ApiKind::kSync: return "sync";
-  }
-  return "runtime";
-}
-
-ApiKind ApiKindFromName(std::string_view s) {
-  if (s == "driver") return ApiKind::kDriver;
-  if (s == "sync") return ApiKind::kSync;
-  return ApiKind::kRuntime;
-}
-
-const char* DomainName(RangeDomain d) {
-  switch (d) {
-    case RangeDomain::kUser: return "user";
-    case RangeDomain::kGpuUser: return "gpu_user";
-    case RangeDomain::kNvtx: return "nvtx";
-  }
-  return "user";
-}
-
-RangeDomain DomainFromName(std::string_view s) {
-  if (s == "gpu_user") return RangeDomain::kGpuUser;
-  if (s == "nvtx") return RangeDomain::kNvtx;
-  return RangeDomain::kUser;
-}
-
-const char* PassName(Pass p) {
-  switch (p) {
-    case Pass::kForward: return "forward";
-    case Pass::kBackward: return "backward";
-    case Pass::kUnknown: return "unknown";
-  }
-  return "unknown";
-}
-
-Pass PassFromName(std::string_view s) {
-  if (s == "forward") return Pass::kForward;
-  if (s == "backward") return Pass::kBackward;
-  return Pass::kUnknown;
-}
-
-// Binds an optional id: negative values mean "absent" and are stored as NULL.
-void BindOptional(SQLite::Statement& st, int index, int64_t value) {
-  if (value < 0) {
-    st.bind(index);
-  } else {
-    st.bind(index, value);
-  }
-}
-
 int64_t OptionalColumn(const SQLite::Statement& st, int index) {
   return st.isColumnNull(index) ? -1 : st.getColumn(index).getInt64();
-}
-
-// Commits every kRowsPerTransaction rows.
-class BatchedTransaction {
- public:
-  explicit BatchedTransaction(SQLite::Database& db) : db_(db) { db_.exec("BEGIN"); }
-  void Row() {
-    if (++rows_ % kRowsPerTransaction == 0) {
-      db_.exec("COMMIT");
-      db_.exec("BEGIN");
-    }
-  }
-  void Commit() { db_.exec("COMMIT"); }
-
- private:
-  SQLite::Database& db_;
-  int64_t rows_ = 0;
-};
-
-void Insert(SQLite::Statement& st, BatchedTransaction& tx) {
-  st.exec();
-  st.reset();
-  tx.Row();
-}
-
-void WriteAll(const Trace& t, SQLite::Database& db) {
-  db.exec("PRAGMA journal_mode = OFF");
-  db.exec("PRAGMA synchronous = OFF");
-  db.exec("PRAGMA locking_mode = EXCLUSIVE");
-  db.exec(kTraceSql);
-  BatchedTransaction tx(db);
-
-  SQLite::Statement meta(db, "INSERT INTO meta VALUES (?, ?)");
-  for (const auto& [k, v] : t.metadata) {
-    meta.bind(1, k);
-    meta.bind(2, v);
-    Insert(meta, tx);
-  }
-
-  SQLite::Statement str(db, "INSERT INTO strings VALUES (?, ?)");
-  for (size_t i = 0; i < t.strings.size(); ++i) {
-    str.bind(1, static_cast<int64_t>(i));
-    str.bind(2, std::string(t.strings.Get(static_cast<StringId>(i))));  // TEXT, not BLOB
-    Insert(str, tx);
-  }
-
-  SQLite::Statement dev(db, "INSERT INTO devices VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)");
-  for (size_t i = 0; i < t.devices.size(); ++i) {
-    const DeviceInfo& d = t.devices[i];
-    dev.bind(1, static_cast<int64_t>(i));
-    dev.bind(2, d.rank);
-    dev.bind(3, d.device);
-    dev.bind(4, d.name);
-    dev.bind(5, d.sm_count);
-    dev.bind(6, d.cc_major);
-    dev.bind(7, d.cc_minor);
-    dev.bind(8, d.memory_bytes);
-    dev.bind(9, d.clock_khz);
-    dev.bind(10, d.memory_bandwidth_gbps);
-    dev.bind(11, d.peak_tflops_fp32);
-    dev.bind(12, d.peak_tflops_bf16);
-    dev.bind(13, d.peak_tflops_fp8);
-    Insert(dev, tx);
-  }
-
-  SQLite::Statement proc(db, "INSERT OR IGNORE INTO processes VALUES (?, ?, ?)");
-  for (const ProcessInfo& p : t.processes) {
-    proc.bind(1, p.rank);
-    proc.bind(2, p.pid);
-    proc.bind(3, p.name);
-    Insert(proc, tx);
-  }
-  SQLite::Statement thr(db, "INSERT OR IGNORE INTO threads VALUES (?, ?, ?, ?)");
-  for (const ThreadInfo& th : t.threads) {
-    thr.bind(1, th.rank);
-    thr.bind(2, th.pid);
-    thr.bind(3, th.tid);
-    thr.bind(4, th.name);
-    Insert(thr, tx);
-  }
-
-  SQLite::Statement kern(db,
-                         "INSERT INTO kernels VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
-  SQLite::Statement copy(db, "INSERT INTO memcpy VALUES (?,?,?,?,?,?,?,?,?)");
-  SQLite::Statement fill(db, "INSERT INTO memset VALUES (?,?,?,?,?,?,?,?)");
-  for (const GpuActivity& g : t.gpu) {
-    switch (g.kind) {
-      case GpuKind::kKernel:
-        kern.bind(1, g.device_index);
-        kern.bind(2, g.stream);
-        kern.bind(3, g.start);
-        kern.bind(4, g.end);
-        kern.bind(5, g.name);
-        BindOptional(kern, 6, g.correlation);
-        BindOptional(kern, 7, g.external_id);
-        for (int i = 0; i < 3; ++i) kern.bind(8 + i, g.grid[i]);
-        for (int i = 0; i < 3; ++i) kern.bind(11 + i, g.block[i]);
-        kern.bind(14, g.registers);
-        kern.bind(15, g.shared_memory);
-        BindOptional(kern, 16, g.graph_id);
-        BindOptional(kern, 17, g.graph_node);
-        Insert(kern, tx);
-        break;
-      case GpuKind::kMemcpy: {
-        copy.bind(1, g.device_index);
-        copy.bind(2, g.stream);
-        copy.bind(3, g.start);
-        copy.bind(4, g.end);
-        copy.bind(5, g.name);
-        copy.bind(6, std::string(t.strings.Get(g.copy_kind)));
-        copy.bind(7, g.bytes);
-        BindOptional(copy, 8, g.correlation);
-        BindOptional(copy, 9, g.external_id);
-        Insert(copy, tx);
-        break;
-      }
-      case GpuKind::kMemset:
-        fill.bind(1, g.device_index);
-        fill.bind(2, g.stream);
-        fill.bind(3, g.start);
-        fill.bind(4, g.end);
-        fill.bind(5, g.name);
-        fill.bind(6, g.bytes);
-        BindOptional(fill, 7, g.correlation);
-        BindOptional(fill, 8, g.external_id);
-        Insert(fill, tx);
-        break;
-    }
-  }
-
-  SQLite::Statement api(db, "INSERT INTO api_calls VALUES (?,?,?,?,?,?,?,?,?)");
-  for (const ApiCall& a : t.api) {
-    api.bind(1, a.rank);
-    api.bind(2, a.pid);
-    api.bind(3, a.tid);
-    api.bind(4, ApiKindName(a.kind));
-    api.bind(5, a.start);
-    api.bind(6, a.end);
-    api.bind(7, a.name);
-    BindOptional(api, 8, a.correlation);
-    BindOptional(api, 9, a.external_id);
-    Insert(api, tx);
-  }
-
-  SQLite::Statement rng(db, "INSERT INTO ranges VALUES (?,?,?,?,?,?,?,?)");
-  for (const Range& r : t.ranges) {
-    rng.bind(1, r.rank);
-    rng.bind(2, r.pid);
-    rng.bind(3, r.tid);
-    BindOptional(rng, 4, r.device_index);
-    rng.bind(5, DomainName(r.domain));
-    rng.bind(6, r.start);
-    rng.bind(7, r.end);
-    rng.bind(8, r.name);
-    Insert(rng, tx);
-  }
-
-  SQLite::Statement op(db, "INSERT INTO operators VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
-  for (const Operator& o : t.ops) {
-    op.bind(1, o.rank);
-    op.bind(2, o.pid);
-    op.bind(3, o.tid);
-    op.bind(4, o.start);
-    op.bind(5, o.end);
-    op.bind(6, o.name);
-    BindOptional(op, 7, o.sequence);
-    op.bind(8, PassName(o.pass));
-    op.bind(9, o.input_shapes);
-    op.bind(10, o.input_types);
-    op.bind(11, o.module_path);
-    BindOptional(op, 12, o.external_id);
-    Insert(op, tx);
-  }
-
-  SQLite::Statement stat(db, "INSERT INTO import_stats VALUES (?, ?, ?, ?)");
-  for (const ImportStat& s : t.stats.all()) {
-    stat.bind(1, s.name);
-    stat.bind(2, s.severity);
-    stat.bind(3, s.count);
-    stat.bind(4, s.description);
-    Insert(stat, tx);
-  }
-  tx.Commit();
 }
 
 void ReadAll(SQLite::Database& db, Trace* t) {
@@ -438,22 +199,22 @@ void ReadAll(SQLite::Database& db, Trace* t) {
 }  // namespace
 
 Status WriteTraceDb(const Trace& trace, const std::string& path) {
+  // No journal: atomicity comes from writing a temporary file and renaming it.
   const std::string tmp = path + ".tmp-" + std::to_string(getpid());
-  std::remove(tmp.c_str());
-  try {
-    {
-      SQLite::Database db(tmp, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
-      WriteAll(trace, db);
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) {
-      std::remove(tmp.c_str());
-      return Status::Failure(path + ": cannot write: " + ec.message());
-    }
-  } catch (const std::exception& e) {
+  StatusOr<std::unique_ptr<TraceDbWriter>> writer =
+      TraceDbWriter::Create(tmp, TraceDbDurability::kBulk);
+  Status st = writer.ok() ? (*writer)->Write(trace) : writer.status();
+  if (st.ok()) st = (*writer)->Close();
+  if (writer.ok()) writer->reset();
+  if (!st.ok()) {
     std::remove(tmp.c_str());
-    return Status::Failure(path + ": cannot write trace store: " + e.what());
+    return Status::Failure(path + ": cannot write trace store: " + st.message());
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    return Status::Failure(path + ": cannot write: " + ec.message());
   }
   return Status::Ok();
 }

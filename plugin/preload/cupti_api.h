@@ -1,0 +1,49 @@
+// The CUPTI calls the tracer makes, behind one interface: the real library is
+// loaded with dlopen at run time (cupti_api_dl.h), and tests substitute
+// FakeCuptiApi, which feeds activity records built in ordinary memory.
+#pragma once
+
+#include <cupti.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dynaflow {
+
+// The NVTX loader's NvtxGetExportTableFunc_t (nvtx3/nvtxDetail/nvtxTypes.h).
+using NvtxGetExportTable = const void* (*)(uint32_t export_table_id);
+
+// Each method forwards to the CUPTI function of the same name (cupti prefix
+// dropped) and returns its result unchanged.
+class CuptiApi {
+ public:
+  virtual ~CuptiApi() = default;
+
+  virtual CUptiResult ActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc request,
+                                                CUpti_BuffersCallbackCompleteFunc complete) = 0;
+  // CUPTI_ERROR_NOT_SUPPORTED when this CUPTI predates the call.
+  virtual CUptiResult ActivityRegisterTimestampCallback(CUpti_TimestampCallbackFunc clock) = 0;
+  virtual CUptiResult SetThreadIdType(CUpti_ActivityThreadIdType type) = 0;
+  virtual CUptiResult ActivityEnable(CUpti_ActivityKind kind) = 0;
+  virtual CUptiResult ActivityDisable(CUpti_ActivityKind kind) = 0;
+  // CUPTI_ERROR_MAX_LIMIT_REACHED after the last record of the buffer.
+  virtual CUptiResult ActivityGetNextRecord(uint8_t* buffer, size_t valid_size,
+                                            CUpti_Activity** record) = 0;
+  virtual CUptiResult ActivityFlushAll(uint32_t flag) = 0;
+  virtual CUptiResult ActivityGetNumDroppedRecords(CUcontext context, uint32_t stream_id,
+                                                   size_t* dropped) = 0;
+  virtual CUptiResult ActivityPushExternalCorrelationId(CUpti_ExternalCorrelationKind kind,
+                                                        uint64_t id) = 0;
+  virtual CUptiResult ActivityPopExternalCorrelationId(CUpti_ExternalCorrelationKind kind,
+                                                       uint64_t* id) = 0;
+  virtual CUptiResult GetCallbackName(CUpti_CallbackDomain domain, uint32_t cbid,
+                                      const char** name) = 0;
+  virtual CUptiResult GetResultString(CUptiResult result, const char** text) = 0;
+
+  // CUPTI's NVTX injection entry point, InitializeInjectionNvtx2: routes NVTX
+  // ranges to CUPTI (CUPTI_ACTIVITY_KIND_MARKER records). Returns 0 when
+  // CUPTI refuses or lacks it, as the NVTX loader expects.
+  virtual int InitializeInjectionNvtx2(NvtxGetExportTable get_export_table) = 0;
+};
+
+}  // namespace dynaflow

@@ -1,0 +1,187 @@
+#include "plugin/preload/fake_cupti_api.h"
+
+#include <cstring>
+
+namespace dynaflow {
+namespace {
+
+size_t PaddedSize(size_t size) { return (size + 7) / 8 * 8; }
+
+}  // namespace
+
+void FakeActivityBuffer::Append(const void* record, size_t size) {
+  const size_t at = words_.size();
+  words_.resize(at + 1 + PaddedSize(size) / 8, 0);
+  words_[at] = size;
+  std::memcpy(&words_[at + 1], record, size);
+  ++records_;
+}
+
+bool FakeCuptiApi::CompleteBuffer(const FakeActivityBuffer& records, size_t dropped) {
+  CUpti_BuffersCallbackRequestFunc request;
+  CUpti_BuffersCallbackCompleteFunc complete;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request = request_;
+    complete = complete_;
+    dropped_ = dropped;
+  }
+  if (request == nullptr || complete == nullptr) return false;
+  uint8_t* buffer = nullptr;
+  size_t size = 0;
+  size_t max_records = 0;
+  request(&buffer, &size, &max_records);
+  if (buffer == nullptr || size < records.size()) {
+    complete(nullptr, 0, buffer, size, 0);  // CUPTI returns every buffer it was given
+    return false;
+  }
+  std::memcpy(buffer, records.data(), records.size());
+  complete(nullptr, 0, buffer, size, records.size());
+  return true;
+}
+
+void FakeCuptiApi::CompleteAtNextFlush(FakeActivityBuffer records) {
+  std::lock_guard<std::mutex> lock(mu_);
+  at_next_flush_.push_back(std::move(records));
+}
+
+void FakeCuptiApi::FailEnable(CUpti_ActivityKind kind, CUptiResult result) {
+  std::lock_guard<std::mutex> lock(mu_);
+  enable_failures_[kind] = result;
+}
+
+void FakeCuptiApi::SetCallbackName(CUpti_CallbackDomain domain, uint32_t cbid, std::string name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  callback_names_[{domain, cbid}] = std::move(name);
+}
+
+bool FakeCuptiApi::enabled(CUpti_ActivityKind kind) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return enabled_.count(kind) > 0;
+}
+
+bool FakeCuptiApi::callbacks_registered() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return request_ != nullptr && complete_ != nullptr;
+}
+
+bool FakeCuptiApi::timestamp_callback_registered() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return clock_ != nullptr;
+}
+
+int FakeCuptiApi::flush_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return flushes_;
+}
+
+int FakeCuptiApi::nvtx_initializations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return nvtx_initializations_;
+}
+
+std::vector<int64_t> FakeCuptiApi::external_id_log() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return external_id_log_;
+}
+
+CUptiResult FakeCuptiApi::ActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc request,
+                                                    CUpti_BuffersCallbackCompleteFunc complete) {
+  std::lock_guard<std::mutex> lock(mu_);
+  request_ = request;
+  complete_ = complete;
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::ActivityRegisterTimestampCallback(CUpti_TimestampCallbackFunc clock) {
+  std::lock_guard<std::mutex> lock(mu_);
+  clock_ = clock;
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::SetThreadIdType(CUpti_ActivityThreadIdType) { return CUPTI_SUCCESS; }
+
+CUptiResult FakeCuptiApi::ActivityEnable(CUpti_ActivityKind kind) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = enable_failures_.find(kind); it != enable_failures_.end()) return it->second;
+  enabled_.insert(kind);
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::ActivityDisable(CUpti_ActivityKind kind) {
+  std::lock_guard<std::mutex> lock(mu_);
+  enabled_.erase(kind);
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::ActivityGetNextRecord(uint8_t* buffer, size_t valid_size,
+                                                CUpti_Activity** record) {
+  size_t at = 0;
+  if (*record != nullptr) {
+    const uint8_t* current = reinterpret_cast<const uint8_t*>(*record);
+    uint64_t size;
+    std::memcpy(&size, current - sizeof(uint64_t), sizeof(size));
+    at = static_cast<size_t>(current - buffer) + PaddedSize(size);
+  }
+  if (at + sizeof(uint64_t) > valid_size) return CUPTI_ERROR_MAX_LIMIT_REACHED;
+  *record = reinterpret_cast<CUpti_Activity*>(buffer + at + sizeof(uint64_t));
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::ActivityFlushAll(uint32_t) {
+  std::vector<FakeActivityBuffer> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++flushes_;
+    pending.swap(at_next_flush_);
+  }
+  for (const FakeActivityBuffer& records : pending) CompleteBuffer(records);
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::ActivityGetNumDroppedRecords(CUcontext, uint32_t, size_t* dropped) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *dropped = dropped_;
+  dropped_ = 0;
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::ActivityPushExternalCorrelationId(CUpti_ExternalCorrelationKind,
+                                                            uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  external_ids_.push_back(id);
+  external_id_log_.push_back(static_cast<int64_t>(id));
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::ActivityPopExternalCorrelationId(CUpti_ExternalCorrelationKind,
+                                                           uint64_t* id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (external_ids_.empty()) return CUPTI_ERROR_QUEUE_EMPTY;
+  *id = external_ids_.back();
+  external_ids_.pop_back();
+  external_id_log_.push_back(-static_cast<int64_t>(*id));
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::GetCallbackName(CUpti_CallbackDomain domain, uint32_t cbid,
+                                          const char** name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = callback_names_.find({domain, cbid});
+  if (it == callback_names_.end()) return CUPTI_ERROR_INVALID_PARAMETER;
+  *name = it->second.c_str();
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::GetResultString(CUptiResult, const char** text) {
+  *text = "CUPTI_ERROR_FAKE";
+  return CUPTI_SUCCESS;
+}
+
+int FakeCuptiApi::InitializeInjectionNvtx2(NvtxGetExportTable) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++nvtx_initializations_;
+  return 1;
+}
+
+}  // namespace dynaflow

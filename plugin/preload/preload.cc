@@ -1,0 +1,262 @@
+// libdynaflow_preload.so: the tracer inside a traced process, loaded with
+// LD_PRELOAD (or by the CUDA driver as CUDA_INJECTION64_PATH).
+//
+// With DYNAFLOW_OUTPUT_DIR unset it does nothing at all. Otherwise it writes
+// <DYNAFLOW_OUTPUT_DIR>/<pid>.db for this process and for every forked child,
+// flushed periodically, on SIGINT/SIGTERM and at exit, through exit() or
+// _exit() (which it interposes: see FinishAndExit). It claims the CUDA and
+// NVTX injection hooks when nobody else has, so that CUPTI starts inside
+// cuInit, before any kernel runs, and NVTX ranges reach CUPTI.
+//
+// Nothing is thrown out of this library and nothing aborts the host process:
+// every entry point catches everything, and a tracer that fails leaves the
+// program running untraced.
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <string>
+
+#include "plugin/preload/cupti_api_dl.h"
+#include "plugin/preload/dynaflow_tracer.h"
+#include "plugin/preload/log.h"
+#include "plugin/preload/tracer.h"
+
+// The C ABI and the injection entry points are the library's only exports;
+// everything else is built with -fvisibility=hidden.
+#define DYNAFLOW_EXPORT __attribute__((visibility("default")))
+
+namespace dynaflow {
+namespace {
+
+// Set by the constructor, before main, and never freed: exit handlers, other
+// libraries' destructors and late threads may still call in.
+Tracer* g_tracer = nullptr;
+
+std::atomic<uint64_t> g_next_operator_id{1};
+
+// The C library's _exit, resolved by the constructor before anything could
+// call ours (dlsym is no call to make from a vfork child or signal handler).
+using ExitFunction = void (*)(int);
+ExitFunction g_libc_exit = nullptr;
+
+// How long a signal handler waits for the writer before letting the signal
+// take its course.
+constexpr std::chrono::milliseconds kSignalFlushTimeout{5000};
+
+struct HookedSignal {
+  int signal;
+  struct sigaction previous;
+};
+std::array<HookedSignal, 2> g_hooked_signals = {{{SIGINT, {}}, {SIGTERM, {}}}};
+
+bool TerminatesProcess(const struct sigaction& action) {
+  return !(action.sa_flags & SA_SIGINFO) && action.sa_handler == SIG_DFL;
+}
+
+// Commits the trace, then restores the program's disposition and raises the
+// signal again, so that the program's own handler runs, or the process dies
+// of the signal with the exit status it would have had.
+void OnSignal(int signal) {
+  const int saved_errno = errno;
+  for (const HookedSignal& hooked : g_hooked_signals) {
+    if (hooked.signal != signal) continue;
+    if (g_tracer != nullptr) {
+      // A signal that kills the process gets the store closed (no -wal left).
+      if (TerminatesProcess(hooked.previous)) {
+        (void)g_tracer->Finish(kSignalFlushTimeout);
+      } else {
+        (void)g_tracer->Flush(kSignalFlushTimeout);
+      }
+    }
+    sigaction(signal, &hooked.previous, nullptr);
+    raise(signal);  // blocked until this handler returns
+  }
+  errno = saved_errno;
+}
+
+// Hooks SIGINT and SIGTERM unless the program ignores them.
+void HookSignals() {
+  for (HookedSignal& hooked : g_hooked_signals) {
+    struct sigaction current;
+    if (sigaction(hooked.signal, nullptr, &current) != 0) continue;
+    if (!(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_IGN) continue;
+    hooked.previous = current;
+    struct sigaction ours = {};
+    ours.sa_handler = OnSignal;
+    sigemptyset(&ours.sa_mask);
+    ours.sa_flags = SA_RESTART;
+    sigaction(hooked.signal, &ours, nullptr);
+  }
+}
+
+// The absolute path of this library, for the injection variables.
+std::string OwnPath() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&OwnPath), &info) == 0 || info.dli_fname == nullptr) {
+    return "";
+  }
+  char resolved[PATH_MAX];
+  return realpath(info.dli_fname, resolved) != nullptr ? resolved : info.dli_fname;
+}
+
+bool SameFile(const char* a, const std::string& b) {
+  struct stat sa;
+  struct stat sb;
+  return stat(a, &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+// Points `variable` at this library unless it names another one. True when
+// it names this library (now or already).
+bool ClaimInjection(const char* variable, const std::string& own_path) {
+  const char* current = getenv(variable);
+  if (current == nullptr || *current == '\0') {
+    return !own_path.empty() && setenv(variable, own_path.c_str(), /*overwrite=*/1) == 0;
+  }
+  return SameFile(current, own_path);
+}
+
+// Programs that leave through _exit() skip atexit handlers: dash does, and so
+// do Python's os._exit and the workers of multiprocessing's fork start method.
+// The store is finished here, through the async-signal-safe path since
+// _exit() is often called from signal handlers, then the C library's _exit()
+// runs. A forked child that recorded nothing has no writer and leaves no store
+// this way.
+[[noreturn]] void FinishAndExit(int status) {
+  if (g_tracer != nullptr) (void)g_tracer->Finish(kSignalFlushTimeout);
+  if (g_libc_exit != nullptr) g_libc_exit(status);
+  syscall(SYS_exit_group, status);
+  __builtin_unreachable();
+}
+
+CuptiLoader RealCuptiLoader(const std::string& env_path) {
+  return [candidates = CuptiLibraryCandidates(env_path.c_str())](std::string* error) {
+    return LoadCuptiLibrary(candidates, error);
+  };
+}
+
+void OnExit() {
+  try {
+    g_tracer->Shutdown();
+  } catch (...) {
+    // The process is exiting; the store keeps its last flush.
+  }
+}
+
+void PrepareFork() { g_tracer->PrepareFork(); }
+void ParentAfterFork() { g_tracer->ParentAfterFork(); }
+void ChildAfterFork() {
+  try {
+    g_tracer->ChildAfterFork();
+  } catch (...) {
+    // The child runs on; it starts its own writer at its first record.
+  }
+}
+
+__attribute__((constructor)) void LoadTracer() {
+  g_libc_exit = reinterpret_cast<ExitFunction>(dlsym(RTLD_NEXT, "_exit"));
+  try {
+    std::vector<std::string> problems;
+    TracerConfig config = ReadTracerConfig(getenv, &problems);
+    if (config.output_dir.empty()) return;
+    for (const std::string& problem : problems) Log(problem);
+    const std::string own_path = OwnPath();
+    const CuptiStart start = ClaimInjection("CUDA_INJECTION64_PATH", own_path)
+                                 ? CuptiStart::kAtCudaInit
+                                 : CuptiStart::kAtWindowOpen;
+    (void)ClaimInjection("NVTX_INJECTION64_PATH", own_path);
+    const std::string cupti_path = config.cupti_path;
+    g_tracer = new Tracer(std::move(config), RealCuptiLoader(cupti_path), start);
+    HookSignals();
+    atexit(OnExit);
+    pthread_atfork(PrepareFork, ParentAfterFork, ChildAfterFork);
+    g_tracer->StartWriter();
+  } catch (const std::exception& e) {
+    Log(std::string("tracer not started: ") + e.what());
+  } catch (...) {
+    // The program runs untraced.
+  }
+}
+
+}  // namespace
+}  // namespace dynaflow
+
+using dynaflow::g_next_operator_id;
+using dynaflow::g_tracer;
+
+extern "C" {
+
+DYNAFLOW_EXPORT int dynaflow_tracer_abi_version(void) { return DYNAFLOW_TRACER_ABI_VERSION; }
+
+DYNAFLOW_EXPORT int dynaflow_tracer_active(void) {
+  return g_tracer != nullptr && g_tracer->Active();
+}
+
+DYNAFLOW_EXPORT int dynaflow_tracer_record_ops(void) {
+  return g_tracer != nullptr && g_tracer->RecordOps();
+}
+
+DYNAFLOW_EXPORT int64_t dynaflow_now_ns(void) { return dynaflow::RealtimeNs(); }
+
+DYNAFLOW_EXPORT uint64_t dynaflow_next_operator_id(void) {
+  return g_next_operator_id.fetch_add(1);
+}
+
+DYNAFLOW_EXPORT void dynaflow_push_operator(uint64_t id) {
+  try {
+    if (g_tracer != nullptr) g_tracer->PushOperator(id);
+  } catch (...) {
+    // Out of memory: the operator's GPU work stays unlinked.
+  }
+}
+
+DYNAFLOW_EXPORT void dynaflow_pop_operator(void) {
+  try {
+    if (g_tracer != nullptr) g_tracer->PopOperator();
+  } catch (...) {
+    // Nothing to undo.
+  }
+}
+
+DYNAFLOW_EXPORT void dynaflow_record_operator(const DynaflowOperatorRecord* record) {
+  try {
+    if (g_tracer != nullptr && record != nullptr) g_tracer->RecordOperator(*record);
+  } catch (...) {
+    // Counted as dropped by the writer where it could be; never thrown.
+  }
+}
+
+DYNAFLOW_EXPORT void _exit(int status) noexcept { dynaflow::FinishAndExit(status); }
+DYNAFLOW_EXPORT void _Exit(int status) noexcept { dynaflow::FinishAndExit(status); }
+
+// Called by the CUDA driver inside cuInit when CUDA_INJECTION64_PATH names
+// this library. Returns 1: a tracer that cannot start must not fail CUDA.
+DYNAFLOW_EXPORT int InitializeInjection(void) {
+  try {
+    if (g_tracer != nullptr) g_tracer->OnCudaInit();
+  } catch (...) {
+    // CUDA goes on untraced.
+  }
+  return 1;
+}
+
+// Called by the NVTX loader when NVTX_INJECTION64_PATH names this library:
+// hands NVTX to CUPTI. 0 makes NVTX a no-op, as without injection.
+DYNAFLOW_EXPORT int InitializeInjectionNvtx2(dynaflow::NvtxGetExportTable get_export_table) {
+  try {
+    return g_tracer != nullptr ? g_tracer->OnNvtxInit(get_export_table) : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+}  // extern "C"

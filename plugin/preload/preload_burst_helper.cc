@@ -1,0 +1,37 @@
+// A burst of operators through the C ABI from several threads, as the torch
+// extension records them, for preload_integration_test. Linked to
+// libdynaflow_preload.so (not LD_PRELOADed), so that it also runs in
+// sanitizer builds. Usage: preload_burst_helper THREADS OPS_PER_THREAD
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "plugin/preload/dynaflow_tracer.h"
+
+int main(int argc, char** argv) {
+  if (argc != 3 || dynaflow_tracer_abi_version() != DYNAFLOW_TRACER_ABI_VERSION) return 2;
+  const int threads = std::atoi(argv[1]);
+  const int per_thread = std::atoi(argv[2]);
+  std::vector<std::thread> producers;
+  for (int t = 0; t < threads; ++t) {
+    producers.emplace_back([per_thread] {
+      for (int i = 0; i < per_thread; ++i) {
+        DynaflowOperatorRecord op = {};
+        op.id = dynaflow_next_operator_id();
+        dynaflow_push_operator(op.id);
+        op.start_ns = dynaflow_now_ns();
+        op.end_ns = dynaflow_now_ns();
+        op.sequence = i;
+        op.tid = 1;
+        op.pass = DYNAFLOW_PASS_FORWARD;
+        op.name = "aten::add";
+        op.input_shapes = "[[8,4096],[8,4096]]";
+        op.module_path = "model.layers.0";
+        dynaflow_pop_operator();
+        dynaflow_record_operator(&op);
+      }
+    });
+  }
+  for (std::thread& p : producers) p.join();
+  return dynaflow_tracer_active() && dynaflow_tracer_record_ops() ? 0 : 3;
+}

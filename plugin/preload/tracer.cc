@@ -1,0 +1,300 @@
+#include "plugin/preload/tracer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <utility>
+
+#include "plugin/preload/log.h"
+
+namespace dynaflow {
+namespace {
+
+constexpr char kCuptiNotStarted[] =
+    "unavailable: CUPTI was not started (the process did not initialise CUDA)";
+
+std::string ReadProcFile(const char* path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// argv joined with spaces.
+std::string CommandLine() {
+  std::string args = ReadProcFile("/proc/self/cmdline");
+  while (!args.empty() && args.back() == '\0') args.pop_back();
+  std::replace(args.begin(), args.end(), '\0', ' ');
+  return args;
+}
+
+std::string ProcessName() {
+  std::string comm = ReadProcFile("/proc/self/comm");
+  if (!comm.empty() && comm.back() == '\n') comm.pop_back();
+  return comm;
+}
+
+// Which of this thread's open pushes reached CUPTI: CUPTI may be enabled (or
+// disabled) between a push and its pop, and a pop must match a push.
+thread_local std::vector<bool> t_pushed_to_cupti;
+
+}  // namespace
+
+Tracer::Tracer(TracerConfig config, CuptiLoader load_cupti, CuptiStart cupti_start)
+    : config_(std::move(config)),
+      load_cupti_(std::move(load_cupti)),
+      cupti_start_(cupti_start),
+      start_time_ns_(RealtimeNs()),
+      pid_(static_cast<int32_t>(getpid())),
+      cupti_status_(kCuptiNotStarted) {
+  using Clock = std::chrono::steady_clock;
+  window_open_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(config_.delay);
+  window_close_ = config_.duration.count() > 0
+                      ? window_open_ + std::chrono::duration_cast<Clock::duration>(config_.duration)
+                      : Clock::time_point::max();
+}
+
+Tracer::~Tracer() {
+  Shutdown();
+  own_writer_.reset();
+  std::lock_guard<std::mutex> lock(cupti_mu_);
+  session_for_abi_.store(nullptr);
+  session_.reset();
+}
+
+void Tracer::StartWriter() { (void)EnsureWriter(); }
+
+bool Tracer::Active() const {
+  const auto now = std::chrono::steady_clock::now();
+  return now >= window_open_ && now < window_close_ && !shut_down_.load();
+}
+
+void Tracer::RecordOperator(const DynaflowOperatorRecord& record) {
+  if (!config_.record_ops || !Active()) return;
+  if (WriterThread* writer = EnsureWriter()) writer->EnqueueOperator(record);
+}
+
+void Tracer::PushOperator(uint64_t id) {
+  CuptiSession* session = session_for_abi_.load();
+  const bool to_cupti = session != nullptr && session->enabled();
+  t_pushed_to_cupti.push_back(to_cupti);
+  if (to_cupti) session->PushExternalId(id);
+}
+
+void Tracer::PopOperator() {
+  if (t_pushed_to_cupti.empty()) return;  // unbalanced pop: nothing to undo
+  const bool to_cupti = t_pushed_to_cupti.back();
+  t_pushed_to_cupti.pop_back();
+  CuptiSession* session = session_for_abi_.load();
+  if (to_cupti && session != nullptr) session->PopExternalId();
+}
+
+void Tracer::OnCudaInit() {
+  if (shut_down_.load()) return;
+  // CUPTI hands buffers to the writer from under cupti_mu_ (when disabled);
+  // a writer that already exists is never created from there.
+  (void)EnsureWriter();
+  {
+    std::lock_guard<std::mutex> lock(cupti_mu_);
+    StartCuptiLocked();
+    SyncCuptiLocked();
+  }
+  PublishCuptiStatus();
+}
+
+int Tracer::OnNvtxInit(NvtxGetExportTable get_export_table) {
+  CuptiApi* cupti;
+  {
+    std::lock_guard<std::mutex> lock(cupti_mu_);
+    LoadCuptiLocked();
+    cupti = cupti_.get();
+  }
+  PublishCuptiStatus();
+  return cupti != nullptr ? cupti->InitializeInjectionNvtx2(get_export_table) : 0;
+}
+
+bool Tracer::Flush(std::chrono::milliseconds timeout) noexcept {
+  if (!OwnsProcess()) return false;
+  WriterThread* writer = writer_.load();
+  return writer == nullptr || writer->Flush(timeout);
+}
+
+bool Tracer::Finish(std::chrono::milliseconds timeout) noexcept {
+  if (!OwnsProcess()) return false;
+  WriterThread* writer = writer_.load();
+  return writer == nullptr || writer->Finish(timeout);
+}
+
+void Tracer::Shutdown() {
+  if (shut_down_.load()) return;
+  WriterThread* writer = EnsureWriter();
+  {
+    // Disabling flushes CUPTI, whose buffers still reach the writer.
+    std::lock_guard<std::mutex> lock(cupti_mu_);
+    if (session_ != nullptr) session_->Disable();
+  }
+  shut_down_.store(true);
+  if (writer != nullptr) (void)writer->Stop();
+}
+
+void Tracer::PrepareFork() {
+  writer_mu_.lock();
+  if (WriterThread* writer = writer_.load()) writer->LockForFork();
+  cupti_mu_.lock();
+}
+
+void Tracer::ParentAfterFork() {
+  cupti_mu_.unlock();
+  if (WriterThread* writer = writer_.load()) writer->UnlockAfterFork();
+  writer_mu_.unlock();
+}
+
+void Tracer::ChildAfterFork() {
+  // Released however this ends; the abandoned writer's locks stay held.
+  std::lock_guard<std::mutex> writer_lock(writer_mu_, std::adopt_lock);
+  std::lock_guard<std::mutex> cupti_lock(cupti_mu_, std::adopt_lock);
+  if (WriterThread* writer = writer_.exchange(nullptr)) {
+    (void)own_writer_.release();
+    abandoned_.push_back(writer);  // last: should it throw, the child is already free of it
+  }
+  cupti_start_attempted_ = false;
+  cupti_started_ = false;
+  enable_attempted_ = false;
+  if (session_ != nullptr) session_->ForgetAfterFork();
+  if (cupti_ != nullptr) {  // loaded, so the child may start it again
+    cupti_status_ = kCuptiNotStarted;
+    cupti_status_dirty_ = true;
+  }
+  start_time_ns_ = RealtimeNs();
+  pid_.store(static_cast<int32_t>(getpid()));
+}
+
+WriterThread* Tracer::EnsureWriter() {
+  WriterThread* writer = writer_.load();
+  if (writer != nullptr || shut_down_.load()) return writer;
+  std::lock_guard<std::mutex> lock(writer_mu_);
+  writer = writer_.load();
+  if (writer != nullptr || shut_down_.load()) return writer;
+  const int32_t pid = static_cast<int32_t>(getpid());
+  WriterOptions options;
+  options.path = config_.output_dir + "/" + std::to_string(pid) + ".db";
+  options.rank = config_.rank;
+  options.pid = pid;
+  options.process_name = ProcessName();
+  options.meta = ProcessMeta(pid);
+  options.flush_interval = config_.flush_interval;
+  options.before_flush = [this](bool forced) { BeforeFlush(forced); };
+  own_writer_ = std::make_unique<WriterThread>(std::move(options));
+  writer = own_writer_.get();
+  writer_.store(writer);
+  {
+    // After the store above, so that a CUPTI loading concurrently either is
+    // seen here or sees this writer (StartCuptiLocked attaches it too).
+    std::lock_guard<std::mutex> cupti_lock(cupti_mu_);
+    if (cupti_ != nullptr) writer->AttachCupti(cupti_.get());
+  }
+  writer->Start();  // published first: signal handlers find what they wait for
+  return writer;
+}
+
+std::map<std::string, std::string> Tracer::ProcessMeta(int32_t pid) {
+  std::map<std::string, std::string> meta = {
+      {"format", "dynaflow"},
+      {"pid", std::to_string(pid)},
+      {"rank", std::to_string(config_.rank)},
+      {"command_line", CommandLine()},
+      {"start_time_ns", std::to_string(start_time_ns_)},
+      {"ops", config_.record_ops ? "on" : "off"},
+      {"dropped_records", "0"},
+  };
+  std::lock_guard<std::mutex> lock(cupti_mu_);
+  meta["cupti"] = cupti_status_;
+  return meta;
+}
+
+void Tracer::BeforeFlush(bool forced) {
+  CuptiSession* session = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(cupti_mu_);
+    if (cupti_start_ == CuptiStart::kAtWindowOpen && Active()) StartCuptiLocked();
+    SyncCuptiLocked();
+    if (cupti_started_) session = session_.get();
+  }
+  PublishCuptiStatus();
+  if (session != nullptr) session->Flush(forced);
+}
+
+void Tracer::LoadCuptiLocked() {
+  if (cupti_load_attempted_) return;
+  cupti_load_attempted_ = true;
+  std::string error;
+  cupti_ = load_cupti_(&error);
+  if (cupti_ == nullptr) {
+    SetCuptiUnavailableLocked(error);
+    return;
+  }
+  session_ = std::make_unique<CuptiSession>(
+      *cupti_, CuptiSink{.buffer =
+                             [this](ActivityBuffer buffer) {
+                               if (WriterThread* w = EnsureWriter()) {
+                                 w->EnqueueBuffer(std::move(buffer));
+                               }
+                             },
+                         .dropped =
+                             [this](size_t records) {
+                               if (WriterThread* w = EnsureWriter()) w->AddCuptiDropped(records);
+                             }});
+  if (WriterThread* writer = writer_.load()) writer->AttachCupti(cupti_.get());
+}
+
+void Tracer::StartCuptiLocked() {
+  if (cupti_start_attempted_ || shut_down_.load()) return;
+  cupti_start_attempted_ = true;
+  LoadCuptiLocked();
+  if (cupti_ == nullptr) return;
+  const Status started = session_->Start();
+  if (!started.ok()) {
+    SetCuptiUnavailableLocked(started.message());
+    return;
+  }
+  cupti_started_ = true;
+  session_for_abi_.store(session_.get());
+}
+
+void Tracer::SyncCuptiLocked() {
+  if (!cupti_started_) return;
+  const bool want = Active();
+  if (want && !session_->enabled() && !enable_attempted_) {
+    enable_attempted_ = true;  // the window opens once: so does CUPTI
+    const Status enabled = session_->Enable();
+    if (!enabled.ok()) {
+      SetCuptiUnavailableLocked(enabled.message());
+      return;
+    }
+    const std::string& missing = session_->unavailable_kinds();
+    cupti_status_ = missing.empty() ? "enabled" : "enabled (unavailable kinds: " + missing + ")";
+    cupti_status_dirty_ = true;
+  } else if (!want && session_->enabled()) {
+    session_->Disable();
+  }
+}
+
+void Tracer::SetCuptiUnavailableLocked(const std::string& reason) {
+  cupti_status_ = "unavailable: " + reason;
+  cupti_status_dirty_ = true;
+  LogOnce(cupti_problem_reported_,
+          "CUPTI unavailable (" + reason + "); recording framework operators only");
+}
+
+void Tracer::PublishCuptiStatus() {
+  std::string status;
+  {
+    std::lock_guard<std::mutex> lock(cupti_mu_);
+    if (!cupti_status_dirty_) return;
+    cupti_status_dirty_ = false;
+    status = cupti_status_;
+  }
+  if (WriterThread* writer = writer_.load()) writer->SetMeta("cupti", std::move(status));
+}
+
+}  // namespace dynaflow

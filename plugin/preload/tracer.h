@@ -1,0 +1,139 @@
+// The tracer of one process: its writer, its CUPTI session and the
+// recording window. preload.cc owns one (and the process glue: constructor,
+// exit, signals, fork, the C ABI); tests build their own with a fake CUPTI.
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "plugin/preload/cupti_api.h"
+#include "plugin/preload/cupti_session.h"
+#include "plugin/preload/dynaflow_tracer.h"
+#include "plugin/preload/realtime_clock.h"
+#include "plugin/preload/tracer_config.h"
+#include "plugin/preload/writer_thread.h"
+
+namespace dynaflow {
+
+// Loads CUPTI, or returns nullptr and says why.
+using CuptiLoader = std::function<std::unique_ptr<CuptiApi>(std::string* error)>;
+
+// When CUPTI is started (loaded, callbacks registered).
+enum class CuptiStart {
+  // When CUDA initialises (InitializeInjection, called by the driver), so
+  // that no kernel runs before CUPTI; processes that never use CUDA never
+  // load CUPTI.
+  kAtCudaInit,
+  // When the writer first sees the recording window open: for processes
+  // whose CUDA_INJECTION64_PATH belongs to another tool.
+  kAtWindowOpen,
+};
+
+class Tracer {
+ public:
+  // Precondition: config.output_dir is set. Nothing starts until StartWriter().
+  Tracer(TracerConfig config, CuptiLoader load_cupti, CuptiStart cupti_start);
+  Tracer(const Tracer&) = delete;
+  Tracer& operator=(const Tracer&) = delete;
+  // Shuts down and frees everything; the library never destroys its tracer.
+  ~Tracer();
+
+  // Starts this process's writer of <output_dir>/<pid>.db unless it runs
+  // already (in a forked child it starts lazily, at the first record).
+  void StartWriter();
+
+  // Whether now is inside the recording window (DYNAFLOW_DELAY_S,
+  // DYNAFLOW_DURATION_S), and whether operators are recorded (DYNAFLOW_OPS).
+  bool Active() const;
+  bool RecordOps() const { return config_.record_ops; }
+
+  // The C ABI (dynaflow_tracer.h): any thread, never blocks on I/O.
+  void RecordOperator(const DynaflowOperatorRecord& record);
+  void PushOperator(uint64_t id);
+  void PopOperator();
+
+  // The driver's CUDA_INJECTION64_PATH entry point: starts CUPTI once per
+  // process, and enables it when the window is open.
+  void OnCudaInit();
+  // The NVTX loader's NVTX_INJECTION64_PATH entry point, forwarded to CUPTI's.
+  int OnNvtxInit(NvtxGetExportTable get_export_table);
+
+  // Whether this tracer belongs to the calling process: false in the child
+  // of vfork(), which shares the parent's memory but runs no fork handlers
+  // and must not touch the parent's writer. Async-signal-safe.
+  bool OwnsProcess() const { return pid_.load() == getpid(); }
+
+  // Commits what was recorded so far (Flush) or also closes the store
+  // (Finish), waiting up to `timeout`; false when not done in time or not
+  // OwnsProcess(). Async-signal-safe.
+  bool Flush(std::chrono::milliseconds timeout) noexcept;
+  bool Finish(std::chrono::milliseconds timeout) noexcept;
+  // At exit: disables CUPTI, writes what remains and closes the store. Every
+  // process that started a tracer leaves its <pid>.db, even if it recorded
+  // nothing. Later records are ignored.
+  void Shutdown();
+
+  // pthread_atfork handlers. The child abandons the parent's writer and
+  // CUPTI session state; its own start lazily under its own pid.
+  void PrepareFork();
+  void ParentAfterFork();
+  void ChildAfterFork();
+
+ private:
+  WriterThread* EnsureWriter();
+  std::map<std::string, std::string> ProcessMeta(int32_t pid);
+  // Runs on the writer thread before each flush.
+  void BeforeFlush(bool forced);
+  // Loads the CUPTI library, once per process. Caller holds cupti_mu_.
+  void LoadCuptiLocked();
+  // Loads CUPTI and starts the session, once per process (and again in a
+  // forked child). Caller holds cupti_mu_.
+  void StartCuptiLocked();
+  // Enables or disables CUPTI to match the window. Caller holds cupti_mu_.
+  void SyncCuptiLocked();
+  void SetCuptiUnavailableLocked(const std::string& reason);
+  // Hands the current CUPTI status to the writer as metadata.
+  void PublishCuptiStatus();
+
+  const TracerConfig config_;
+  const CuptiLoader load_cupti_;
+  const CuptiStart cupti_start_;
+  std::chrono::steady_clock::time_point window_open_;
+  std::chrono::steady_clock::time_point window_close_;
+  int64_t start_time_ns_;
+  std::atomic<int32_t> pid_;  // getpid(), updated in a forked child
+
+  // Lock order, also taken in this order by PrepareFork: writer_mu_, the
+  // writer's own locks, cupti_mu_.
+  std::mutex writer_mu_;  // creating the writer
+  std::atomic<WriterThread*> writer_{nullptr};
+  std::unique_ptr<WriterThread> own_writer_;
+  // Writers inherited from a parent: their threads did not survive fork()
+  // and their locks may be held, so they are never touched again, nor freed.
+  std::vector<WriterThread*> abandoned_;
+  std::atomic<bool> shut_down_{false};
+
+  std::mutex cupti_mu_;  // every change of CUPTI's state
+  bool cupti_load_attempted_ = false;
+  bool cupti_start_attempted_ = false;
+  bool cupti_started_ = false;
+  bool enable_attempted_ = false;
+  std::unique_ptr<CuptiApi> cupti_;
+  std::unique_ptr<CuptiSession> session_;
+  std::string cupti_status_;  // the "cupti" metadata
+  bool cupti_status_dirty_ = false;
+  std::atomic<bool> cupti_problem_reported_{false};
+  // The started session, for the C ABI's lock-free push and pop.
+  std::atomic<CuptiSession*> session_for_abi_{nullptr};
+};
+
+}  // namespace dynaflow

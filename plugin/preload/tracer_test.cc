@@ -1,0 +1,245 @@
+#include "plugin/preload/tracer.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "analysis/store/store.h"
+#include "plugin/preload/fake_cupti_api.h"
+
+namespace dynaflow {
+namespace {
+
+using std::chrono::milliseconds;
+
+CUpti_ActivityKernel10 Kernel(uint32_t correlation) {
+  CUpti_ActivityKernel10 k = {};
+  k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+  k.correlationId = correlation;
+  k.name = "sm90_gemm";
+  k.start = 1000;
+  k.end = 2000;
+  return k;
+}
+
+CUpti_ActivityExternalCorrelation External(uint32_t correlation, uint64_t id) {
+  CUpti_ActivityExternalCorrelation e = {};
+  e.kind = CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
+  e.externalKind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0;
+  e.correlationId = correlation;
+  e.externalId = id;
+  return e;
+}
+
+DynaflowOperatorRecord Op(uint64_t id) {
+  DynaflowOperatorRecord op = {};
+  op.id = id;
+  op.start_ns = RealtimeNs();
+  op.end_ns = op.start_ns + 1000;
+  op.sequence = -1;
+  op.tid = static_cast<int32_t>(gettid());
+  op.name = "aten::mm";
+  return op;
+}
+
+class TracerTest : public ::testing::Test {
+ protected:
+  TracerTest()
+      : dir_(std::filesystem::temp_directory_path() /
+             ("tracer-test-" + std::to_string(getpid()))) {
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    config_.output_dir = dir_.string();
+    config_.rank = 3;
+    config_.flush_interval = milliseconds(20);
+  }
+  ~TracerTest() override { std::filesystem::remove_all(dir_); }
+
+  // A loader that hands out a FakeCuptiApi and keeps a pointer to it.
+  CuptiLoader FakeLoader() {
+    return [this](std::string*) {
+      auto fake = std::make_unique<FakeCuptiApi>();
+      fake_ = fake.get();
+      return std::unique_ptr<CuptiApi>(std::move(fake));
+    };
+  }
+
+  static CuptiLoader FailingLoader() {
+    return [](std::string* error) {
+      *error = "cannot load libcupti (test)";
+      return std::unique_ptr<CuptiApi>();
+    };
+  }
+
+  Trace ReadStore() const {
+    Trace t;
+    const std::string path = (dir_ / (std::to_string(getpid()) + ".db")).string();
+    Status st = ReadTraceDb(path, &t);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return t;
+  }
+
+  // The fake the tracer loaded last; the loader may run on the writer thread.
+  FakeCuptiApi* fake() const { return fake_.load(); }
+
+  std::filesystem::path dir_;
+  TracerConfig config_;
+  std::atomic<FakeCuptiApi*> fake_{nullptr};
+};
+
+TEST_F(TracerTest, RecordsOperatorsAndLinkedKernelsOnceCudaInitialises) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  EXPECT_EQ(fake(), nullptr);  // lazily: no CUDA, no CUPTI
+  tracer.OnCudaInit();
+  ASSERT_NE(fake(), nullptr);
+  EXPECT_TRUE(fake()->callbacks_registered());
+  EXPECT_TRUE(fake()->timestamp_callback_registered());
+  EXPECT_TRUE(fake()->enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  EXPECT_TRUE(fake()->enabled(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION));
+  EXPECT_TRUE(fake()->enabled(CUPTI_ACTIVITY_KIND_MARKER));
+
+  tracer.PushOperator(42);
+  FakeActivityBuffer buffer;
+  buffer.Add(External(5, 42)).Add(Kernel(5));
+  ASSERT_TRUE(fake()->CompleteBuffer(buffer));
+  tracer.PopOperator();
+  tracer.RecordOperator(Op(42));
+  EXPECT_EQ(fake()->external_id_log(), (std::vector<int64_t>{42, -42}));
+  tracer.Shutdown();
+  EXPECT_FALSE(fake()->enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+
+  Trace t = ReadStore();
+  ASSERT_EQ(t.ops.size(), 1u);
+  EXPECT_EQ(t.ops[0].rank, 3);
+  EXPECT_EQ(t.ops[0].pid, getpid());
+  ASSERT_EQ(t.gpu.size(), 1u);
+  EXPECT_EQ(t.gpu[0].external_id, 42);
+  EXPECT_EQ(t.metadata["cupti"], "enabled");
+  EXPECT_EQ(t.metadata["format"], "dynaflow");
+  EXPECT_EQ(t.metadata["pid"], std::to_string(getpid()));
+  EXPECT_EQ(t.metadata["rank"], "3");
+  EXPECT_EQ(t.metadata["ops"], "on");
+  EXPECT_EQ(t.metadata["dropped_records"], "0");
+  EXPECT_FALSE(t.metadata["command_line"].empty());
+  EXPECT_FALSE(t.metadata["start_time_ns"].empty());
+}
+
+TEST_F(TracerTest, WithoutCuptiRecordsOperatorsOnlyAndSaysWhy) {
+  Tracer tracer(config_, FailingLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  tracer.PushOperator(1);
+  tracer.RecordOperator(Op(1));
+  tracer.PopOperator();
+  tracer.Shutdown();
+  Trace t = ReadStore();
+  EXPECT_EQ(t.ops.size(), 1u);
+  EXPECT_EQ(t.metadata["cupti"], "unavailable: cannot load libcupti (test)");
+}
+
+TEST_F(TracerTest, ProcessThatNeverInitialisesCudaNeverLoadsCupti) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.Shutdown();
+  EXPECT_EQ(fake(), nullptr);
+  EXPECT_EQ(ReadStore().metadata["cupti"].rfind("unavailable: CUPTI was not started", 0), 0u);
+}
+
+TEST_F(TracerTest, EnableFailureMakesCuptiUnavailable) {
+  CuptiLoader refusing = [this](std::string*) {
+    auto fake = std::make_unique<FakeCuptiApi>();
+    fake->FailEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ERROR_NOT_INITIALIZED);
+    fake_ = fake.get();
+    return std::unique_ptr<CuptiApi>(std::move(fake));
+  };
+  Tracer tracer(config_, refusing, CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  tracer.Shutdown();
+  EXPECT_EQ(ReadStore().metadata["cupti"],
+            "unavailable: cuptiActivityEnable(CONCURRENT_KERNEL): CUPTI_ERROR_FAKE");
+}
+
+TEST_F(TracerTest, NothingIsRecordedBeforeTheWindowOpens) {
+  config_.delay = std::chrono::hours(1);
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  EXPECT_FALSE(tracer.Active());
+  tracer.RecordOperator(Op(1));
+  tracer.OnCudaInit();
+  ASSERT_NE(fake(), nullptr);
+  EXPECT_TRUE(fake()->callbacks_registered());  // started, not enabled
+  EXPECT_FALSE(fake()->enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  tracer.Shutdown();
+  EXPECT_TRUE(ReadStore().ops.empty());
+}
+
+TEST_F(TracerTest, WindowOfLimitedDurationCloses) {
+  config_.duration = milliseconds(1);
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  std::this_thread::sleep_for(milliseconds(5));
+  EXPECT_FALSE(tracer.Active());
+}
+
+TEST_F(TracerTest, PopMatchesOnlyPushesThatReachedCupti) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.PushOperator(1);  // before CUPTI: not pushed to it
+  tracer.OnCudaInit();
+  tracer.PushOperator(2);
+  tracer.PopOperator();
+  tracer.PopOperator();
+  tracer.PopOperator();  // unbalanced: ignored
+  EXPECT_EQ(fake()->external_id_log(), (std::vector<int64_t>{2, -2}));
+  tracer.Shutdown();
+}
+
+TEST_F(TracerTest, RecordsCuptiHoldsAtExitAreWritten) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  FakeActivityBuffer held;
+  held.Add(Kernel(9));
+  fake()->CompleteAtNextFlush(std::move(held));
+  tracer.Shutdown();  // disabling CUPTI flushes it
+  EXPECT_EQ(ReadStore().gpu.size(), 1u);
+}
+
+TEST_F(TracerTest, StartsCuptiWhenTheWindowOpensIfCudaInjectionIsNotOurs) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtWindowOpen);
+  tracer.StartWriter();
+  // The writer thread loads and enables CUPTI at its first flush.
+  for (int i = 0; i < 500 && !(fake() && fake()->enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+       ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_NE(fake(), nullptr);
+  EXPECT_TRUE(fake()->enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  EXPECT_GT(fake()->flush_count(), 0);
+  tracer.Shutdown();
+  EXPECT_EQ(ReadStore().metadata["cupti"], "enabled");
+}
+
+TEST_F(TracerTest, NvtxInitialisationIsHandedToCupti) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  EXPECT_EQ(tracer.OnNvtxInit(nullptr), 1);
+  ASSERT_NE(fake(), nullptr);
+  EXPECT_EQ(fake()->nvtx_initializations(), 1);
+  Tracer without(config_, FailingLoader(), CuptiStart::kAtCudaInit);
+  EXPECT_EQ(without.OnNvtxInit(nullptr), 0);
+}
+
+TEST_F(TracerTest, FlushAndFinishAreAnsweredWithoutAWriter) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  EXPECT_TRUE(tracer.Flush(milliseconds(10)));
+  tracer.StartWriter();
+  tracer.RecordOperator(Op(1));
+  EXPECT_TRUE(tracer.Finish(milliseconds(10000)));
+  EXPECT_EQ(ReadStore().ops.size(), 1u);
+}
+
+}  // namespace
+}  // namespace dynaflow
