@@ -54,6 +54,15 @@ Status WriteOutput(const std::string& path, const std::string& text) {
     std::cout.flush();
     return std::cout ? Status::Ok() : Status::Failure("cannot write to stdout");
   }
+  // A device or FIFO (-o /dev/null) is written in place: renaming a temporary
+  // file over it would replace it with a regular file.
+  std::error_code probe;
+  const auto status = std::filesystem::status(path, probe);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    std::ofstream f(path, std::ios::binary);
+    f << text;
+    return f ? Status::Ok() : Status::Failure(path + ": cannot write");
+  }
   const std::string tmp = path + ".tmp-" + std::to_string(getpid());
   {
     std::ofstream f(tmp, std::ios::binary);

@@ -87,6 +87,12 @@ import json,sys
 t=json.load(open(sys.argv[1]))['devices'][0]['timeline']
 assert abs(t['total_us']/1000 - 3.49597607421875) < 1e-6, t" "$work/bert.json"
 
+  # Outputs that are devices are written in place, never replaced by a file.
+  expect_code "advise to /dev/null" 0 "$bin" advise "$bert" -o /dev/null
+  check "/dev/null is still a device" test -c /dev/null
+  expect_code "import to /dev/null" 2 "$bin" import "$bert" -o /dev/null
+  check "/dev/null is still a device after import" test -c /dev/null
+
   expect_code "advise html" 0 "$bin" advise "$bert" --format html -o "$work/bert.html"
   check "html page" grep -q "<svg" "$work/bert.html"
 

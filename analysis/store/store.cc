@@ -199,6 +199,12 @@ void ReadAll(SQLite::Database& db, Trace* t) {
 }  // namespace
 
 Status WriteTraceDb(const Trace& trace, const std::string& path) {
+  // Renaming over /dev/null or a FIFO would replace it with a file (as root).
+  std::error_code probe;
+  const auto status = std::filesystem::status(path, probe);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    return Status::BadInput(path + ": not a regular file; a trace.db must be one");
+  }
   // No journal: atomicity comes from writing a temporary file and renaming it.
   const std::string tmp = path + ".tmp-" + std::to_string(getpid());
   StatusOr<std::unique_ptr<TraceDbWriter>> writer =

@@ -202,7 +202,9 @@ void ReadArgs(od::object args, RawEvent* e) {
         if (key == "Sequence number") e->sequence = ReadId(v);
         break;
       case 'F':
-        if (key == "Fwd thread id") e->backward_thread = true;
+        // PyTorch writes "Fwd thread id" on every op with a sequence number:
+        // 0 on forward ops, the forward thread's id on autograd (backward) ops.
+        if (key == "Fwd thread id") e->backward_thread = ReadId(v) != 0;
         break;
       case 'I':
         if (key == "Input Dims") {

@@ -41,7 +41,8 @@ const char* kCurrent = R"json({
   "traceEvents": [
     {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 100, "tid": 101,
      "ts": 1000.5, "dur": 20.25,
-     "args": {"External id": 7, "Sequence number": 3, "Input Dims": [[8, 4096], [4096, 4096]],
+     "args": {"External id": 7, "Sequence number": 3, "Fwd thread id": 0,
+              "Input Dims": [[8, 4096], [4096, 4096]],
               "Input type": ["c10::BFloat16", "c10::BFloat16"], "Record function id": 0}},
     {"ph": "X", "cat": "cpu_op", "name": "autograd::engine::evaluate_function: MmBackward0",
      "pid": 100, "tid": 102, "ts": 2000, "dur": 5, "args": {"External id": 9, "Fwd thread id": 1}},
