@@ -14,25 +14,27 @@
 #          (stdout, not "-o /dev/null": the CLI writes -o through a temporary file and
 #          renames it over the target, which would replace /dev/null when run as root)
 #        dynaflow import FILE -o bench/out/bench.db
-#      wall time and peak RSS with /usr/bin/time -f "%e %M";
+#      wall time, peak RSS and CPU time with /usr/bin/time -f "%e %M %U %S", and the
+#      CPU that other processes used meanwhile (from /proc/stat; 0 = quiet machine);
 #   4. times Holistic Trace Analysis (PyPI HolisticTraceAnalysis, in bench/out/venv)
 #      get_temporal_breakdown on the same file; if it fails, runs out of memory or time,
 #      it reruns HTA and dynaflow on a ~100 MB trace and says so;
 #   5. prints a summary table (also bench/out/results.md and results.json).
 #
 # Environment knobs:
+#   BENCH_OUT=bench/out    work directory (traces, venv, results; git-ignored)
 #   BENCH_REPS=3           repetitions of each dynaflow/zcat measurement
 #   BENCH_TARGET_MB=2300   uncompressed MB over both ranks (rank 0 gets half)
 #   BENCH_SEED=1           generator seed
-#   BENCH_HTA=1            0 skips the HTA comparison
+#   BENCH_HTA=1            0 skips the HTA comparison; "small" runs it on the small trace only
 #   BENCH_HTA_TIMEOUT=900  seconds HTA may take on the big file
-#   BENCH_HTA_MEM_GB=22    address-space limit for the HTA process
+#   BENCH_HTA_MEM_GB=20    address-space limit (GB) for the HTA process
 #   BENCH_HTA_SMALL_MB=200 size (both ranks) of the fallback trace for HTA
 #   BENCH_MIN_MB=1000      smallest acceptable rank-0 size (lower it only to test the script)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="$ROOT/bench/out"
+OUT="${BENCH_OUT:-$ROOT/bench/out}"
 BUILD="$ROOT/build-bench"
 BIN="$BUILD/cli/dynaflow"
 GEN="$ROOT/scripts/gen_kineto_trace.py"
@@ -41,7 +43,7 @@ TARGET_MB="${BENCH_TARGET_MB:-2300}"
 SEED="${BENCH_SEED:-1}"
 HTA="${BENCH_HTA:-1}"
 HTA_TIMEOUT="${BENCH_HTA_TIMEOUT:-900}"
-HTA_MEM_GB="${BENCH_HTA_MEM_GB:-22}"
+HTA_MEM_GB="${BENCH_HTA_MEM_GB:-20}"
 HTA_SMALL_MB="${BENCH_HTA_SMALL_MB:-200}"
 MIN_MB="${BENCH_MIN_MB:-1000}"
 TIME=/usr/bin/time
@@ -64,6 +66,12 @@ if [[ ! -f "$BUILD/build.ninja" ]]; then
 fi
 cmake --build "$BUILD" -j"$(nproc)" --target dynaflow >&2 || die "build failed"
 [[ -x "$BIN" ]] || die "build produced no $BIN"
+SOURCE_REV="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if [[ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+  SOURCE_REV="$SOURCE_REV+local-changes"
+fi
+MACHINE="$(nproc) CPUs ($(lscpu | sed -n 's/^Model name: *//p' | head -n1)), $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo) RAM"
+say "dynaflow $SOURCE_REV on $MACHINE"
 
 # --------------------------------------------------------------------------- 2. trace
 # Generates PREFIX_rank{0,1}.json.gz unless a stamp says the same generator and
@@ -107,22 +115,38 @@ META="${BIG}_rank0.meta.json"
 RAW_BYTES=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["uncompressed_bytes"])' "$META")
 (( RAW_BYTES >= MIN_MB * 1000000 )) || die "$FILE has only $RAW_BYTES uncompressed bytes (< ${MIN_MB} MB); raise BENCH_TARGET_MB"
 
-RESULTS="$OUT/results.tsv"   # kind  label  rep  wall_s  maxrss_kb
+RESULTS="$OUT/results.tsv"   # label rep wall_s maxrss_kb file other_cores cpu_s [hta phases]
 : > "$RESULTS"
+
+# Busy CPU seconds of the whole machine so far (all cores), from /proc/stat.
+busy_s() {
+  awk -v hz="$(getconf CLK_TCK)" '/^cpu / {print ($2+$3+$4+$7+$8+$9)/hz; exit}' /proc/stat
+}
+# other_cores BUSY0 BUSY1 WALL USER SYS: average number of cores that something other
+# than the measured command kept busy while it ran (0 = quiet machine).
+other_cores() {
+  awk -v b0="$1" -v b1="$2" -v w="$3" -v u="$4" -v s="$5" \
+    'BEGIN {o = (b1 - b0 - u - s) / (w > 0 ? w : 1); if (o < 0) o = 0; printf "%.2f", o}'
+}
 
 # measure LABEL REP FILE CMD... : one timed run, appended to results.tsv.
 measure() {
   local label="$1" rep="$2" file="$3"; shift 3
-  local tf="$OUT/.time.$$"
-  if ! "$TIME" -f "%e %M" -o "$tf" "$@"; then
+  local tf="$OUT/.time.$$" b0 b1
+  b0=$(busy_s)
+  if ! "$TIME" -f "%e %M %U %S" -o "$tf" "$@"; then
     cat "$tf" >&2 || true
     die "'$*' failed"
   fi
-  local wall rss
-  read -r wall rss < <(tail -n1 "$tf")
+  b1=$(busy_s)
+  local wall rss usr sys other
+  read -r wall rss usr sys < <(tail -n1 "$tf")
   rm -f "$tf"
-  printf '%s\t%s\t%s\t%s\t%s\n' "$label" "$rep" "$wall" "$rss" "$file" >> "$RESULTS"
-  printf '  %-8s rep %s: %7.2f s  %8.1f MB peak RSS\n' "$label" "$rep" "$wall" "$(awk -v k="$rss" 'BEGIN{print k/1024}')" >&2
+  other=$(other_cores "$b0" "$b1" "$wall" "$usr" "$sys")
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$rep" "$wall" "$rss" "$file" "$other" \
+    "$(awk -v u="$usr" -v s="$sys" 'BEGIN{print u+s}')" >> "$RESULTS"
+  printf '  %-12s rep %s: %7.2f s  %8.1f MB peak RSS  (cpu %s+%s s; other load %s cores)\n' \
+    "$label" "$rep" "$wall" "$(awk -v k="$rss" 'BEGIN{print k/1024}')" "$usr" "$sys" "$other" >&2
 }
 
 run_reps() {  # run_reps FILE TAG  (TAG "" for the big file, "_small" for the fallback)
@@ -144,11 +168,17 @@ run_reps "$FILE" ""
 # --------------------------------------------------------------------------- 4. HTA
 HTA_PY="$OUT/venv/bin/python"
 hta_setup() {
-  if [[ ! -x "$HTA_PY" ]] || ! "$HTA_PY" -c 'import hta' 2>/dev/null; then
-    say "installing HolisticTraceAnalysis into $OUT/venv (pip)"
-    python3 -m venv "$OUT/venv" >&2 || die "cannot create $OUT/venv"
-    "$OUT/venv/bin/pip" install -q HolisticTraceAnalysis >&2 || die "pip install HolisticTraceAnalysis failed"
+  # pandas < 3: HTA 0.5.0 assigns int64 row indices into an int16 column
+  # (transform_correlation_to_index), which pandas 3 rejects on any trace with more
+  # than 32767 events ("Invalid value ... for dtype 'int16'").
+  if [[ ! -x "$HTA_PY" ]] || ! "$HTA_PY" -c 'import hta, pandas, sys; sys.exit(int(pandas.__version__.split(".")[0]) >= 3)' 2>/dev/null; then
+    say "installing HolisticTraceAnalysis (with pandas<3) into $OUT/venv (pip)"
+    [[ -x "$HTA_PY" ]] || python3 -m venv "$OUT/venv" >&2 || die "cannot create $OUT/venv"
+    "$OUT/venv/bin/pip" install -q HolisticTraceAnalysis "pandas<3" >&2 \
+      || die "pip install HolisticTraceAnalysis failed"
   fi
+  HTA_VERSIONS=$("$HTA_PY" -c 'import importlib.metadata as m; print("HolisticTraceAnalysis %s, pandas %s, numpy %s" % tuple(m.version(p) for p in ("HolisticTraceAnalysis", "pandas", "numpy")))')
+  say "HTA environment: $HTA_VERSIONS"
 }
 
 cat > "$OUT/hta_breakdown.py" <<'EOF'
@@ -169,10 +199,12 @@ hta_run() {
   local file="$1" tag="$2" dir="$OUT/hta_dir$2" tf="$OUT/.time.hta.$$" log="$OUT/hta$2.log"
   rm -rf "$dir"; mkdir -p "$dir"
   ln -s "$file" "$dir/$(basename "$file")"
-  local rc=0
+  local rc=0 b0 b1
+  b0=$(busy_s)
   ( ulimit -v $((HTA_MEM_GB * 1024 * 1024))
-    exec "$TIME" -f "%e %M" -o "$tf" timeout "$HTA_TIMEOUT" "$HTA_PY" "$OUT/hta_breakdown.py" "$dir"
+    exec "$TIME" -f "%e %M %U %S" -o "$tf" timeout "$HTA_TIMEOUT" "$HTA_PY" "$OUT/hta_breakdown.py" "$dir"
   ) > "$log" 2>&1 || rc=$?
+  b1=$(busy_s)
   rm -rf "$dir"
   if (( rc != 0 )); then
     printf '  HTA failed on %s (exit %d%s); last lines of %s:\n' "$(basename "$file")" "$rc" \
@@ -181,22 +213,34 @@ hta_run() {
     rm -f "$tf"
     return 1
   fi
-  local wall rss
-  read -r wall rss < <(tail -n1 "$tf")
+  local wall rss usr sys other
+  read -r wall rss usr sys < <(tail -n1 "$tf")
   rm -f "$tf"
+  other=$(other_cores "$b0" "$b1" "$wall" "$usr" "$sys")
   local phases
   phases=$(grep -o 'HTA_PHASES.*' "$log" | head -n1 || true)
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "hta$tag" 1 "$wall" "$rss" "$file" "$phases" >> "$RESULTS"
-  printf '  %-8s rep 1: %7.2f s  %8.1f MB peak RSS  (%s)\n' "hta$tag" "$wall" \
-    "$(awk -v k="$rss" 'BEGIN{print k/1024}')" "$phases" >&2
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "hta$tag" 1 "$wall" "$rss" "$file" "$other" \
+    "$(awk -v u="$usr" -v s="$sys" 'BEGIN{print u+s}')" "$phases" >> "$RESULTS"
+  printf '  %-12s rep 1: %7.2f s  %8.1f MB peak RSS  (cpu %s+%s s; other load %s cores; %s)\n' "hta$tag" \
+    "$wall" "$(awk -v k="$rss" 'BEGIN{print k/1024}')" "$usr" "$sys" "$other" "$phases" >&2
 }
 
 HTA_NOTE=""
-if [[ "$HTA" == "1" ]]; then
+HTA_VERSIONS=""
+if [[ "$HTA" == "1" || "$HTA" == "small" ]]; then
   hta_setup
-  say "Holistic Trace Analysis temporal breakdown on $(basename "$FILE") (timeout ${HTA_TIMEOUT} s, ${HTA_MEM_GB} GB address space)"
-  if ! hta_run "$FILE" ""; then
-    HTA_NOTE="HTA could not process the $((RAW_BYTES / 1000000)) MB file within ${HTA_MEM_GB} GB / ${HTA_TIMEOUT} s; compared on a ${HTA_SMALL_MB} MB-total trace instead"
+  big_ok=0
+  if [[ "$HTA" == "small" ]]; then
+    HTA_NOTE="BENCH_HTA=small: HTA compared on a ${HTA_SMALL_MB} MB-total trace only, not on the big file"
+  else
+    say "Holistic Trace Analysis temporal breakdown on $(basename "$FILE") (timeout ${HTA_TIMEOUT} s, ${HTA_MEM_GB} GB address space)"
+    if hta_run "$FILE" ""; then
+      big_ok=1
+    else
+      HTA_NOTE="HTA could not process the $((RAW_BYTES / 1000000)) MB file within ${HTA_MEM_GB} GB / ${HTA_TIMEOUT} s; compared on a ${HTA_SMALL_MB} MB-total trace instead"
+    fi
+  fi
+  if (( ! big_ok )); then
     SMALL="$OUT/llama_tp2_small"
     gen_trace "$SMALL" "$HTA_SMALL_MB"
     SFILE="${SMALL}_rank0.json.gz"
@@ -208,19 +252,21 @@ fi
 
 # --------------------------------------------------------------------------- 5. summary
 say "summary"
-python3 - "$RESULTS" "$OUT" "$HTA_NOTE" <<'EOF'
-import json, os, statistics, sys
-results, out, hta_note = sys.argv[1], sys.argv[2], sys.argv[3]
+python3 - "$RESULTS" "$OUT" "$HTA_NOTE" "$HTA_VERSIONS" "$SOURCE_REV" "$MACHINE" <<'EOF'
+import datetime, json, os, statistics, sys
+results, out, hta_note, hta_versions, rev, machine = sys.argv[1:7]
 rows = {}
 files = {}
 phases = {}
+other = {}
 for line in open(results):
     f = line.rstrip("\n").split("\t")
     label, wall, rss, path = f[0], float(f[2]), int(f[3]), f[4]
-    rows.setdefault(label, []).append((wall, rss))
+    rows.setdefault(label, []).append((wall, rss, float(f[6])))
+    other.setdefault(label, []).append(float(f[5]))
     files[label] = path
-    if len(f) > 5:
-        phases[label] = f[5]
+    if len(f) > 7:
+        phases[label] = f[7]
 
 def meta_for(path):
     return json.load(open(path[: -len(".json.gz")] + ".meta.json"))
@@ -228,11 +274,16 @@ def meta_for(path):
 def med(label, i):
     return statistics.median(r[i] for r in rows[label])
 
-summary = {"runs": {k: [{"wall_s": w, "maxrss_kb": m} for w, m in v] for k, v in rows.items()},
+summary = {"runs": {k: [{"wall_s": w, "maxrss_kb": m, "cpu_s": c, "other_load_cores": o}
+                        for (w, m, c), o in zip(v, other[k])] for k, v in rows.items()},
            "files": {}, "hta_note": hta_note, "hta_phases": phases}
 lines = []
 def emit(s=""):
     lines.append(s)
+
+now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+emit(f"dynaflow {rev}; {machine}; {now}")
+summary.update({"source_rev": rev, "machine": machine, "date": now})
 
 for tag in ("", "_small"):
     if "advise" + tag not in rows:
@@ -251,6 +302,8 @@ for tag in ("", "_small"):
         return " ".join(fmt.format(r[i] * scale) for r in rows[label])
     emit(f"{'zcat wall (s)':38} {z:10.2f} {runs('zcat' + tag):>28}")
     emit(f"{'advise wall (s)':38} {a:10.2f} {runs('advise' + tag):>28}")
+    emit(f"{'zcat CPU user+sys (s)':38} {med('zcat' + tag, 2):10.2f} {runs('zcat' + tag, 2):>28}")
+    emit(f"{'advise CPU user+sys (s, 2 threads)':38} {med('advise' + tag, 2):10.2f} {runs('advise' + tag, 2):>28}")
     ratio = a / z
     emit(f"{'advise / zcat':38} {ratio:10.2f} {'':>28} {'<= 2.0':>10} {'yes' if ratio <= 2.0 else 'NO':>4}")
     emit(f"{'advise throughput (MB/s of JSON)':38} {raw/1e6/a:10.1f}")
@@ -259,6 +312,7 @@ for tag in ("", "_small"):
     rr = a_rss / raw
     emit(f"{'advise peak RSS / uncompressed size':38} {rr:10.3f} {'':>28} {'<= 0.5':>10} {'yes' if rr <= 0.5 else 'NO':>4}")
     emit(f"{'import wall (s)':38} {i:10.2f} {runs('import' + tag):>28}")
+    emit(f"{'import CPU user+sys (s)':38} {med('import' + tag, 2):10.2f} {runs('import' + tag, 2):>28}")
     eps = events / i
     emit(f"{'import events/s (all traceEvents)':38} {eps:10.3g} {'':>28} {'>= 1e6':>10} {'yes' if eps >= 1e6 else 'NO':>4}")
     emit(f"{'import peak RSS (MB)':38} {i_rss/1e6:10.1f} {runs('import' + tag, 1, 1024/1e6, '{:.0f}'):>28}")
@@ -272,6 +326,13 @@ for tag in ("", "_small"):
         "advise_over_zcat": ratio, "advise_rss_over_size": rr, "import_events_per_s": eps,
         "advise_mb_per_s": raw / 1e6 / a})
     emit()
+busiest = max(max(v) for v in other.values())
+emit(f"other CPU load during the measurements: max {busiest:.2f} cores "
+     f"({'quiet machine' if busiest < 0.25 else 'NOT quiet: figures are perturbed'})")
+summary["max_other_load_cores"] = busiest
+if hta_versions:
+    emit("HTA: " + hta_versions)
+    summary["hta_versions"] = hta_versions
 if hta_note:
     emit("NOTE: " + hta_note)
 text = "\n".join(lines)
