@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "analysis/timeline/intervals.h"
 
@@ -44,17 +45,20 @@ class Classifier {
   std::vector<int8_t> comm_;
 };
 
-// ProfilerStep#N windows projected on the device, sorted and merged.
+// ProfilerStep#N windows projected on the device, sorted and merged; *steps
+// counts distinct steps (Kineto repeats a step's annotation on each stream).
 IntervalSet StepWindows(const Trace& trace, uint32_t device_index, int32_t* steps) {
   std::vector<Interval> windows;
+  std::unordered_set<StringId> names;
   for (const Range& r : trace.ranges) {
     if (r.domain != RangeDomain::kGpuUser || r.device_index != static_cast<int32_t>(device_index)) {
       continue;
     }
     if (trace.strings.Get(r.name).substr(0, kStepPrefix.size()) != kStepPrefix) continue;
     windows.push_back({r.start, r.end});
+    names.insert(r.name);
   }
-  *steps = static_cast<int32_t>(windows.size());
+  *steps = static_cast<int32_t>(names.size());
   return IntervalSet::FromUnsorted(std::move(windows));
 }
 

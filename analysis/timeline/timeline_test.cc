@@ -81,6 +81,8 @@ TEST_F(TimelineTest, ProfilerStepWindowKeepsOnlyEventsStartingInside) {
   step.end = 45 * kUs;
   step.name = trace_.strings.Intern("ProfilerStep#3");
   trace_.ranges.push_back(step);
+  step.end = 20 * kUs;  // the same step annotated again on another stream
+  trace_.ranges.push_back(step);
   auto devices = AnalyzeTimelines(trace_, TimelineOptions());
   ASSERT_EQ(devices.size(), 1u);
   EXPECT_EQ(devices[0].profiler_steps, 1);
