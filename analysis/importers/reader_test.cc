@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -122,7 +123,16 @@ INSTANTIATE_TEST_SUITE_P(
                11492},
         Golden{"tracelens_b200_eager.json.gz", 929, 10771.685, 21.953, 802.844, 11596.482,
                84487.178, 21.953, 802.844},
-        Golden{"hta_a100_alexnet.json.gz", 98, 10638, 0, 55503, 66141, 12920244, 0, 55503}));
+        Golden{"hta_a100_alexnet.json.gz", 98, 10638, 0, 55503, 66141, 12920244, 0, 55503}),
+    // Test names from the file names: "hta_a100_alexnet.json.gz" -> "hta_a100_alexnet".
+    [](const ::testing::TestParamInfo<Golden>& info) {
+      std::string name(info.param.file);
+      name = name.substr(0, name.find('.'));
+      for (char& c : name) {
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      }
+      return name;
+    });
 
 TEST(RealTracesTest, EveryFileImportsAndGetsAConsistentTimeline) {
   REQUIRE_SHARED();
