@@ -1,5 +1,7 @@
 #include <memory>
 
+#include "analysis/advisor/advisor.h"
+#include "analysis/advisor/plan.h"
 #include "analysis/timeline/timeline.h"
 #include "cli/commands.h"
 #include "reports/report.h"
@@ -13,9 +15,28 @@ struct AdviseArgs {
   std::string output;
   double kernel_wait_us = 30.0;
   size_t top = 10;
+  std::string plan;            // --plan: write plan.json here
+  std::string force_strategy;  // --force-strategy
+  int splits = 0;              // --splits: nano-batches (0: try 2 and 4)
+  double min_gain_pct = 3.0;   // --min-gain
+  bool no_advice = false;      // --no-advice: the timeline report alone
 };
 
 int RunAdvise(const AdviseArgs& args) {
+  AdviseOptions advise;
+  advise.min_gain = args.min_gain_pct / 100.0;
+  advise.splits = args.splits;
+  if (args.no_advice && !args.plan.empty()) {
+    return Fail(Status::BadInput("--plan needs the advice that --no-advice skips"));
+  }
+  if (!args.force_strategy.empty()) {
+    Strategy s;
+    if (!ParseStrategy(args.force_strategy, &s)) {
+      return Fail(Status::BadInput("--force-strategy: unknown strategy " + args.force_strategy));
+    }
+    if (args.plan.empty()) return Fail(Status::BadInput("--force-strategy needs --plan FILE"));
+    advise.force = s;
+  }
   Trace trace;
   Status st = LoadInputs(args.inputs, &trace);
   if (!st.ok()) return Fail(st);
@@ -26,16 +47,32 @@ int RunAdvise(const AdviseArgs& args) {
   report.inputs = args.inputs;
   report.trace = &trace;
   report.devices = AnalyzeTimelines(trace, options);
+  AdviceResult advice;
+  if (!args.no_advice) {
+    advice = Advise(trace, args.inputs, advise);
+    report.advice = &advice;
+  }
   std::string text;
   if (args.format == "json") {
-    text = ReportToJson(report).dump(2) + "\n";
+    // Invalid UTF-8 in a trace's names becomes U+FFFD rather than an exception.
+    text = ReportToJson(report).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   } else if (args.format == "html") {
     text = ReportToHtml(report);
   } else {
     text = ReportToText(report);
   }
   st = WriteOutput(args.output, text);
-  return st.ok() ? 0 : Fail(st);
+  if (!st.ok()) return Fail(st);
+  if (!args.plan.empty()) {
+    // A plan is always written, a sequential one included.
+    const nlohmann::json plan = PlanToJson(advice.plan);
+    st = ValidatePlanJson(plan);
+    if (!st.ok()) return Fail(Status::Failure("internal: the plan fails its schema: " + st.message()));
+    st = WriteOutput(args.plan,
+                     plan.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    if (!st.ok()) return Fail(st);
+  }
+  return 0;
 }
 
 }  // namespace
@@ -45,7 +82,9 @@ void AddAdviseCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "advise",
       "Measure the GPU timeline of each device (computation, exposed communication and "
-      "memcpy, idle), per-stream idle causes and the top kernels.");
+      "memcpy, idle), per-stream idle causes, the top kernels, the bound resource of every "
+      "kernel, idle-resource windows, and recommend an overlap strategy per workload bucket "
+      "from a simulation of the step.");
   cmd->add_option("IN", args->inputs, "Trace files or trace.db")->required();
   cmd->add_option("--format", args->format, "Report format")
       ->check(CLI::IsMember({"text", "json", "html"}))
@@ -56,6 +95,22 @@ void AddAdviseCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--top", args->top, "How many kernels to list per device")
+      ->capture_default_str();
+  cmd->add_option("--plan", args->plan,
+                  "Write the plan (plan.json, schemas/plan.schema.json) for `dynaflow apply` here");
+  std::vector<std::string> strategies;
+  for (int i = 0; i < kStrategyCount; ++i) strategies.emplace_back(StrategyName(static_cast<Strategy>(i)));
+  cmd->add_option("--force-strategy", args->force_strategy,
+                  "Write a plan for this strategy whatever the prediction (needs --plan)")
+      ->check(CLI::IsMember(strategies));
+  cmd->add_option("--splits", args->splits,
+                  "Nano-batches for nanobatch_overlap (default: try 2 and 4)")
+      ->check(CLI::Range(2, 16));
+  cmd->add_flag("--no-advice", args->no_advice,
+               "Skip the resource model, idle windows and simulation: the timeline report alone");
+  cmd->add_option("--min-gain", args->min_gain_pct,
+                  "Percent a strategy must gain over sequential to be chosen")
+      ->check(CLI::Range(0.0, 100.0))
       ->capture_default_str();
   cmd->final_callback([args, exit_code] { *exit_code = RunAdvise(*args); });
 }

@@ -16,6 +16,8 @@ namespace dynaflow {
 void AddImportCommand(CLI::App& app, int* exit_code);
 void AddInfoCommand(CLI::App& app, int* exit_code);
 void AddAdviseCommand(CLI::App& app, int* exit_code);
+void AddTraceCommand(CLI::App& app, int* exit_code);
+void AddExportCommand(CLI::App& app, int* exit_code);
 
 // Shared by the verbs.
 

@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   dynaflow::AddImportCommand(app, &exit_code);
   dynaflow::AddInfoCommand(app, &exit_code);
   dynaflow::AddAdviseCommand(app, &exit_code);
+  dynaflow::AddTraceCommand(app, &exit_code);
+  dynaflow::AddExportCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

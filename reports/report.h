@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/advisor/advisor.h"
 #include "analysis/model/trace.h"
 #include "analysis/timeline/timeline.h"
 
@@ -15,6 +16,9 @@ struct AdviseReport {
   std::vector<std::string> inputs;
   const Trace* trace = nullptr;
   std::vector<DeviceTimeline> devices;
+  // Idle-resource windows, roofline, steps and recommendations; null renders
+  // the timeline alone (empty idle_windows and recommendations).
+  const AdviceResult* advice = nullptr;
 };
 
 // The contract of DESIGN.md ("Report JSON contract"), schema dynaflow.report/1.

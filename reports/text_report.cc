@@ -62,6 +62,79 @@ void DeviceSection(std::ostringstream& out, const DeviceTimeline& d) {
   out << "\n";
 }
 
+void AdviceSection(std::ostringstream& out, const DeviceAdvice& a) {
+  char buf[320];
+  out << "  Steps (" << StepSourceName(a.step_source) << ")\n";
+  std::snprintf(buf, sizeof buf, "    %zu step(s): mean %s, median %s, min %s, max %s, spread %.1f%%\n\n",
+                a.steps.size(), FormatDuration(a.step_mean_us).c_str(),
+                FormatDuration(a.step_median_us).c_str(), FormatDuration(a.step_min_us).c_str(),
+                FormatDuration(a.step_max_us).c_str(), a.step_cv_pct);
+  out << buf;
+  out << "  Bound resource (roofline" << (a.peaks.known ? "" : ", peaks assumed: unknown GPU") << ")\n";
+  for (int c = 0; c < kResourceCount; ++c) {
+    const ResourceTotals& t = a.totals[c];
+    if (t.count == 0) continue;
+    const Resource r = static_cast<Resource>(c);
+    std::string rate;
+    if (r == Resource::kCompute && t.flops > 0) {
+      std::snprintf(buf, sizeof buf, "%.1f TFLOP/s, %.0f%% of peak", t.achieved_tflops, t.pct_of_peak);
+      rate = buf;
+    } else if (r != Resource::kLatency && t.bytes > 0) {
+      std::snprintf(buf, sizeof buf, "%.0f GB/s, %.0f%% of peak", t.achieved_gbps, t.pct_of_peak);
+      rate = buf;
+    }
+    std::snprintf(buf, sizeof buf, "    %-14s %8lld kernels %14s   %s\n", ResourceName(r),
+                  static_cast<long long>(t.count), FormatDuration(t.time_us).c_str(), rate.c_str());
+    out << buf;
+  }
+  out << "\n  Idle-resource windows (per step, by recoverable time)\n";
+  if (a.windows.windows.empty()) out << "    none\n";
+  size_t shown = 0;
+  for (const IdleWindow& w : a.windows.windows) {
+    if (shown++ == 6) break;
+    std::snprintf(buf, sizeof buf, "    %12s %6.1f%% of step, recoverable %s: %s\n",
+                  FormatDuration(w.per_step_us).c_str(), w.share_of_step_pct,
+                  FormatDuration(w.recoverable_us).c_str(), Shorten(w.label, 110).c_str());
+    out << buf;
+  }
+  out << "\n";
+}
+
+void Recommendations(std::ostringstream& out, const AdviceResult& a) {
+  char buf[256];
+  out << "Recommendations";
+  if (a.has_graph) {
+    out << " (simulated on rank " << a.plan.rank << " device " << a.plan.device << "'s median step";
+    if (a.plan.tokens_per_step > 0) out << ", " << static_cast<long long>(a.plan.tokens_per_step) << " tokens";
+    out << ")";
+  }
+  out << "\n";
+  if (a.recommendations.empty()) out << "    none: no step to simulate\n";
+  for (const Recommendation& r : a.recommendations) {
+    std::string name = StrategyName(r.strategy);
+    if (r.splits > 1) name += " x" + std::to_string(r.splits);
+    std::snprintf(buf, sizeof buf, "    %-22s %5.2fx  %s -> %s  +%.0f MB\n", name.c_str(),
+                  r.predicted_speedup, FormatDuration(r.baseline_step_us).c_str(),
+                  FormatDuration(r.predicted_step_us).c_str(), r.extra_memory_bytes / 1e6);
+    out << buf << "        " << r.rationale << "\n";
+  }
+  if (a.has_graph) {
+    out << "\n  Plan by tokens per step";
+    if (a.plan.tokens_per_step <= 0) out << " (token count unknown: one bucket)";
+    out << "\n";
+    for (const PlanBucket& b : a.plan.buckets) {
+      std::string range = std::to_string(static_cast<long long>(b.min_tokens)) + " .. " +
+                          (b.max_tokens ? std::to_string(static_cast<long long>(*b.max_tokens)) : "");
+      std::string name = StrategyName(b.strategy);
+      if (b.splits > 1) name += " x" + std::to_string(b.splits);
+      std::snprintf(buf, sizeof buf, "    %-18s %-22s %5.2fx\n", range.c_str(), name.c_str(),
+                    b.predicted_speedup);
+      out << buf;
+    }
+  }
+  out << "\n";
+}
+
 }  // namespace
 
 std::string ReportToText(const AdviseReport& report) {
@@ -70,7 +143,14 @@ std::string ReportToText(const AdviseReport& report) {
   for (const std::string& in : report.inputs) out << " " << in;
   out << "\n\n";
   if (report.devices.empty()) out << "No GPU activity in this trace (host events only).\n\n";
-  for (const DeviceTimeline& d : report.devices) DeviceSection(out, d);
+  for (const DeviceTimeline& d : report.devices) {
+    DeviceSection(out, d);
+    if (report.advice == nullptr) continue;
+    for (const DeviceAdvice& a : report.advice->devices) {
+      if (a.device_index == d.device_index) AdviceSection(out, a);
+    }
+  }
+  if (report.advice != nullptr && !report.devices.empty()) Recommendations(out, *report.advice);
   if (report.trace != nullptr) {
     bool header = false;
     for (const ImportStat& s : report.trace->stats.all()) {

@@ -4,12 +4,14 @@
 #   bash scripts/dev.sh test   install what is needed, build, run every test: unit and CLI
 #                              tests, the same under ASan+UBSan, and each fuzzer for a while
 # FUZZ_SECONDS (default 30) bounds each fuzzer's run in `test`.
+# Both also create .venv (python3 -m venv) with the torch the torch extension is
+# built against and the examples and tracing tests run with.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEPS=(build-essential cmake ninja-build pkg-config python3 sqlite3 libsqlite3-dev
+DEPS=(build-essential cmake ninja-build pkg-config python3 python3-venv sqlite3 libsqlite3-dev
       libsqlitecpp-dev libcli11-dev nlohmann-json3-dev libsimdjson-dev zlib1g-dev
-      libgtest-dev libgmock-dev clang libclang-rt-14-dev)
+      libgtest-dev libgmock-dev clang libclang-rt-14-dev chromium)
 
 install_deps() {
   local missing=()
@@ -26,6 +28,21 @@ install_deps() {
     "${missing[@]}" >/dev/null
 }
 
+VENV_PACKAGES=(torch==2.11.0 numpy)
+
+# Creates .venv and installs VENV_PACKAGES when missing; a package-metadata
+# check (no torch import) keeps the second run quick.
+setup_venv() {
+  local check='import importlib.metadata as m
+assert m.version("torch").split("+")[0] == "2.11.0"
+m.version("numpy")'
+  .venv/bin/python -c "$check" 2>/dev/null && return 0
+  echo "dev.sh: installing ${VENV_PACKAGES[*]} into .venv" >&2
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/python -m pip install -q --disable-pip-version-check "${VENV_PACKAGES[@]}"
+}
+
+# The torch extension is built against .venv's torch (DYNAFLOW_PYTHON's default).
 build() {
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build build -j"$(nproc)"
@@ -34,12 +51,14 @@ build() {
 case "${1:-}" in
   demo)
     install_deps
+    setup_venv
     build
     ./build/cli/dynaflow advise examples/traces/llama_tp2_rank0.json.gz \
       examples/traces/llama_tp2_rank1.json.gz
     ;;
   test)
     install_deps
+    setup_venv
     build
     ctest --test-dir build --output-on-failure -j"$(nproc)"
     bash scripts/sanitize.sh

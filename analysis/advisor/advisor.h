@@ -1,0 +1,117 @@
+// The advisor: from a trace to idle-resource windows, recommendations and a
+// plan. Data flows one way:
+//   trace -> operator links, resource classes (roofline) -> steps
+//         -> idle windows (per device)
+//         -> step graph of the critical device's representative step
+//         -> candidate schedules per workload bucket -> simulator
+//         -> per-bucket choice -> recommendations + Plan
+//
+// The critical device is the one with the longest mean step (in SPMD work the
+// slowest rank sets the pace). Predictions are relative: a candidate's
+// predicted step is the measured mean step divided by the simulated speedup
+// (simulated sequential / simulated candidate, same scale), which cancels the
+// simulator's error on the measured schedule; `replay_error_pct` reports that
+// error.
+//
+// Workload buckets: the step is simulated at tokens T0 * {1/16, ..., 4} (T0:
+// tokens per step observed, the most common GEMM row count). At each point the
+// best candidate wins if it beats sequential by `min_gain`; neighbouring
+// points with the same choice merge into one bucket, bounded at the geometric
+// mean of the points on either side. Without a token count there is one bucket;
+// a step of more than 5,000 tasks gets the coarser grid {1/16, 1/4, 1, 4}.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analysis/advisor/plan.h"
+#include "analysis/model/trace.h"
+#include "analysis/roofline/bound.h"
+#include "analysis/sim/candidates.h"
+#include "analysis/sim/step_graph.h"
+#include "analysis/steps/steps.h"
+#include "analysis/windows/windows.h"
+
+namespace dynaflow {
+
+struct AdviseOptions {
+  double min_gain = 0.03;                // a strategy must beat sequential by this much
+  std::optional<Strategy> force;         // --force-strategy
+  int splits = 0;                        // nano-batches; 0: try 2 and 4
+  std::vector<double> scales = {1.0 / 16, 1.0 / 8, 1.0 / 4, 1.0 / 2, 1, 2, 4};
+  BoundOptions bound;
+  WindowOptions windows;
+  GraphOptions graph;
+  SimParams sim;
+};
+
+// Per device: what the report shows.
+struct DeviceAdvice {
+  uint32_t device_index = 0;
+  int32_t rank = 0;
+  int32_t device = 0;
+  PeakRates peaks;
+  ResourceTotals totals[kResourceCount];
+  std::vector<OperatorRoofline> operators;
+  int64_t linked_kernels = 0;
+  int64_t costed_kernels = 0;
+  StepSource step_source = StepSource::kWhole;
+  std::vector<Step> steps;
+  size_t representative = 0;
+  double step_mean_us = 0, step_median_us = 0, step_min_us = 0, step_max_us = 0,
+         step_stdev_us = 0, step_cv_pct = 0;
+  DeviceWindows windows;
+};
+
+struct WorkloadBucket {
+  double min_tokens = 0;
+  std::optional<double> max_tokens;
+  double tokens = 0;  // the tokens the prediction is for (the observed ones in their bucket)
+};
+
+struct Recommendation {
+  Strategy strategy = Strategy::kSequential;
+  int splits = 1;
+  double predicted_speedup = 1;
+  double baseline_step_us = 0;
+  double predicted_step_us = 0;
+  double extra_memory_bytes = 0;
+  WorkloadBucket bucket;
+  Partition partition;
+  std::string rationale;
+  int32_t rank = 0;
+  int32_t device = 0;
+};
+
+// One step drawn as lanes of bars, for the HTML timelines.
+struct PictureBar {
+  double start_us = 0;
+  double end_us = 0;
+  int32_t lane = 0;
+  Resource resource = Resource::kMemory;
+  StringId name = 0;
+};
+struct StepPicture {
+  std::string title;
+  std::vector<std::string> lanes;
+  std::vector<PictureBar> bars;
+  std::vector<KindInterval> windows;  // relative to the step start
+  double span_us = 0;
+};
+
+struct AdviceResult {
+  std::vector<DeviceAdvice> devices;  // in Trace::devices order, devices with GPU activity
+  std::vector<Recommendation> recommendations;  // observed bucket, best first
+  Plan plan;
+  bool has_graph = false;
+  uint32_t critical_device = 0;  // Trace::devices index
+  double replay_error_pct = 0;   // simulated sequential vs measured representative step
+  StepPicture measured;
+  StepPicture predicted;
+};
+
+AdviceResult Advise(const Trace& trace, const std::vector<std::string>& inputs,
+                    const AdviseOptions& options);
+
+}  // namespace dynaflow

@@ -1,0 +1,96 @@
+// plan.json: what `dynaflow apply` needs to run a schedule, and what the
+// advisor predicted for it. Schema dynaflow.plan/1, described by
+// schemas/plan.schema.json; ValidatePlanJson checks the same rules in C++ (the
+// subset of JSON Schema that file uses: types, required keys, enums, minimums,
+// no extra keys where the schema forbids them).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analysis/base/status.h"
+#include "analysis/sim/candidates.h"
+
+namespace dynaflow {
+
+inline constexpr const char* kPlanSchema = "dynaflow.plan/1";
+
+struct PlanRule {
+  std::string name;  // "<strategy>.<role>", referenced by buckets
+  std::string role;  // split | compute | memory | communication | copy | side_stream | fused
+  std::vector<std::string> operators;
+  std::vector<std::string> modules;
+  friend bool operator==(const PlanRule&, const PlanRule&) = default;
+};
+
+struct PlanStream {
+  int id = 0;
+  std::string role;  // compute | memory | communication
+  friend bool operator==(const PlanStream&, const PlanStream&) = default;
+};
+
+struct PlanBucket {
+  double min_tokens = 0;
+  std::optional<double> max_tokens;  // none: no upper bound
+  Strategy strategy = Strategy::kSequential;
+  int splits = 1;
+  std::vector<std::string> rules;  // PlanRule names
+  std::vector<PlanStream> streams;
+  double predicted_speedup = 1;
+  double baseline_step_us = 0;
+  double predicted_step_us = 0;
+  double extra_memory_bytes = 0;
+  friend bool operator==(const PlanBucket&, const PlanBucket&) = default;
+};
+
+struct Plan {
+  std::string schema = kPlanSchema;
+  std::string generator = "dynaflow 0.1.0";
+  // Source.
+  std::vector<std::string> traces;
+  std::string trace_fingerprint;
+  // Device.
+  std::string device_name;
+  int rank = 0;
+  int device = 0;
+  int sm_count = 0;
+  double memory_bandwidth_gbps = 0;
+  double peak_tflops_bf16 = 0;
+  bool peaks_known = false;
+  // Model.
+  std::string model_fingerprint;
+  double tokens_per_step = 0;  // 0: unknown
+  int64_t kernels_per_step = 0;
+  // Decision.
+  bool forced = false;
+  Strategy strategy = Strategy::kSequential;  // at the observed workload
+  int splits = 1;
+  std::vector<PlanRule> partition_rules;
+  std::vector<PlanBucket> buckets;  // by min_tokens, covering [0, inf)
+  // Prediction at the observed workload.
+  double baseline_step_us = 0;
+  double predicted_step_us = 0;
+  double predicted_speedup = 1;
+  double extra_memory_bytes = 0;
+  friend bool operator==(const Plan&, const Plan&) = default;
+};
+
+nlohmann::json PlanToJson(const Plan& plan);
+
+// Validates, then reads. BadInput names the first offending key.
+StatusOr<Plan> PlanFromJson(const nlohmann::json& j);
+
+// The rules of schemas/plan.schema.json.
+Status ValidatePlanJson(const nlohmann::json& j);
+
+// The keys ValidatePlanJson requires at the top level and in each bucket: the
+// schema file's "required" lists must be the same (plan_test checks).
+const std::vector<std::string>& PlanRequiredKeys();
+const std::vector<std::string>& PlanBucketRequiredKeys();
+
+// The streams a strategy uses.
+std::vector<PlanStream> StreamsFor(Strategy s);
+
+}  // namespace dynaflow

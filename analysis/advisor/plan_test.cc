@@ -1,0 +1,116 @@
+#include "analysis/advisor/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+namespace dynaflow {
+namespace {
+
+Plan Sample() {
+  Plan p;
+  p.traces = {"rank0.json.gz"};
+  p.trace_fingerprint = "00112233aabbccdd";
+  p.device_name = "NVIDIA H200";
+  p.sm_count = 132;
+  p.memory_bandwidth_gbps = 4800;
+  p.peak_tflops_bf16 = 989.4;
+  p.peaks_known = true;
+  p.model_fingerprint = "ffeeddccbbaa9988";
+  p.tokens_per_step = 512;
+  p.kernels_per_step = 300;
+  p.strategy = Strategy::kNanobatchOverlap;
+  p.splits = 2;
+  p.partition_rules = {{"nanobatch_overlap.compute", "compute", {"aten::mm"}, {}},
+                       {"nanobatch_overlap.memory", "memory", {"aten::_flash_attention_forward"}, {}},
+                       {"nanobatch_overlap.split", "split", {}, {"model.layers.0.self_attn"}}};
+  PlanBucket small;
+  small.min_tokens = 0;
+  small.max_tokens = 181;
+  small.streams = StreamsFor(Strategy::kSequential);
+  small.baseline_step_us = 900;
+  small.predicted_step_us = 900;
+  PlanBucket large;
+  large.min_tokens = 181;
+  large.strategy = Strategy::kNanobatchOverlap;
+  large.splits = 2;
+  large.rules = {"nanobatch_overlap.compute", "nanobatch_overlap.memory", "nanobatch_overlap.split"};
+  large.streams = StreamsFor(Strategy::kNanobatchOverlap);
+  large.predicted_speedup = 1.2;
+  large.baseline_step_us = 3600;
+  large.predicted_step_us = 3000;
+  large.extra_memory_bytes = 33554432;
+  p.buckets = {small, large};
+  p.baseline_step_us = 3600;
+  p.predicted_step_us = 3000;
+  p.predicted_speedup = 1.2;
+  p.extra_memory_bytes = 33554432;
+  return p;
+}
+
+TEST(PlanTest, RoundTripsThroughJson) {
+  const Plan p = Sample();
+  const nlohmann::json j = PlanToJson(p);
+  ASSERT_TRUE(ValidatePlanJson(j).ok()) << ValidatePlanJson(j).message();
+  // Through text as well, as a file would.
+  StatusOr<Plan> back = PlanFromJson(nlohmann::json::parse(j.dump(2)));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back.value(), p);
+  EXPECT_EQ(PlanToJson(back.value()), j);
+  EXPECT_TRUE(j["buckets"][1]["max_tokens"].is_null());
+  EXPECT_EQ(j["buckets"][1]["strategy"], "nanobatch_overlap");
+}
+
+TEST(PlanTest, RejectsWhatTheSchemaRejects) {
+  const nlohmann::json good = PlanToJson(Sample());
+  auto broken = [&](const std::function<void(nlohmann::json&)>& f) {
+    nlohmann::json j = good;
+    f(j);
+    return ValidatePlanJson(j);
+  };
+  Status s = broken([](nlohmann::json& j) { j.erase("buckets"); });
+  EXPECT_EQ(s.code(), StatusCode::kBadInput);
+  EXPECT_NE(s.message().find("buckets"), std::string::npos) << s.message();
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["schema"] = "dynaflow.plan/2"; }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["strategy"] = "magic"; }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["splits"] = 0; }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["extra"] = 1; }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["buckets"][0]["streams"] = nlohmann::json::array(); }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["buckets"][0]["streams"][0]["role"] = "gpu"; }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["partition_rules"][0]["role"] = "other"; }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["device"]["sm_count"] = -1; }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["predicted"]["speedup"] = "fast"; }).ok());
+  // Beyond JSON Schema: buckets tile [0, inf) and rules exist.
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["buckets"][1]["min_tokens"] = 200; }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["buckets"][1]["max_tokens"] = 4096; }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["buckets"][1]["rules"][0] = "nope"; }).ok());
+  EXPECT_FALSE(PlanFromJson(nlohmann::json::array()).ok());
+}
+
+// schemas/plan.schema.json and ValidatePlanJson describe the same document.
+TEST(PlanTest, SchemaFileAgreesWithTheValidator) {
+  std::ifstream f(std::string(DYNAFLOW_SOURCE_DIR) + "/schemas/plan.schema.json");
+  ASSERT_TRUE(f.good());
+  std::stringstream text;
+  text << f.rdbuf();
+  const nlohmann::json schema = nlohmann::json::parse(text.str(), nullptr, false);
+  ASSERT_FALSE(schema.is_discarded()) << "plan.schema.json is not valid JSON";
+  EXPECT_EQ(schema["properties"]["schema"]["const"], kPlanSchema);
+  EXPECT_EQ(schema["required"].get<std::vector<std::string>>(), PlanRequiredKeys());
+  EXPECT_EQ(schema["properties"]["buckets"]["items"]["required"].get<std::vector<std::string>>(),
+            PlanBucketRequiredKeys());
+  std::vector<std::string> strategies;
+  for (int i = 0; i < kStrategyCount; ++i) strategies.emplace_back(StrategyName(static_cast<Strategy>(i)));
+  EXPECT_EQ(schema["$defs"]["strategy"]["enum"].get<std::vector<std::string>>(), strategies);
+  // Every top-level property the schema lists is one the writer emits.
+  const nlohmann::json j = PlanToJson(Sample());
+  for (auto it = schema["properties"].begin(); it != schema["properties"].end(); ++it) {
+    EXPECT_TRUE(j.contains(it.key())) << it.key();
+  }
+  EXPECT_EQ(j.size(), schema["properties"].size());
+}
+
+}  // namespace
+}  // namespace dynaflow

@@ -1,0 +1,448 @@
+#include "analysis/roofline/bound.h"
+
+#include <algorithm>
+#include <cctype>
+#include <string_view>
+#include <unordered_map>
+
+#include "analysis/roofline/device_table.h"
+
+namespace dynaflow {
+namespace {
+
+bool ContainsLower(std::string_view s, std::string_view needle) {
+  if (needle.size() > s.size()) return false;
+  const char first = needle[0];
+  const char first_upper = static_cast<char>(std::toupper(static_cast<unsigned char>(first)));
+  for (size_t i = 0; i + needle.size() <= s.size(); ++i) {
+    if (s[i] != first && s[i] != first_upper) continue;
+    size_t j = 1;
+    while (j < needle.size() &&
+           std::tolower(static_cast<unsigned char>(s[i + j])) == needle[j]) {
+      ++j;
+    }
+    if (j == needle.size()) return true;
+  }
+  return false;
+}
+
+// Streams of one device are few: a flat map with a one-entry cache.
+class StreamEnds {
+ public:
+  TimeNs* Find(int32_t stream) {
+    if (last_ < keys_.size() && keys_[last_] == stream) return &ends_[last_];
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      if (keys_[i] == stream) {
+        last_ = i;
+        return &ends_[i];
+      }
+    }
+    keys_.push_back(stream);
+    ends_.push_back(-1);
+    last_ = keys_.size() - 1;
+    return &ends_.back();
+  }
+
+ private:
+  std::vector<int32_t> keys_;
+  std::vector<TimeNs> ends_;
+  size_t last_ = 0;
+};
+
+double PeakFor(Resource r, const PeakRates& p) {
+  switch (r) {
+    case Resource::kCompute: return p.flops_half;
+    case Resource::kMemory: return p.bytes_per_s;
+    case Resource::kCommunication: return p.link_bytes_per_s;
+    case Resource::kCopy: return p.pcie_bytes_per_s;
+    case Resource::kLatency: return 0;
+  }
+  return 0;
+}
+
+// The bandwidth of a copy's path: HBM within the device, NVLink between
+// devices, PCIe to or from the host.
+double CopyPeak(const Trace& trace, const GpuActivity& g, const PeakRates& p) {
+  std::string_view kind = trace.strings.Get(g.copy_kind);
+  if (kind.empty()) kind = trace.strings.Get(g.name);
+  if (kind.find("DtoD") != std::string_view::npos) return p.bytes_per_s;
+  if (kind.find("PtoP") != std::string_view::npos || kind.find("Peer") != std::string_view::npos) {
+    return p.link_bytes_per_s > 0 ? p.link_bytes_per_s : p.pcie_bytes_per_s;
+  }
+  return p.pcie_bytes_per_s;
+}
+
+}  // namespace
+
+const char* ResourceName(Resource r) {
+  switch (r) {
+    case Resource::kCompute: return "compute";
+    case Resource::kMemory: return "memory";
+    case Resource::kCommunication: return "communication";
+    case Resource::kCopy: return "copy";
+    case Resource::kLatency: return "latency";
+  }
+  return "memory";
+}
+
+double PeakRates::Flops(Precision p) const {
+  switch (p) {
+    case Precision::kFp8: return flops_fp8 > 0 ? flops_fp8 : flops_half;
+    case Precision::kTf32: return flops_tf32 > 0 ? flops_tf32 : flops_fp32;
+    case Precision::kFp32: return flops_fp32;
+    case Precision::kFp64: return flops_fp32 / 2;
+    case Precision::kHalf:
+    case Precision::kInteger:
+    case Precision::kUnknown: return flops_half;
+  }
+  return flops_half;
+}
+
+PeakRates PeakRatesFor(const DeviceInfo& d) {
+  PeakRates p;
+  p.name = d.name;
+  const DevicePeaks* t = LookupDevice(d.name);
+  // An unknown part: the H100 SXM's numbers, so that the roofline still
+  // separates compute from memory bound work; flagged as assumed.
+  const DevicePeaks* fallback = LookupDevice("NVIDIA H100 SXM");
+  const DevicePeaks& src = t != nullptr ? *t : *fallback;
+  p.known = t != nullptr || (d.peak_tflops_bf16 > 0 && d.memory_bandwidth_gbps > 0);
+  p.sm_count = d.sm_count > 0 ? d.sm_count : src.sm_count;
+  p.flops_half = (d.peak_tflops_bf16 > 0 ? d.peak_tflops_bf16 : src.tflops_bf16) * 1e12;
+  p.flops_fp8 = (d.peak_tflops_fp8 > 0 ? d.peak_tflops_fp8 : src.tflops_fp8) * 1e12;
+  p.flops_fp32 = (d.peak_tflops_fp32 > 0 ? d.peak_tflops_fp32 : src.tflops_fp32) * 1e12;
+  p.flops_tf32 = src.tflops_tf32 * 1e12;
+  p.bytes_per_s = (d.memory_bandwidth_gbps > 0 ? d.memory_bandwidth_gbps : src.memory_bandwidth_gbps) * 1e9;
+  p.link_bytes_per_s = src.interconnect_gbps * 1e9;
+  // PCIe Gen5 x16 ~ 55 GB/s achieved for Hopper and Blackwell, Gen4 ~ 25 GB/s before.
+  p.pcie_bytes_per_s = (src.cc_major >= 9 ? 55.0 : 25.0) * 1e9;
+  return p;
+}
+
+OperatorLinks LinkOperators(const Trace& trace) {
+  OperatorLinks links;
+  links.activity_op.assign(trace.gpu.size(), -1);
+  links.op_top.resize(trace.ops.size());
+  links.op_parent.assign(trace.ops.size(), -1);
+
+  // (rank, External id) -> operator. Kineto's ids are dense per rank, so a
+  // plain array over [min, max] serves unless the ids are scattered.
+  struct RankIds {
+    int32_t rank = 0;
+    int64_t lo = INT64_MAX, hi = INT64_MIN, count = 0;
+    std::vector<int32_t> dense;
+    std::unordered_map<int64_t, int32_t> sparse;
+  };
+  std::vector<RankIds> ranks;
+  auto rank_slot = [&ranks](int32_t rank) -> RankIds& {
+    for (RankIds& r : ranks) {
+      if (r.rank == rank) return r;
+    }
+    ranks.emplace_back();
+    ranks.back().rank = rank;
+    return ranks.back();
+  };
+  for (const Operator& o : trace.ops) {
+    if (o.external_id < 0) continue;
+    RankIds& r = rank_slot(o.rank);
+    r.lo = std::min(r.lo, o.external_id);
+    r.hi = std::max(r.hi, o.external_id);
+    ++r.count;
+  }
+  for (RankIds& r : ranks) {
+    if (r.hi - r.lo + 1 <= 4 * r.count + 1024) {
+      r.dense.assign(static_cast<size_t>(r.hi - r.lo + 1), -1);
+    } else {
+      r.sparse.reserve(static_cast<size_t>(r.count));
+    }
+  }
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    const Operator& o = trace.ops[i];
+    if (o.external_id < 0) continue;
+    RankIds& r = rank_slot(o.rank);
+    int32_t* slot = r.dense.empty() ? &r.sparse.try_emplace(o.external_id, -1).first->second
+                                    : &r.dense[static_cast<size_t>(o.external_id - r.lo)];
+    // Duplicates (the same id on two records): the later-starting, innermost one.
+    if (*slot < 0 || trace.ops[static_cast<size_t>(*slot)].start <= o.start) {
+      *slot = static_cast<int32_t>(i);
+    }
+  }
+  if (!ranks.empty()) {
+    for (size_t i = 0; i < trace.gpu.size(); ++i) {
+      const GpuActivity& g = trace.gpu[i];
+      if (g.external_id < 0 || g.device_index >= trace.devices.size()) continue;
+      const int32_t rank = trace.devices[g.device_index].rank;
+      RankIds* r = nullptr;
+      for (RankIds& x : ranks) {
+        if (x.rank == rank) r = &x;
+      }
+      if (r == nullptr) continue;
+      if (!r->dense.empty()) {
+        if (g.external_id >= r->lo && g.external_id <= r->hi) {
+          links.activity_op[i] = r->dense[static_cast<size_t>(g.external_id - r->lo)];
+        }
+      } else {
+        auto it = r->sparse.find(g.external_id);
+        if (it != r->sparse.end()) links.activity_op[i] = it->second;
+      }
+    }
+  }
+
+  // Outermost enclosing operator: group by thread (counting sort), order each
+  // thread by (start, longer first) unless it already is, then one stack pass.
+  std::unordered_map<uint64_t, uint32_t> thread_ids;
+  std::vector<uint32_t> thread_of(trace.ops.size());
+  std::vector<uint32_t> counts;
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    const Operator& o = trace.ops[i];
+    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(o.rank)) << 48) ^
+                         (static_cast<uint64_t>(static_cast<uint32_t>(o.pid)) << 24) ^
+                         static_cast<uint32_t>(o.tid);
+    auto [it, fresh] = thread_ids.try_emplace(key, static_cast<uint32_t>(counts.size()));
+    if (fresh) counts.push_back(0);
+    thread_of[i] = it->second;
+    ++counts[it->second];
+  }
+  std::vector<uint32_t> offset(counts.size() + 1, 0);
+  for (size_t t = 0; t < counts.size(); ++t) offset[t + 1] = offset[t] + counts[t];
+  std::vector<uint32_t> by_thread(trace.ops.size());
+  {
+    std::vector<uint32_t> fill(offset.begin(), offset.end() - 1);
+    for (size_t i = 0; i < trace.ops.size(); ++i) by_thread[fill[thread_of[i]]++] = static_cast<uint32_t>(i);
+  }
+  auto before = [&trace](uint32_t a, uint32_t b) {
+    const Operator& x = trace.ops[a];
+    const Operator& y = trace.ops[b];
+    return x.start != y.start ? x.start < y.start : x.end > y.end;
+  };
+  std::vector<uint32_t> stack;
+  for (size_t t = 0; t < counts.size(); ++t) {
+    auto first = by_thread.begin() + offset[t];
+    auto last = by_thread.begin() + offset[t + 1];
+    if (!std::is_sorted(first, last, before)) std::sort(first, last, before);
+    stack.clear();
+    for (auto it = first; it != last; ++it) {
+      const Operator& o = trace.ops[*it];
+      while (!stack.empty() && trace.ops[stack.back()].end <= o.start) stack.pop_back();
+      links.op_top[*it] = static_cast<int32_t>(stack.empty() ? *it : stack.front());
+      links.op_parent[*it] = stack.empty() ? -1 : static_cast<int32_t>(stack.back());
+      stack.push_back(*it);
+    }
+  }
+  return links;
+}
+
+StringId DisplayOperator(const Trace& trace, const OperatorLinks& links, size_t activity) {
+  const int32_t op = links.activity_op[activity];
+  if (op < 0) return 0;
+  const Operator& o = trace.ops[static_cast<size_t>(op)];
+  const int32_t parent = links.op_parent.empty() ? -1 : links.op_parent[static_cast<size_t>(op)];
+  if (parent >= 0 && trace.strings.Get(o.name) == "record_param_comms") {
+    return trace.ops[static_cast<size_t>(parent)].name;
+  }
+  return o.name;
+}
+
+Resource ClassifyKernelName(std::string_view n) {
+  if (ContainsLower(n, "nccl") || ContainsLower(n, "rccl") || ContainsLower(n, "all_reduce") ||
+      ContainsLower(n, "allreduce") || ContainsLower(n, "all_gather") ||
+      ContainsLower(n, "allgather") || ContainsLower(n, "reduce_scatter") ||
+      ContainsLower(n, "multimem")) {
+    return Resource::kCommunication;
+  }
+  if (ContainsLower(n, "memcpy")) return Resource::kCopy;
+  // Memory-bound members of compute families first.
+  if (ContainsLower(n, "gemv") || ContainsLower(n, "splitkreduce") ||
+      ContainsLower(n, "splitk_reduce") || ContainsLower(n, "splitkv") ||
+      ContainsLower(n, "decode") || ContainsLower(n, "paged") ||
+      ContainsLower(n, "flash_fwd_combine") || ContainsLower(n, "triton_poi") ||
+      ContainsLower(n, "triton_red") || ContainsLower(n, "triton_per") ||
+      ContainsLower(n, "flash_bwd_dot_do_o") || ContainsLower(n, "flash_bwd_convert") ||
+      ContainsLower(n, "bn_fw") || ContainsLower(n, "bn_bw") || ContainsLower(n, "batch_norm") ||
+      ContainsLower(n, "layer_norm") || ContainsLower(n, "softmax") ||
+      ContainsLower(n, "elementwise") || ContainsLower(n, "reduce_kernel")) {
+    return Resource::kMemory;
+  }
+  if (ContainsLower(n, "gemm") || ContainsLower(n, "xmma") || ContainsLower(n, "cutlass") ||
+      ContainsLower(n, "cublas") || ContainsLower(n, "wgmma") || ContainsLower(n, "matmul") ||
+      ContainsLower(n, "hmma") || ContainsLower(n, "triton_mm") || ContainsLower(n, "triton_tem") ||
+      ContainsLower(n, "flash") || ContainsLower(n, "fmha") || ContainsLower(n, "attention") ||
+      ContainsLower(n, "conv") || ContainsLower(n, "implicit") || ContainsLower(n, "winograd") ||
+      ContainsLower(n, "fprop") || ContainsLower(n, "dgrad") || ContainsLower(n, "wgrad") ||
+      ContainsLower(n, "cudnn") || ContainsLower(n, "sm80_") || ContainsLower(n, "sm90_") ||
+      ContainsLower(n, "sm100_") || ContainsLower(n, "volta_") || ContainsLower(n, "ampere_") ||
+      ContainsLower(n, "turing_") || ContainsLower(n, "cijk_")) {
+    // cijk_: rocBLAS/Tensile GEMM kernels on AMD parts.
+    return Resource::kCompute;
+  }
+  return Resource::kMemory;  // elementwise, reductions, norms, copies, unknown
+}
+
+const OpCost& CostCache::Get(const Operator& op) {
+  Key k{op.name, op.input_shapes, op.input_types};
+  auto it = cache_.find(k);
+  if (it != cache_.end()) return it->second;
+  OpCost c = EstimateOpCost(trace_.strings.Get(op.name), trace_.strings.Get(op.input_shapes),
+                            trace_.strings.Get(op.input_types));
+  return cache_.emplace(k, c).first->second;
+}
+
+Resource ResourceFromCost(const OpCost& c, const PeakRates& p, Resource fallback) {
+  if (c.kind == OpKind::kCommunication) return Resource::kCommunication;
+  if (!c.known() || p.bytes_per_s <= 0) return fallback;
+  const double peak = p.Flops(c.precision);
+  const double t_compute = peak > 0 ? c.flops / peak : 0;
+  const double t_memory = c.bytes / p.bytes_per_s;
+  return t_compute >= t_memory ? Resource::kCompute : Resource::kMemory;
+}
+
+std::vector<DeviceResources> ClassifyResources(const Trace& trace, const OperatorLinks& links,
+                                               const BoundOptions& options) {
+  const size_t n_devices = trace.devices.size();
+  std::vector<std::vector<uint32_t>> per_device(n_devices);
+  for (size_t i = 0; i < trace.gpu.size(); ++i) {
+    const GpuActivity& g = trace.gpu[i];
+    if (g.end > g.start && g.device_index < n_devices) {
+      per_device[g.device_index].push_back(static_cast<uint32_t>(i));
+    }
+  }
+  CostCache costs(trace);
+  // GPU time of each operator over its kernels, to share its cost among them.
+  std::vector<float> op_gpu_ns(trace.ops.size(), 0.0f);
+  for (size_t i = 0; i < trace.gpu.size(); ++i) {
+    const int32_t op = links.activity_op[i];
+    const GpuActivity& g = trace.gpu[i];
+    if (op >= 0 && g.end > g.start) op_gpu_ns[static_cast<size_t>(op)] += static_cast<float>(g.end - g.start);
+  }
+  const TimeNs latency_ns = static_cast<TimeNs>(options.latency_kernel_us * 1000.0);
+  std::vector<int8_t> name_class(trace.strings.size(), -1);  // ClassifyKernelName per name
+
+  std::vector<DeviceResources> out;
+  for (uint32_t d = 0; d < n_devices; ++d) {
+    if (per_device[d].empty()) continue;
+    DeviceResources dr;
+    dr.device_index = d;
+    dr.peaks = PeakRatesFor(trace.devices[d]);
+    dr.order = std::move(per_device[d]);
+    auto by_start = [&trace](uint32_t a, uint32_t b) { return trace.gpu[a].start < trace.gpu[b].start; };
+    if (!std::is_sorted(dr.order.begin(), dr.order.end(), by_start)) {
+      std::stable_sort(dr.order.begin(), dr.order.end(), by_start);
+    }
+    dr.resource.resize(dr.order.size());
+
+    struct Agg {
+      OperatorRoofline r;
+      double by_resource[kResourceCount] = {};
+    };
+    std::unordered_map<uint64_t, size_t> agg_index;
+    std::vector<Agg> aggs;
+    StreamEnds stream_end;
+    for (size_t k = 0; k < dr.order.size(); ++k) {
+      const uint32_t i = dr.order[k];
+      const GpuActivity& g = trace.gpu[i];
+      const TimeNs dur = g.end - g.start;
+      const int32_t op = links.activity_op[i];
+      const OpCost* cost = nullptr;
+      Resource r;
+      if (g.kind == GpuKind::kMemcpy) {
+        r = Resource::kCopy;
+      } else if (g.kind == GpuKind::kMemset) {
+        r = Resource::kMemory;
+      } else {
+        int8_t& cached = name_class[g.name];  // the name rules, once per distinct name
+        if (cached < 0) cached = static_cast<int8_t>(ClassifyKernelName(trace.strings.Get(g.name)));
+        const Resource by_name = static_cast<Resource>(cached);
+        r = by_name;
+        if (op >= 0) {
+          ++dr.linked_kernels;
+          cost = &costs.Get(trace.ops[static_cast<size_t>(op)]);
+          if (cost->known()) ++dr.costed_kernels;
+          if (by_name != Resource::kCommunication) r = ResourceFromCost(*cost, dr.peaks, by_name);
+        }
+      }
+      TimeNs* prev_end = stream_end.Find(g.stream);
+      if (g.kind == GpuKind::kKernel && r != Resource::kCommunication && dur < latency_ns &&
+          *prev_end >= 0 && g.start - *prev_end >= dur) {
+        r = Resource::kLatency;
+      }
+      *prev_end = std::max(*prev_end, g.end);
+      dr.resource[k] = r;
+
+      double flops = 0;
+      double bytes = g.kind != GpuKind::kKernel ? static_cast<double>(g.bytes) : 0;
+      if (cost != nullptr && cost->known()) {
+        const double share = static_cast<double>(dur) /
+                             std::max(1.0, static_cast<double>(op_gpu_ns[static_cast<size_t>(op)]));
+        flops = cost->flops * share;
+        bytes = cost->bytes * share;
+      }
+      ResourceTotals& t = dr.totals[static_cast<int>(r)];
+      ++t.count;
+      t.time_us += static_cast<double>(dur) / 1000.0;
+      if (flops > 0 || bytes > 0) t.costed_time_us += static_cast<double>(dur) / 1000.0;
+      t.flops += flops;
+      t.bytes += bytes;
+      if (g.kind == GpuKind::kMemcpy && bytes > 0) {
+        t.peak_bytes += static_cast<double>(dur) * 1e-9 * CopyPeak(trace, g, dr.peaks);
+      }
+
+      // Per operator name; kernels without an operator under their own name.
+      const bool named_by_op = op >= 0;
+      const StringId name = named_by_op ? DisplayOperator(trace, links, i) : g.name;
+      const uint64_t key = (static_cast<uint64_t>(named_by_op) << 32) | name;
+      auto [it, fresh] = agg_index.try_emplace(key, aggs.size());
+      if (fresh) {
+        aggs.emplace_back();
+        aggs.back().r.from_kernel_name = !named_by_op;
+        aggs.back().r.kind = cost != nullptr ? cost->kind : OpKind::kUnknown;
+      }
+      Agg& a = aggs[it->second];
+      ++a.r.kernels;
+      a.r.gpu_us += static_cast<double>(dur) / 1000.0;
+      a.r.flops += flops;
+      a.r.bytes += bytes;
+      a.by_resource[static_cast<int>(r)] += static_cast<double>(dur);
+      if (cost != nullptr && a.r.kind == OpKind::kUnknown) a.r.kind = cost->kind;
+      if (fresh) a.r.name = std::string(trace.strings.Get(name));
+    }
+    for (int c = 0; c < kResourceCount; ++c) {
+      ResourceTotals& t = dr.totals[c];
+      if (t.costed_time_us <= 0) continue;
+      const double s = t.costed_time_us * 1e-6;
+      t.achieved_tflops = t.flops / s / 1e12;
+      t.achieved_gbps = t.bytes / s / 1e9;
+      if (c == static_cast<int>(Resource::kCopy)) {
+        t.pct_of_peak = t.peak_bytes > 0 ? 100.0 * t.bytes / t.peak_bytes : 0;
+        continue;
+      }
+      const double peak = PeakFor(static_cast<Resource>(c), dr.peaks);
+      const double rate = c == static_cast<int>(Resource::kCompute) ? t.flops : t.bytes;
+      t.pct_of_peak = peak > 0 ? 100.0 * rate / s / peak : 0;
+    }
+    std::sort(aggs.begin(), aggs.end(), [](const Agg& a, const Agg& b) {
+      return a.r.gpu_us != b.r.gpu_us ? a.r.gpu_us > b.r.gpu_us : a.r.name < b.r.name;
+    });
+    if (aggs.size() > options.top_operators) aggs.resize(options.top_operators);
+    for (Agg& a : aggs) {
+      int best = 0;
+      for (int c = 1; c < kResourceCount; ++c) {
+        if (a.by_resource[c] > a.by_resource[best]) best = c;
+      }
+      a.r.resource = static_cast<Resource>(best);
+      const double s = a.r.gpu_us * 1e-6;
+      if (s > 0) {
+        a.r.achieved_tflops = a.r.flops / s / 1e12;
+        a.r.achieved_gbps = a.r.bytes / s / 1e9;
+        const double peak = PeakFor(a.r.resource, dr.peaks);
+        const double rate = a.r.resource == Resource::kCompute ? a.r.flops : a.r.bytes;
+        a.r.pct_of_peak = peak > 0 ? 100.0 * rate / s / peak : 0;
+      }
+      a.r.intensity = a.r.bytes > 0 ? a.r.flops / a.r.bytes : 0;
+      dr.operators.push_back(std::move(a.r));
+    }
+    out.push_back(std::move(dr));
+  }
+  return out;
+}
+
+}  // namespace dynaflow

@@ -1,0 +1,157 @@
+// The resource that bounds each GPU activity, and achieved rates against the
+// device's peaks (roofline).
+//
+// Every kernel, memcpy and memset is put in one class:
+//   compute        tensor cores / SMs: arithmetic intensity at or above the ridge
+//   memory         HBM bandwidth: below the ridge, and memsets
+//   communication  NCCL/RCCL kernels and kernels of collective operators
+//   copy           memcpy over PCIe or NVLink (copy engines)
+//   latency        launch/latency bound: a short kernel after an idle gap on its
+//                  stream at least as long as itself
+// The FLOPs and bytes come from the launching operator's shapes (External id
+// link, flops_bytes.h), shared among that operator's kernels in proportion to
+// their durations. Kernels without a usable operator fall back to rules on
+// the kernel name (ClassifyKernelName).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "analysis/model/trace.h"
+#include "analysis/roofline/flops_bytes.h"
+
+namespace dynaflow {
+
+enum class Resource : uint8_t {
+  kCompute = 0,
+  kMemory = 1,
+  kCommunication = 2,
+  kCopy = 3,
+  kLatency = 4,
+};
+inline constexpr int kResourceCount = 5;
+
+// "compute", "memory", "communication", "copy", "latency".
+const char* ResourceName(Resource r);
+
+// Peak rates of one device in SI units. What the trace recorded wins over the
+// device table; an unknown part gets H100-SXM-like numbers with `known` false.
+struct PeakRates {
+  std::string name;
+  bool known = false;
+  int sm_count = 0;
+  double flops_fp8 = 0;   // FLOP/s
+  double flops_half = 0;  // BF16/FP16 tensor cores
+  double flops_tf32 = 0;
+  double flops_fp32 = 0;
+  double bytes_per_s = 0;       // HBM
+  double link_bytes_per_s = 0;  // NVLink per direction (0: none)
+  double pcie_bytes_per_s = 0;
+
+  double Flops(Precision p) const;
+  // FLOP per byte where BF16 math and HBM take equal time.
+  double Ridge() const { return bytes_per_s > 0 ? flops_half / bytes_per_s : 0; }
+};
+
+PeakRates PeakRatesFor(const DeviceInfo& device);
+
+// Links between the trace's records, built once per trace in linear time
+// (plus one sort of the operators per thread).
+struct OperatorLinks {
+  std::vector<int32_t> activity_op;  // per Trace::gpu: the launching operator, -1 when none
+  std::vector<int32_t> op_top;       // per Trace::ops: outermost enclosing operator on its thread
+  std::vector<int32_t> op_parent;    // per Trace::ops: innermost enclosing operator, -1 at top level
+};
+
+OperatorLinks LinkOperators(const Trace& trace);
+
+// The name to show for the operator that launched activity `i` (0 when none):
+// the operator's, except profiler bookkeeping (record_param_comms) which is
+// named after the collective that encloses it (c10d::allreduce_...).
+StringId DisplayOperator(const Trace& trace, const OperatorLinks& links, size_t activity);
+
+// The class a kernel's name suggests, for kernels without operator shapes.
+Resource ClassifyKernelName(std::string_view kernel_name);
+
+struct BoundOptions {
+  // A kernel shorter than this, after an idle gap on its stream at least as
+  // long as itself, is launch/latency bound.
+  double latency_kernel_us = 10.0;
+  size_t top_operators = 15;
+};
+
+struct ResourceTotals {
+  int64_t count = 0;
+  double time_us = 0;         // sum of durations
+  double costed_time_us = 0;  // ... of the activities whose FLOPs or bytes are known
+  double flops = 0;
+  double bytes = 0;
+  double achieved_tflops = 0;  // flops / costed time
+  double achieved_gbps = 0;    // bytes / costed time
+  // Of the class's own peak: BF16 tensor cores for compute, HBM for memory,
+  // the link for communication; for copies, each copy's own path (HBM for
+  // device-to-device, NVLink for peer, PCIe for host copies).
+  double pct_of_peak = 0;
+  double peak_bytes = 0;  // copies: sum over copies of duration x their path's bandwidth
+};
+
+// One operator name (or kernel name when no operator is linked) on a device.
+struct OperatorRoofline {
+  std::string name;
+  bool from_kernel_name = false;  // no linked operator: named after the kernel
+  OpKind kind = OpKind::kUnknown;
+  Resource resource = Resource::kMemory;  // the class holding most of its time
+  int64_t kernels = 0;
+  double gpu_us = 0;
+  double flops = 0;
+  double bytes = 0;
+  double intensity = 0;  // FLOP per byte, 0 when unknown
+  double achieved_tflops = 0;
+  double achieved_gbps = 0;
+  double pct_of_peak = 0;  // of the peak of its bound resource
+};
+
+struct DeviceResources {
+  uint32_t device_index = 0;
+  PeakRates peaks;
+  std::vector<uint32_t> order;     // Trace::gpu indices of this device (end > start), by start
+  std::vector<Resource> resource;  // parallel to `order`
+  ResourceTotals totals[kResourceCount];
+  std::vector<OperatorRoofline> operators;  // by GPU time, at most top_operators
+  int64_t linked_kernels = 0;     // kernels whose launching operator is known
+  int64_t costed_kernels = 0;     // ... and whose operator's FLOPs/bytes are known
+};
+
+// One entry per device with GPU activity, in Trace::devices order.
+std::vector<DeviceResources> ClassifyResources(const Trace& trace, const OperatorLinks& links,
+                                               const BoundOptions& options);
+
+// The operator cost of `op`, memoised per (name, shapes, types): call through
+// one CostCache per trace.
+class CostCache {
+ public:
+  explicit CostCache(const Trace& trace) : trace_(trace) {}
+  const OpCost& Get(const Operator& op);
+
+ private:
+  struct Key {
+    StringId name, shapes, types;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return (static_cast<size_t>(k.name) * 0x9E3779B97F4A7C15ull) ^
+             (static_cast<size_t>(k.shapes) * 0xC2B2AE3D27D4EB4Full) ^ k.types;
+    }
+  };
+  const Trace& trace_;
+  std::unordered_map<Key, OpCost, KeyHash> cache_;
+};
+
+// The bound resource of an operator's kernels from its cost, or nullopt-like
+// `fallback` when the cost is unknown.
+Resource ResourceFromCost(const OpCost& cost, const PeakRates& peaks, Resource fallback);
+
+}  // namespace dynaflow

@@ -1,0 +1,677 @@
+#include "analysis/roofline/flops_bytes.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+
+namespace dynaflow {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Parsing the recorded inputs without allocating.
+
+constexpr int kMaxArgs = 24;
+constexpr int kMaxDims = 8;
+
+struct Arg {
+  int ndim = -1;  // -1: not a tensor (or unparsable); 0: a 0-d tensor shape "[]"
+  int64_t dims[kMaxDims] = {};
+  double numel = 0;  // product of dims; the sum over the list for a tensor list
+  bool list = false;
+  int elem = 0;  // bytes per element from input_types, 0 when not a tensor
+  bool fp8 = false;
+  bool floating = false;
+  bool dbl = false;
+
+  int64_t dim(int i) const {  // Python-style index, 0 when out of range
+    if (i < 0) i += ndim;
+    return i >= 0 && i < ndim ? dims[i] : 0;
+  }
+  // Product of all dims but the last `keep` ones.
+  double Leading(int keep) const {
+    double p = 1;
+    for (int i = 0; i < ndim - keep; ++i) p *= static_cast<double>(dims[i]);
+    return p;
+  }
+  bool tensor() const { return ndim >= 1 || list; }
+  double Bytes(int fallback_elem) const { return numel * (elem > 0 ? elem : fallback_elem); }
+};
+
+struct Inputs {
+  int n = 0;
+  std::array<Arg, kMaxArgs> a;
+  const Arg& operator[](int i) const {
+    static const Arg kNone;
+    return i >= 0 && i < n ? a[i] : kNone;
+  }
+};
+
+class Cursor {
+ public:
+  explicit Cursor(std::string_view s) : s_(s) {}
+  bool Eat(char c) {
+    if (i_ < s_.size() && s_[i_] == c) {
+      ++i_;
+      return true;
+    }
+    return false;
+  }
+  char Peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
+  bool Number(int64_t* v) {
+    bool neg = Eat('-');
+    if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) return false;
+    int64_t x = 0;
+    while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) {
+      if (x < (int64_t{1} << 56)) x = x * 10 + (s_[i_] - '0');
+      ++i_;
+    }
+    *v = neg ? -x : x;
+    return true;
+  }
+  // Skips one JSON value of any kind (for shapes we cannot use).
+  bool SkipValue() {
+    int depth = 0;
+    bool in_string = false;
+    for (; i_ < s_.size(); ++i_) {
+      char c = s_[i_];
+      if (in_string) {
+        if (c == '\\') {
+          ++i_;
+        } else if (c == '"') {
+          in_string = false;
+        }
+        continue;
+      }
+      if (c == '"') {
+        in_string = true;
+      } else if (c == '[' || c == '{') {
+        ++depth;
+      } else if (c == ']' || c == '}') {
+        if (depth == 0) return true;
+        if (--depth == 0) {
+          ++i_;
+          return true;
+        }
+      } else if (c == ',' && depth == 0) {
+        return true;
+      }
+    }
+    return depth == 0;
+  }
+  std::string_view String() {  // after the opening quote was seen
+    size_t start = i_;
+    while (i_ < s_.size() && s_[i_] != '"') {
+      if (s_[i_] == '\\') ++i_;
+      ++i_;
+    }
+    std::string_view out = s_.substr(start, std::min(i_, s_.size()) - start);
+    if (i_ < s_.size()) ++i_;
+    return out;
+  }
+
+ private:
+  std::string_view s_;
+  size_t i_ = 0;
+};
+
+// One shape: [d0,d1,...] or a list of shapes [[..],[..]].
+bool ParseShape(Cursor& c, Arg* a) {
+  if (!c.Eat('[')) return c.SkipValue();
+  if (c.Eat(']')) {
+    a->ndim = 0;
+    a->numel = 1;
+    return true;
+  }
+  if (c.Peek() == '[') {  // a tensor list
+    a->list = true;
+    a->ndim = -1;
+    do {
+      Arg inner;
+      if (!ParseShape(c, &inner)) return false;
+      if (inner.ndim >= 0) a->numel += inner.numel;
+    } while (c.Eat(','));
+    return c.Eat(']');
+  }
+  a->ndim = 0;
+  a->numel = 1;
+  do {
+    int64_t v = 0;
+    if (!c.Number(&v)) return false;
+    if (a->ndim < kMaxDims) a->dims[a->ndim++] = v;
+    a->numel *= static_cast<double>(std::max<int64_t>(v, 0));
+  } while (c.Eat(','));
+  return c.Eat(']');
+}
+
+bool ParseInputs(std::string_view shapes, std::string_view types, Inputs* in) {
+  Cursor c(shapes);
+  if (!c.Eat('[')) return false;
+  if (!c.Eat(']')) {
+    do {
+      Arg a;
+      if (!ParseShape(c, &a)) return false;
+      if (in->n < kMaxArgs) in->a[in->n++] = a;
+    } while (c.Eat(','));
+    if (!c.Eat(']')) return false;
+  }
+  Cursor t(types);
+  if (t.Eat('[') && !t.Eat(']')) {
+    int i = 0;
+    do {
+      if (t.Eat('"')) {
+        std::string_view dtype = t.String();
+        if (i < in->n) {
+          Arg& a = in->a[i];
+          a.elem = ElementBytes(dtype);
+          a.fp8 = dtype.find("Float8") != std::string_view::npos;
+          a.dbl = dtype == "double";
+          a.floating = a.fp8 || a.dbl || dtype == "float" || dtype.find("Half") != std::string_view::npos ||
+                       dtype.find("BFloat16") != std::string_view::npos;
+          // A "[]" shape with a dtype is a 0-d tensor; without one it is not a tensor.
+          if (a.elem == 0 && !a.list && a.ndim == 0) a.ndim = -1;
+        }
+      } else {
+        t.SkipValue();
+      }
+      ++i;
+    } while (t.Eat(','));
+    for (; i < in->n; ++i) {
+      if (in->a[i].ndim == 0) in->a[i].ndim = -1;
+    }
+  } else {
+    for (int i = 0; i < in->n; ++i) {
+      if (in->a[i].ndim == 0) in->a[i].ndim = -1;
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Names.
+
+std::string_view BaseName(std::string_view name) {
+  size_t p = name.rfind("::");
+  if (p != std::string_view::npos) name = name.substr(p + 2);
+  return name;
+}
+
+bool Contains(std::string_view s, std::string_view needle) {
+  if (needle.size() > s.size()) return false;
+  for (size_t i = 0; i + needle.size() <= s.size(); ++i) {
+    size_t j = 0;
+    while (j < needle.size() &&
+           std::tolower(static_cast<unsigned char>(s[i + j])) == needle[j]) {
+      ++j;
+    }
+    if (j == needle.size()) return true;
+  }
+  return false;
+}
+
+bool OneOf(std::string_view s, std::initializer_list<std::string_view> names) {
+  for (std::string_view n : names) {
+    if (s == n) return true;
+  }
+  return false;
+}
+
+Precision PrecisionOf(const Arg& a, bool conv) {
+  if (a.fp8) return Precision::kFp8;
+  if (a.elem == 2 && a.floating) return Precision::kHalf;
+  if (a.dbl) return Precision::kFp64;
+  if (a.elem == 4 && a.floating) return conv ? Precision::kTf32 : Precision::kFp32;
+  if (a.elem > 0) return Precision::kInteger;
+  return Precision::kUnknown;
+}
+
+// The elements of the largest tensor input: the operator's "main" tensor.
+const Arg* Largest(const Inputs& in) {
+  const Arg* best = nullptr;
+  for (int i = 0; i < in.n; ++i) {
+    if (in.a[i].tensor() && (best == nullptr || in.a[i].numel > best->numel)) best = &in.a[i];
+  }
+  return best;
+}
+
+double SumTensorBytes(const Inputs& in, int fallback_elem) {
+  double b = 0;
+  for (int i = 0; i < in.n; ++i) {
+    if (in.a[i].tensor()) b += in.a[i].Bytes(fallback_elem);
+  }
+  return b;
+}
+
+// ---------------------------------------------------------------------------
+// Per-kind estimates. Each returns false when the shapes do not fit.
+
+bool Gemm(double batch, double m, double n, double k, int elem, OpCost* c) {
+  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return false;
+  c->kind = OpKind::kMatmul;
+  c->flops = 2.0 * batch * m * n * k;
+  c->bytes = static_cast<double>(elem) * batch * (m * k + k * n + m * n);
+  c->tokens = batch * m;
+  return true;
+}
+
+bool Matmul(std::string_view base, const Inputs& in, OpCost* c) {
+  const int e = in[0].elem > 0 ? in[0].elem : 2;
+  if (base == "mm" || base == "_scaled_mm") {
+    const Arg &a = in[0], &b = in[1];
+    if (a.ndim != 2 || b.ndim != 2) return false;
+    if (!Gemm(1, a.dims[0], b.dims[1], a.dims[1], e, c)) return false;
+    c->bytes = a.Bytes(e) + b.Bytes(e) + static_cast<double>(a.dims[0]) * b.dims[1] * e;
+    c->weight_bytes = b.Bytes(e);
+    c->tokens = static_cast<double>(a.dims[0]);
+    return true;
+  }
+  if (base == "addmm") {
+    const Arg &bias = in[0], &a = in[1], &b = in[2];
+    if (a.ndim != 2 || b.ndim != 2) return false;
+    if (!Gemm(1, a.dims[0], b.dims[1], a.dims[1], e, c)) return false;
+    const double mn = static_cast<double>(a.dims[0]) * b.dims[1];
+    c->flops += mn;
+    c->bytes = a.Bytes(e) + b.Bytes(e) + mn * e + (bias.tensor() ? bias.Bytes(e) : 0);
+    c->weight_bytes = b.Bytes(e) + (bias.tensor() && bias.ndim == 1 ? bias.Bytes(e) : 0);
+    c->tokens = static_cast<double>(a.dims[0]);
+    return true;
+  }
+  if (base == "linear") {
+    const Arg &x = in[0], &w = in[1], &bias = in[2];
+    if (x.ndim < 1 || w.ndim != 2) return false;
+    const double m = x.Leading(1);
+    if (!Gemm(1, m, w.dims[0], w.dims[1], e, c)) return false;
+    c->bytes = x.Bytes(e) + w.Bytes(e) + m * w.dims[0] * e;
+    c->weight_bytes = w.Bytes(e);
+    if (bias.tensor()) {
+      c->flops += m * w.dims[0];
+      c->bytes += bias.Bytes(e);
+      c->weight_bytes += bias.Bytes(e);
+    }
+    c->tokens = m;
+    return true;
+  }
+  if (base == "matmul") {
+    const Arg &a = in[0], &b = in[1];
+    if (a.ndim < 1 || b.ndim < 1) return false;
+    if (b.ndim <= 2) {  // x @ W: a linear layer without bias
+      const double m = a.ndim == 1 ? 1 : a.Leading(1);
+      const double k = static_cast<double>(a.dim(-1));
+      const double n = b.ndim == 1 ? 1 : static_cast<double>(b.dims[1]);
+      if (!Gemm(1, m, n, k, e, c)) return false;
+      c->weight_bytes = b.Bytes(e);
+      c->tokens = m;
+      return true;
+    }
+    const double batch = std::max(a.Leading(2), b.Leading(2));
+    return Gemm(batch, static_cast<double>(a.dim(-2)), static_cast<double>(b.dim(-1)),
+                static_cast<double>(a.dim(-1)), e, c);
+  }
+  if (base == "bmm") {
+    const Arg &a = in[0], &b = in[1];
+    if (a.ndim != 3 || b.ndim != 3) return false;
+    return Gemm(a.dims[0], a.dims[1], b.dims[2], a.dims[2], e, c);
+  }
+  if (base == "baddbmm") {
+    const Arg &a = in[1], &b = in[2];
+    if (a.ndim != 3 || b.ndim != 3) return false;
+    if (!Gemm(a.dims[0], a.dims[1], b.dims[2], a.dims[2], e, c)) return false;
+    const double bmn = static_cast<double>(a.dims[0]) * a.dims[1] * b.dims[2];
+    c->flops += bmn;
+    c->bytes += in[0].tensor() ? in[0].Bytes(e) : 0;
+    return true;
+  }
+  return false;
+}
+
+bool Convolution(std::string_view base, const Inputs& in, OpCost* c) {
+  const bool backward = Contains(base, "backward");
+  // Forward: (input [N, C, spatial...], weight [Co, C/groups, kernel...], ...).
+  // Backward: (grad_output, input, weight, ...). The output's spatial size is
+  // taken equal to the input's (stride 1, "same" padding): exact for most
+  // layers of modern networks, an overestimate for strided ones.
+  const Arg& x = backward ? in[1] : in[0];
+  const Arg& w = backward ? in[2] : in[1];
+  if (x.ndim < 3 || w.ndim != x.ndim) return false;
+  const int e = x.elem > 0 ? x.elem : 2;
+  double spatial = 1;
+  double kernel = 1;
+  for (int i = 2; i < x.ndim; ++i) {
+    spatial *= static_cast<double>(x.dims[i]);
+    kernel *= static_cast<double>(w.dims[i]);
+  }
+  const double n = static_cast<double>(x.dims[0]);
+  const double co = static_cast<double>(w.dims[0]);
+  const double cig = static_cast<double>(w.dims[1]);
+  const double out = n * co * spatial;
+  const double fwd = 2.0 * out * cig * kernel;
+  if (fwd <= 0) return false;
+  c->kind = OpKind::kConvolution;
+  c->flops = backward ? 2.0 * fwd : fwd;  // data gradient + weight gradient
+  const double io = x.Bytes(e) + w.Bytes(e) + out * e;
+  c->bytes = backward ? 2.0 * io : io;
+  c->weight_bytes = backward ? 2.0 * w.Bytes(e) : w.Bytes(e);
+  c->tokens = n;
+  c->precision = PrecisionOf(x, true);
+  return true;
+}
+
+// q, k in layout [B, H, S, D] ("bhsd") or [B, S, H, D] ("bshd").
+bool Attention(std::string_view base, const Inputs& in, OpCost* c) {
+  const bool backward = Contains(base, "backward");
+  // aten::_scaled_dot_product_* take [B, H, S, D]; the kernels' own entry
+  // points (_flash_attention_forward, _efficient_attention_forward, flash_attn)
+  // take [B, S, H, D].
+  const bool bshd = !Contains(base, "scaled_dot_product") &&
+                    (Contains(base, "flash_attention") || Contains(base, "efficient_attention") ||
+                     Contains(base, "flash_attn"));
+  // Backward ops take grad_out first: (dout, q, k, v, out, ...).
+  const int qi = backward ? 1 : 0;
+  const Arg &q = in[qi], &k = in[qi + 1], &v = in[qi + 2];
+  c->kind = OpKind::kAttention;
+  c->precision = PrecisionOf(q, false);
+  const int e = q.elem > 0 ? q.elem : 2;
+  if (q.ndim == 3 && k.ndim == 3) {
+    // Variable-length or paged layout [tokens, heads, dim]: the KV context is
+    // not in the inputs, so only the bytes of the listed tensors are known.
+    c->bytes = q.Bytes(e) * 2 + k.Bytes(e) + (v.tensor() ? v.Bytes(e) : k.Bytes(e));
+    c->tokens = static_cast<double>(q.dims[0]);
+    return true;
+  }
+  if (q.ndim != 4 || k.ndim != 4) return false;
+  double b, h, sq, d, hkv, skv;
+  if (bshd) {
+    b = q.dims[0], sq = q.dims[1], h = q.dims[2], d = q.dims[3];
+    skv = k.dims[1], hkv = k.dims[2];
+  } else {
+    b = q.dims[0], h = q.dims[1], sq = q.dims[2], d = q.dims[3];
+    hkv = k.dims[1], skv = k.dims[2];
+  }
+  const double dv = v.ndim == 4 ? static_cast<double>(v.dims[3]) : d;
+  // Two GEMMs (QK^T and PV); causal masking (assumed when the query and key
+  // lengths agree, as in training and prefill of decoders) halves them.
+  double fwd = 2.0 * b * h * sq * skv * (d + dv);
+  if (sq == skv && sq > 1) fwd *= 0.5;
+  const double qo = b * h * sq * (d + dv) * e;
+  const double kv = b * hkv * skv * (d + dv) * e;
+  c->flops = backward ? 2.5 * fwd : fwd;
+  c->bytes = backward ? 2.0 * (qo + kv) + qo : qo + kv;
+  c->tokens = b * sq;
+  c->decode = sq <= 16 && skv > 4 * sq;
+  return fwd > 0;
+}
+
+bool Elementwise(std::string_view base, const Inputs& in, OpCost* c) {
+  const Arg* big = Largest(in);
+  if (big == nullptr) return false;
+  const int e = big->elem > 0 ? big->elem : 2;
+  c->kind = OpKind::kElementwise;
+  c->precision = PrecisionOf(*big, false);
+  if (base == "fill_" || base == "zero_" || base == "zeros_like" || base == "ones_like" ||
+      base == "full") {
+    c->bytes = big->Bytes(e);
+    return true;
+  }
+  if (base == "index_copy_" || base == "index_put_" || base == "_unsafe_index_put" ||
+      base == "index_add_" || base == "scatter_" || base == "index_copy") {
+    // Only the source rows move: read the source, write as many into self.
+    const Arg* src = nullptr;
+    for (int i = in.n - 1; i >= 1 && src == nullptr; --i) {
+      if (in.a[i].tensor() && in.a[i].floating) src = &in.a[i];
+    }
+    if (src == nullptr) return false;
+    c->bytes = 2.0 * src->Bytes(e);
+    return true;
+  }
+  double input_bytes = SumTensorBytes(in, e);
+  if (base == "copy_" || base == "cat" || base == "stack" || base == "_cat") {
+    // copy_(dst, src): dst is written, src read. cat: the list is read and
+    // written once more.
+    c->bytes = base == "copy_" ? input_bytes : 2.0 * input_bytes;
+    return true;
+  }
+  const bool transcendental = Contains(base, "silu") || Contains(base, "gelu") ||
+                              Contains(base, "exp") || Contains(base, "log") ||
+                              Contains(base, "tanh") || Contains(base, "sigmoid") ||
+                              Contains(base, "erf") || Contains(base, "softplus");
+  c->flops = big->numel * (transcendental ? 4.0 : 1.0);
+  c->bytes = input_bytes + big->Bytes(e);  // inputs read, the broadcast result written
+  return true;
+}
+
+bool Normalization(std::string_view base, const Inputs& in, OpCost* c) {
+  const Arg* big = Largest(in);
+  if (big == nullptr) return false;
+  const int e = big->elem > 0 ? big->elem : 2;
+  const double n = big->numel;
+  double params = 0;  // weights, biases, running statistics
+  int activations = 0;  // tensors of the activation's size among the inputs
+  for (int i = 0; i < in.n; ++i) {
+    if (!in.a[i].tensor()) continue;
+    if (in.a[i].numel == n) {
+      ++activations;
+    } else {
+      params += in.a[i].Bytes(e);
+    }
+  }
+  const bool backward = Contains(base, "backward");
+  c->kind = OpKind::kNormalization;
+  c->precision = PrecisionOf(*big, false);
+  // Forward reads x (and a residual for the fused add variants) and writes y
+  // (and the updated residual): 2 passes per activation-sized input. Backward
+  // reads x and dy and writes dx: 3 passes, parameters read and their
+  // gradients written.
+  const double passes = backward ? 3.0 : std::max(2.0, 2.0 * activations);
+  c->bytes = passes * n * e + (backward ? 2.0 : 1.0) * params;
+  c->flops = (backward ? 8.0 : 5.0) * n;
+  c->weight_bytes = params;
+  return true;
+}
+
+bool Softmax(std::string_view base, const Inputs& in, OpCost* c) {
+  const Arg* big = Largest(in);
+  if (big == nullptr) return false;
+  const int e = big->elem > 0 ? big->elem : 2;
+  const bool backward = Contains(base, "backward");
+  c->kind = OpKind::kSoftmax;
+  c->precision = PrecisionOf(*big, false);
+  c->bytes = (backward ? 3.0 : 2.0) * big->numel * e;
+  c->flops = 5.0 * big->numel;
+  return true;
+}
+
+bool Embedding(std::string_view base, const Inputs& in, OpCost* c) {
+  c->kind = OpKind::kEmbedding;
+  if (Contains(base, "backward")) {
+    const Arg& grad = in[0];
+    if (!grad.tensor()) return false;
+    const int e = grad.elem > 0 ? grad.elem : 2;
+    c->bytes = 2.0 * grad.Bytes(e);
+    c->tokens = grad.Leading(1);
+    return true;
+  }
+  // embedding(weight [V, H], indices [...]); index_select(self [V, H], dim, index [T]).
+  const Arg& table = in[0];
+  const Arg* index = nullptr;
+  for (int i = 1; i < in.n && index == nullptr; ++i) {
+    if (in.a[i].tensor()) index = &in.a[i];
+  }
+  if (table.ndim != 2 || index == nullptr) return false;
+  const int e = table.elem > 0 ? table.elem : 2;
+  const double rows = index->numel;
+  c->bytes = 2.0 * rows * table.dims[1] * e + index->Bytes(8);
+  c->tokens = rows;
+  c->precision = PrecisionOf(table, false);
+  return true;
+}
+
+bool Reduction(const Inputs& in, OpCost* c) {
+  const Arg* big = Largest(in);
+  if (big == nullptr) return false;
+  const int e = big->elem > 0 ? big->elem : 2;
+  c->kind = OpKind::kReduction;
+  c->precision = PrecisionOf(*big, false);
+  c->bytes = big->Bytes(e);
+  c->flops = big->numel;
+  return true;
+}
+
+bool Communication(const Inputs& in, OpCost* c) {
+  c->kind = OpKind::kCommunication;
+  double bytes = 0;
+  double numel = 0;
+  for (int i = 0; i < in.n; ++i) {
+    if (!in.a[i].tensor()) continue;
+    // Collectives usually take one tensor (or a list); the message is the largest.
+    if (in.a[i].numel > numel) {
+      numel = in.a[i].numel;
+      bytes = in.a[i].Bytes(2);  // a tensor list has no dtype: bf16 assumed
+    }
+  }
+  c->bytes = bytes;
+  c->flops = numel;  // the reduction's additions
+  return bytes > 0;
+}
+
+bool IsCommunicationOp(std::string_view name) {
+  if (name.rfind("c10d::", 0) == 0 || name.rfind("nccl:", 0) == 0 ||
+      name == "record_param_comms") {
+    return true;
+  }
+  return Contains(name, "all_reduce") || Contains(name, "allreduce") ||
+         Contains(name, "all_gather") || Contains(name, "allgather") ||
+         Contains(name, "reduce_scatter") || Contains(name, "all_to_all") ||
+         Contains(name, "alltoall");
+}
+
+bool IsOptimizerOp(std::string_view name) {
+  return Contains(name, "adam") || Contains(name, "_foreach_") || Contains(name, "optimizer") ||
+         Contains(name, "sgd") || Contains(name, "lamb") || Contains(name, "adagrad") ||
+         Contains(name, "rmsprop");
+}
+
+}  // namespace
+
+const char* OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kUnknown: return "unknown";
+    case OpKind::kMatmul: return "matmul";
+    case OpKind::kConvolution: return "convolution";
+    case OpKind::kAttention: return "attention";
+    case OpKind::kElementwise: return "elementwise";
+    case OpKind::kNormalization: return "normalization";
+    case OpKind::kSoftmax: return "softmax";
+    case OpKind::kEmbedding: return "embedding";
+    case OpKind::kReduction: return "reduction";
+    case OpKind::kCommunication: return "communication";
+    case OpKind::kOptimizer: return "optimizer";
+  }
+  return "unknown";
+}
+
+int ElementBytes(std::string_view t) {
+  if (t.empty() || t == "Scalar" || t == "ScalarList" || t == "TensorList" || t == "GenericList" ||
+      t == "None" || t == "Device" || t == "Layout") {
+    return 0;
+  }
+  if (t.find("Float8") != std::string_view::npos) return 1;
+  if (t.find("BFloat16") != std::string_view::npos || t.find("Half") != std::string_view::npos ||
+      t == "short int" || t == "short" || t == "int16") {
+    return 2;
+  }
+  if (t.find("complex<double>") != std::string_view::npos) return 16;
+  if (t.find("complex") != std::string_view::npos) return 8;
+  if (t == "double" || t == "long int" || t == "long" || t == "int64" || t == "long long" ||
+      t == "unsigned long") {
+    return 8;
+  }
+  if (t == "float" || t == "int" || t == "unsigned int" || t == "int32") return 4;
+  if (t == "bool" || t == "unsigned char" || t == "signed char" || t == "char" ||
+      t.find("QInt8") != std::string_view::npos || t.find("QUInt8") != std::string_view::npos) {
+    return 1;
+  }
+  return 0;
+}
+
+OpCost EstimateOpCost(std::string_view name, std::string_view shapes, std::string_view types) {
+  OpCost c;
+  const std::string_view base = BaseName(name);
+  if (IsCommunicationOp(name)) {
+    c.kind = OpKind::kCommunication;
+  } else if (IsOptimizerOp(base)) {
+    c.kind = OpKind::kOptimizer;
+  }
+  Inputs in;
+  const bool parsed = !shapes.empty() && ParseInputs(shapes, types, &in);
+  if (!parsed) {
+    // The kind from the name alone still helps the classification.
+    if (c.kind == OpKind::kUnknown) {
+      if (OneOf(base, {"mm", "addmm", "linear", "matmul", "bmm", "baddbmm", "_scaled_mm"})) {
+        c.kind = OpKind::kMatmul;
+      } else if (Contains(base, "conv")) {
+        c.kind = OpKind::kConvolution;
+      } else if (Contains(base, "attention") || Contains(base, "flash_attn")) {
+        c.kind = OpKind::kAttention;
+      }
+    }
+    return c;
+  }
+  if (c.kind == OpKind::kCommunication) {
+    if (!Communication(in, &c)) c = OpCost{OpKind::kCommunication};
+    return c;
+  }
+  if (c.kind == OpKind::kOptimizer) {
+    c.bytes = 4.0 * SumTensorBytes(in, 4);  // parameters, gradients and two moments
+    return c;
+  }
+  bool ok = false;
+  if (OneOf(base, {"mm", "addmm", "linear", "matmul", "bmm", "baddbmm", "_scaled_mm"})) {
+    ok = Matmul(base, in, &c);
+    if (ok) c.precision = PrecisionOf(in[base == "addmm" || base == "baddbmm" ? 1 : 0], false);
+    if (!ok) c.kind = OpKind::kMatmul;
+  } else if (Contains(base, "conv") && !Contains(base, "convert")) {
+    ok = Convolution(base, in, &c);
+    if (!ok) c.kind = OpKind::kConvolution;
+  } else if (Contains(base, "attention") || Contains(base, "flash_attn")) {
+    ok = Attention(base, in, &c);
+    if (!ok) c = OpCost{OpKind::kAttention};
+  } else if (Contains(base, "softmax")) {
+    ok = Softmax(base, in, &c);
+  } else if (Contains(base, "norm") && !OneOf(base, {"norm", "linalg_vector_norm", "_foreach_norm",
+                                                      "renorm", "normal_"})) {
+    ok = Normalization(base, in, &c);
+  } else if (OneOf(base, {"embedding", "index_select", "embedding_dense_backward",
+                          "embedding_backward"})) {
+    ok = Embedding(base, in, &c);
+  } else if (OneOf(base, {"sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "norm",
+                          "linalg_vector_norm", "var", "std", "var_mean", "std_mean", "nll_loss",
+                          "nll_loss_forward", "nll_loss2d_forward", "cross_entropy_loss",
+                          "mse_loss", "topk", "sort", "cumsum", "logsumexp", "any", "all", "prod",
+                          "count_nonzero", "nll_loss_backward"})) {
+    ok = Reduction(in, &c);
+  } else if (OneOf(base, {"add", "add_", "sub", "sub_", "rsub", "mul", "mul_", "div", "div_",
+                          "neg", "exp", "exp_", "log", "log_", "pow", "rsqrt", "sqrt", "sigmoid",
+                          "tanh", "relu", "relu_", "gelu", "silu", "silu_", "silu_backward",
+                          "gelu_backward", "threshold_backward", "sigmoid_backward",
+                          "tanh_backward", "where", "masked_fill", "masked_fill_", "clamp",
+                          "clamp_", "copy_", "_to_copy", "clone", "contiguous", "fill_", "zero_",
+                          "cat", "_cat", "stack", "index_copy_", "index_copy", "index_put_",
+                          "_unsafe_index_put", "index_add_", "scatter_", "slice_backward",
+                          "select_backward", "dropout", "native_dropout",
+                          "native_dropout_backward", "abs", "maximum", "minimum", "erf", "cos",
+                          "sin", "reciprocal", "rotary_embedding", "addcmul", "addcmul_",
+                          "addcdiv", "addcdiv_", "lerp", "lerp_", "silu_and_mul", "gelu_and_mul",
+                          "static_scaled_fp8_quant", "scaled_fp8_quant",
+                          "dynamic_scaled_fp8_quant", "hardtanh", "leaky_relu", "elu",
+                          "softplus", "zeros_like", "ones_like", "full", "bitwise_and",
+                          "bitwise_or", "eq", "ne", "gt", "lt", "ge", "le", "logical_not",
+                          "sign", "floor", "ceil", "round", "_softmax_backward_data"})) {
+    ok = Elementwise(base, in, &c);
+  }
+  if (!ok && c.kind != OpKind::kMatmul && c.kind != OpKind::kConvolution &&
+      c.kind != OpKind::kAttention) {
+    c = OpCost{};
+  }
+  return c;
+}
+
+}  // namespace dynaflow

@@ -1,0 +1,56 @@
+// FLOPs and bytes of a framework operator from its input shapes and dtypes, as
+// the PyTorch profiler records them (Operator::input_shapes / input_types,
+// compact JSON such as [[8,4096],[4096,4096]] and ["c10::BFloat16","float"]).
+//
+// The numbers are the ideal work of the operator: every input read once, every
+// output written once, no recomputation. They are what a roofline needs, not
+// what a profiler counter would show. Unknown operators, or known ones whose
+// shapes are missing or malformed, yield an OpCost with kind kUnknown or with
+// zero flops and bytes; this function never fails and never allocates on the
+// heap.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace dynaflow {
+
+enum class OpKind : uint8_t {
+  kUnknown = 0,
+  kMatmul,         // mm, addmm, linear, matmul, bmm, baddbmm
+  kConvolution,    // convolution and its backward
+  kAttention,      // scaled-dot-product / flash / efficient attention, forward and backward
+  kElementwise,    // pointwise math, copies, fills, concatenation
+  kNormalization,  // layer, RMS, batch and group norm
+  kSoftmax,
+  kEmbedding,
+  kReduction,      // sum, mean, max, argmax, norms, losses
+  kCommunication,  // collectives (c10d, record_param_comms, nccl annotations)
+  kOptimizer,      // fused / foreach optimizer steps (token-independent)
+};
+
+const char* OpKindName(OpKind kind);
+
+// Which peak bounds the operator's math.
+enum class Precision : uint8_t { kUnknown = 0, kFp8, kHalf, kTf32, kFp32, kFp64, kInteger };
+
+struct OpCost {
+  OpKind kind = OpKind::kUnknown;
+  Precision precision = Precision::kUnknown;
+  double flops = 0;
+  double bytes = 0;         // ideal DRAM traffic: inputs read once, outputs written once
+  double weight_bytes = 0;  // the part of `bytes` independent of the token count (weights, bias)
+  double tokens = 0;        // the token (row) dimension: GEMM M, conv batch, attention B*Sq; 0 unknown
+  bool decode = false;      // attention with few query tokens per sequence (KV-bound)
+  bool known() const { return flops > 0 || bytes > 0; }
+};
+
+// The cost of operator `name` (e.g. "aten::mm") given its recorded inputs.
+OpCost EstimateOpCost(std::string_view name, std::string_view input_shapes,
+                      std::string_view input_types);
+
+// Bytes of one element of a profiler dtype name ("c10::BFloat16" -> 2, "float"
+// -> 4, "long int" -> 8); 0 for non-tensors ("Scalar", "", "TensorList").
+int ElementBytes(std::string_view dtype);
+
+}  // namespace dynaflow

@@ -1,0 +1,248 @@
+#include "analysis/sim/simulator.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace dynaflow {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double SmNeed(Resource r, const SimParams& p) {
+  switch (r) {
+    case Resource::kCompute: return 1.0;
+    case Resource::kMemory: return p.sm_memory;
+    case Resource::kLatency: return p.sm_latency;
+    case Resource::kCommunication: return p.sm_comm;
+    case Resource::kCopy: return 0.0;
+  }
+  return 1.0;
+}
+
+// Speeds of the running nodes (model.h, "Sharing").
+void Speeds(const std::vector<int32_t>& running, const std::vector<SimNode>& nodes,
+            const SimParams& p, std::vector<double>* speed) {
+  speed->assign(running.size(), 1.0);
+  if (running.size() <= 1) return;
+  int n_compute = 0, n_comm = 0, n_copy = 0;
+  double other_need = 0;
+  for (int32_t i : running) {
+    const Resource r = nodes[static_cast<size_t>(i)].resource;
+    if (r == Resource::kCompute) {
+      ++n_compute;
+    } else {
+      other_need += SmNeed(r, p);
+    }
+    if (r == Resource::kCommunication) ++n_comm;
+    if (r == Resource::kCopy) ++n_copy;
+  }
+  // a. SMs.
+  const double cap = n_compute > 0 ? 0.9 : 1.0;
+  const double other_scale = other_need > cap ? cap / other_need : 1.0;
+  const double compute_share =
+      n_compute > 0 ? std::max(0.1, 1.0 - other_need * other_scale) / n_compute : 0.0;
+  for (size_t k = 0; k < running.size(); ++k) {
+    const Resource r = nodes[static_cast<size_t>(running[k])].resource;
+    if (r == Resource::kCompute) {
+      (*speed)[k] = compute_share;
+    } else if (r != Resource::kCopy) {
+      (*speed)[k] = other_scale;
+    }
+  }
+  // b. HBM.
+  double hbm = 0;
+  for (size_t k = 0; k < running.size(); ++k) hbm += (*speed)[k] * nodes[static_cast<size_t>(running[k])].hbm;
+  if (hbm > 1.0) {
+    for (size_t k = 0; k < running.size(); ++k) {
+      if (nodes[static_cast<size_t>(running[k])].hbm > 0) (*speed)[k] /= hbm;
+    }
+  }
+  // c. Link and copy engines; d. interference.
+  const double interference = 1.0 / (1.0 + p.interference * static_cast<double>(running.size() - 1));
+  for (size_t k = 0; k < running.size(); ++k) {
+    const Resource r = nodes[static_cast<size_t>(running[k])].resource;
+    if (r == Resource::kCommunication && n_comm > 1) (*speed)[k] /= n_comm;
+    if (r == Resource::kCopy && n_copy > 2) (*speed)[k] *= 2.0 / n_copy;
+    (*speed)[k] *= interference;
+  }
+}
+
+}  // namespace
+
+int32_t Schedule::Add(const SimNode& node, const std::vector<int32_t>& node_deps) {
+  if (dep_begin.empty()) dep_begin.push_back(0);
+  nodes.push_back(node);
+  deps.insert(deps.end(), node_deps.begin(), node_deps.end());
+  dep_begin.push_back(static_cast<int32_t>(deps.size()));
+  return static_cast<int32_t>(nodes.size() - 1);
+}
+
+SimResult Simulate(const Schedule& s, const SimParams& params) {
+  SimResult out;
+  const size_t n = s.nodes.size();
+  out.start_us.assign(n, 0);
+  out.end_us.assign(n, 0);
+  if (n == 0) {
+    out.ok = true;
+    out.makespan_us = s.tail_us;
+    return out;
+  }
+  // Successors (CSR) and in-degrees.
+  std::vector<int32_t> indeg(n, 0), succ_begin(n + 1, 0), succ;
+  for (size_t i = 0; i < n; ++i) {
+    for (int32_t d = s.dep_begin[i]; d < s.dep_begin[i + 1]; ++d) {
+      ++succ_begin[static_cast<size_t>(s.deps[static_cast<size_t>(d)]) + 1];
+      ++indeg[i];
+    }
+  }
+  for (size_t i = 0; i < n; ++i) succ_begin[i + 1] += succ_begin[i];
+  succ.resize(s.deps.size());
+  {
+    std::vector<int32_t> fill(succ_begin.begin(), succ_begin.end() - 1);
+    for (size_t i = 0; i < n; ++i) {
+      for (int32_t d = s.dep_begin[i]; d < s.dep_begin[i + 1]; ++d) {
+        succ[static_cast<size_t>(fill[static_cast<size_t>(s.deps[static_cast<size_t>(d)])]++)] =
+            static_cast<int32_t>(i);
+      }
+    }
+  }
+
+  std::vector<char> in_host(n, 0), issued(n, 1), finished_flag(n, 0);
+  for (int32_t i : s.host_order) {
+    in_host[static_cast<size_t>(i)] = 1;
+    issued[static_cast<size_t>(i)] = 0;
+  }
+  std::vector<double> dep_ready(n, -kInf), host_ready(n, -kInf), earliest(n, 0), rem(n, 0);
+  std::vector<int32_t> pending, running;
+  std::vector<char> group_busy(static_cast<size_t>(std::max(0, s.groups)), 0);
+  bool pending_dirty = false;
+
+  auto make_pending = [&](size_t i) {
+    const double deps_done = dep_ready[i] == -kInf ? 0.0 : dep_ready[i];
+    earliest[i] = std::max(deps_done + s.nodes[i].delay_us, host_ready[i]);
+    pending.push_back(static_cast<int32_t>(i));
+    pending_dirty = true;
+  };
+
+  // The host.
+  size_t host_pos = 0;
+  size_t host_done = 0;  // issued nodes that finished
+  double host_time = 0;
+  double host_last_done = -kInf;
+  auto advance_host = [&]() {
+    while (host_pos < s.host_order.size()) {
+      const size_t i = static_cast<size_t>(s.host_order[host_pos]);
+      const SimNode& node = s.nodes[i];
+      if (node.post_sync_us >= 0 && host_pos > 0) {
+        double waited_until;
+        if (node.sync_node >= 0) {  // blocked until that node finishes
+          const size_t w = static_cast<size_t>(node.sync_node);
+          if (!finished_flag[w]) return;
+          waited_until = out.end_us[w];
+        } else {  // blocked until everything issued before finishes
+          if (host_done < host_pos) return;
+          waited_until = host_last_done;
+        }
+        host_time = std::max(host_time + node.host_delta_us, waited_until) + node.post_sync_us;
+      } else {
+        host_time = host_pos == 0 ? node.host_delta_us : host_time + node.host_delta_us;
+      }
+      host_ready[i] = host_time + node.launch_latency_us;
+      issued[i] = 1;
+      ++host_pos;
+      if (indeg[i] == 0) make_pending(i);
+    }
+  };
+
+  for (size_t i = 0; i < n; ++i) {
+    rem[i] = s.nodes[i].work_us;
+    if (indeg[i] == 0 && !in_host[i]) make_pending(i);
+  }
+  advance_host();
+
+  double now = kInf;
+  for (int32_t i : pending) now = std::min(now, earliest[static_cast<size_t>(i)]);
+  if (now == kInf) now = 0;
+  double last_end = -kInf;
+  double first_start = kInf;
+  size_t done = 0;
+  std::vector<double> speed;
+  std::vector<int32_t> finished;
+  auto by_priority = [&s](int32_t a, int32_t b) {
+    const SimNode& x = s.nodes[static_cast<size_t>(a)];
+    const SimNode& y = s.nodes[static_cast<size_t>(b)];
+    return x.priority != y.priority ? x.priority < y.priority : a < b;
+  };
+
+  while (done < n) {
+    if (pending_dirty) {
+      std::sort(pending.begin(), pending.end(), by_priority);
+      pending_dirty = false;
+    }
+    // Start what may start now.
+    for (size_t k = 0; k < pending.size();) {
+      const size_t i = static_cast<size_t>(pending[k]);
+      const int32_t g = s.nodes[i].group;
+      if (earliest[i] <= now + 1e-9 && (g < 0 || !group_busy[static_cast<size_t>(g)])) {
+        if (g >= 0) group_busy[static_cast<size_t>(g)] = 1;
+        out.start_us[i] = now;
+        first_start = std::min(first_start, now);
+        running.push_back(static_cast<int32_t>(i));
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(k));
+      } else {
+        ++k;
+      }
+    }
+    double next = kInf;
+    for (int32_t i : pending) {
+      const size_t u = static_cast<size_t>(i);
+      const int32_t g = s.nodes[u].group;
+      if (earliest[u] > now && (g < 0 || !group_busy[static_cast<size_t>(g)])) {
+        next = std::min(next, earliest[u]);
+      }
+    }
+    if (running.empty()) {
+      if (next == kInf) break;  // nothing can ever start: a cycle or a stuck host
+      now = next;
+      continue;
+    }
+    Speeds(running, s.nodes, params, &speed);
+    for (size_t k = 0; k < running.size(); ++k) {
+      const double v = std::max(speed[k], 1e-6);
+      next = std::min(next, now + rem[static_cast<size_t>(running[k])] / v);
+    }
+    const double dt = next - now;
+    now = next;
+    finished.clear();
+    for (size_t k = 0; k < running.size(); ++k) {
+      const size_t i = static_cast<size_t>(running[k]);
+      rem[i] -= std::max(speed[k], 1e-6) * dt;
+      if (rem[i] <= 1e-9 * std::max(1.0, s.nodes[i].work_us)) finished.push_back(running[k]);
+    }
+    for (int32_t f : finished) {
+      const size_t i = static_cast<size_t>(f);
+      running.erase(std::find(running.begin(), running.end(), f));
+      out.end_us[i] = now;
+      finished_flag[i] = 1;
+      last_end = std::max(last_end, now);
+      ++done;
+      if (s.nodes[i].group >= 0) group_busy[static_cast<size_t>(s.nodes[i].group)] = 0;
+      for (int32_t k = succ_begin[i]; k < succ_begin[i + 1]; ++k) {
+        const size_t j = static_cast<size_t>(succ[static_cast<size_t>(k)]);
+        dep_ready[j] = std::max(dep_ready[j], now);
+        if (--indeg[j] == 0 && issued[j]) make_pending(j);
+      }
+      if (in_host[i]) {
+        ++host_done;
+        host_last_done = std::max(host_last_done, now);
+      }
+    }
+    if (!finished.empty()) advance_host();
+  }
+  out.ok = done == n;
+  const double origin = std::min(0.0, first_start == kInf ? 0.0 : first_start);
+  out.makespan_us = (last_end == -kInf ? 0.0 : last_end - origin) + s.tail_us;
+  return out;
+}
+
+}  // namespace dynaflow

@@ -1,0 +1,302 @@
+#include "analysis/sim/step_graph.h"
+
+#include <algorithm>
+#include <cctype>
+#include <unordered_map>
+
+namespace dynaflow {
+namespace {
+
+bool ContainsLower(std::string_view s, std::string_view needle) {
+  if (needle.size() > s.size()) return false;
+  for (size_t i = 0; i + needle.size() <= s.size(); ++i) {
+    size_t j = 0;
+    while (j < needle.size() &&
+           std::tolower(static_cast<unsigned char>(s[i + j])) == needle[j]) {
+      ++j;
+    }
+    if (j == needle.size()) return true;
+  }
+  return false;
+}
+
+// Per-step work that does not grow with the batch: optimizer updates and
+// gradient zeroing.
+bool PerStepName(std::string_view n) {
+  return ContainsLower(n, "optimizer") || ContainsLower(n, "zero_grad") ||
+         ContainsLower(n, "adam") || ContainsLower(n, "_foreach_") ||
+         ContainsLower(n, "multi_tensor_apply") || ContainsLower(n, "sgd");
+}
+
+// Collectives whose result only the optimizer needs: data-parallel gradient
+// synchronisation (DDP's reducer hooks under AccumulateGrad, FSDP's
+// reduce-scatter).
+bool GradientSyncName(std::string_view n) {
+  return ContainsLower(n, "accumulategrad") || ContainsLower(n, "reducer") ||
+         ContainsLower(n, "distributeddataparallel") || ContainsLower(n, "ddp") ||
+         ContainsLower(n, "fsdp") || ContainsLower(n, "fullyshardeddataparallel") ||
+         ContainsLower(n, "reduce_scatter") || ContainsLower(n, "grad_sync") ||
+         ContainsLower(n, "allreduce_grads");
+}
+
+// Calls that block the host until the GPU catches up.
+bool BlockingCall(std::string_view name, double dur_us) {
+  if (ContainsLower(name, "synchronize")) return true;
+  if (name == "cudaMemcpy" || name == "cuMemcpyDtoH_v2" || name == "cuMemcpyHtoD_v2") {
+    return dur_us > 20;
+  }
+  return dur_us > 200;  // any other call that long waited on something
+}
+
+double Us(TimeNs ns) { return static_cast<double>(ns) / 1000.0; }
+
+}  // namespace
+
+StepGraph BuildStepGraph(const Trace& trace, const OperatorLinks& links,
+                         const DeviceResources& dev, const DeviceSteps& steps,
+                         size_t step_index, CostCache* costs, const GraphOptions& options) {
+  StepGraph g;
+  g.device_index = dev.device_index;
+  g.step_index = step_index;
+  if (step_index >= steps.steps.size()) return g;
+  const Step& step = steps.steps[step_index];
+  g.start = step.start;
+  g.measured_us = step.duration_us();
+
+  std::vector<size_t> ks;
+  for (size_t k = 0; k < dev.order.size(); ++k) {
+    if (steps.step_of[k] == static_cast<int32_t>(step_index)) ks.push_back(k);
+  }
+  if (ks.size() > options.max_tasks) {
+    ks.resize(options.max_tasks);
+    g.truncated = true;
+  }
+  const size_t n = ks.size();
+  if (n == 0) return g;
+
+  // GPU time of each operator inside the step, to share its cost.
+  std::unordered_map<int32_t, double> op_time;
+  for (size_t k : ks) {
+    const uint32_t i = dev.order[k];
+    const int32_t op = links.activity_op[i];
+    if (op >= 0) op_time[op] += Us(trace.gpu[i].end - trace.gpu[i].start);
+  }
+
+  g.tasks.resize(n);
+  std::unordered_map<int64_t, int32_t> by_correlation;
+  std::unordered_map<int32_t, double> rows_count;  // GEMM rows -> operator instances
+  std::vector<int32_t> counted_ops;
+  for (size_t t = 0; t < n; ++t) {
+    const uint32_t i = dev.order[ks[t]];
+    const GpuActivity& a = trace.gpu[i];
+    SimTask& s = g.tasks[t];
+    s.resource = dev.resource[ks[t]];
+    s.dur_us = Us(a.end - a.start);
+    s.start_us = Us(a.start - step.start);
+    s.kernel = a.name;
+    auto lane = std::find(g.lane_streams.begin(), g.lane_streams.end(), a.stream);
+    s.lane = static_cast<int32_t>(lane - g.lane_streams.begin());
+    if (lane == g.lane_streams.end()) g.lane_streams.push_back(a.stream);
+    if (a.kind == GpuKind::kMemcpy) s.bytes = static_cast<double>(a.bytes);
+    if (a.kind == GpuKind::kMemset) s.token_scaled = false;
+    const int32_t op = links.activity_op[i];
+    if (op >= 0) {
+      const Operator& o = trace.ops[static_cast<size_t>(op)];
+      const OpCost& c = costs->Get(o);
+      s.kind = c.kind;
+      s.op = DisplayOperator(trace, links, i);
+      const int32_t top = links.op_top[static_cast<size_t>(op)];
+      s.top = trace.ops[static_cast<size_t>(top)].name;
+      s.module = o.module_path != 0 ? o.module_path : (top != op ? s.top : 0);
+      if (c.known()) {
+        const double share = s.dur_us / std::max(1e-9, op_time[op]);
+        s.flops = c.flops * share;
+        s.bytes = c.bytes * share;
+        s.weight_bytes = c.weight_bytes * share;
+      }
+      s.rows = c.tokens;
+      if (c.kind == OpKind::kOptimizer || PerStepName(trace.strings.Get(s.top))) {
+        s.token_scaled = false;
+      }
+      if (s.resource == Resource::kCommunication &&
+          (GradientSyncName(trace.strings.Get(s.top)) ||
+           GradientSyncName(trace.strings.Get(s.module)))) {
+        // Gradients are parameter-sized: the collective neither shrinks with a
+        // micro-batch nor repeats per micro-batch; it runs once per step.
+        s.deferrable = true;
+        s.token_scaled = false;
+      }
+      if (c.kind == OpKind::kMatmul && c.tokens > 0 &&
+          std::find(counted_ops.begin(), counted_ops.end(), op) == counted_ops.end()) {
+        counted_ops.push_back(op);
+        rows_count[static_cast<int32_t>(std::min(c.tokens, 2e9))] += 1;
+      }
+    }
+    if (PerStepName(trace.strings.Get(a.name))) s.token_scaled = false;
+    if (a.correlation >= 0) by_correlation.emplace(a.correlation, static_cast<int32_t>(t));
+  }
+  // Tokens per step: the most common GEMM row count (ties: the larger).
+  double best_count = 0;
+  for (const auto& [rows, count] : rows_count) {
+    if (count > best_count || (count == best_count && rows > g.tokens)) {
+      best_count = count;
+      g.tokens = rows;
+    }
+  }
+  if (g.tokens == 0) {  // no GEMM: a convolution's batch or an embedding's rows
+    for (const SimTask& s : g.tasks) {
+      if ((s.kind == OpKind::kConvolution || s.kind == OpKind::kEmbedding) && s.rows > 0) {
+        g.tokens = s.rows;
+        break;
+      }
+    }
+  }
+
+  // Launch calls of the step's tasks, and the host's blocking calls between them.
+  const int32_t rank = trace.devices[dev.device_index].rank;
+  std::vector<TimeNs> launch(n, -1);
+  std::vector<int32_t> launch_tid(n, 0);
+  std::vector<double> launch_dur;
+  if (!by_correlation.empty()) {
+    for (const ApiCall& c : trace.api) {
+      if (c.rank != rank || c.correlation < 0 || c.kind == ApiKind::kSync) continue;
+      auto it = by_correlation.find(c.correlation);
+      if (it == by_correlation.end()) continue;
+      const size_t t = static_cast<size_t>(it->second);
+      if (launch[t] < 0) {
+        launch[t] = c.start;
+        launch_tid[t] = c.tid;
+        launch_dur.push_back(Us(c.end - c.start));
+      }
+    }
+  }
+  for (size_t t = 0; t < n; ++t) {
+    if (launch[t] >= 0) g.host_order.push_back(static_cast<int32_t>(t));
+  }
+  std::stable_sort(g.host_order.begin(), g.host_order.end(),
+                   [&launch](int32_t a, int32_t b) { return launch[a] < launch[b]; });
+  if (!launch_dur.empty()) {
+    std::nth_element(launch_dur.begin(), launch_dur.begin() + launch_dur.size() / 2, launch_dur.end());
+    g.launch_cost_us = std::clamp(launch_dur[launch_dur.size() / 2], 1.0, 50.0);
+  }
+  struct Block {
+    TimeNs start, end;
+    int32_t tid;
+  };
+  std::vector<Block> blocks;
+  if (!g.host_order.empty()) {
+    const TimeNs lo = launch[static_cast<size_t>(g.host_order.front())];
+    const TimeNs hi = launch[static_cast<size_t>(g.host_order.back())];
+    for (const ApiCall& c : trace.api) {
+      if (c.rank != rank || c.kind == ApiKind::kSync || c.start < lo || c.start >= hi) continue;
+      if (BlockingCall(trace.strings.Get(c.name), Us(c.end - c.start))) {
+        blocks.push_back({c.start, c.end, c.tid});
+      }
+    }
+    std::sort(blocks.begin(), blocks.end(), [](const Block& a, const Block& b) { return a.start < b.start; });
+  }
+  // Tasks by measured end, to find what a blocking call waited for.
+  std::vector<std::pair<double, int32_t>> by_end(n);
+  for (size_t t = 0; t < n; ++t) {
+    by_end[t] = {g.tasks[t].start_us + g.tasks[t].dur_us, static_cast<int32_t>(t)};
+  }
+  std::sort(by_end.begin(), by_end.end());
+  constexpr double eps_sync = 2.0;  // us between a task's end and the call's return
+  TimeNs prev = step.start;
+  size_t bi = 0;
+  for (size_t h = 0; h < g.host_order.size(); ++h) {
+    const size_t t = static_cast<size_t>(g.host_order[h]);
+    SimTask& s = g.tasks[t];
+    s.launched = true;
+    const TimeNs L = launch[t];
+    const TimeNs start = step.start + static_cast<TimeNs>(s.start_us * 1000.0);
+    s.launch_latency_us = std::clamp(Us(start - L), 0.0, 10.0);
+    if (h == 0) {
+      s.host_delta_us = Us(L - step.start);  // may be negative: launched before the step began
+      prev = L;
+      continue;
+    }
+    TimeNs first_block = -1, last_block_end = -1;
+    for (; bi < blocks.size() && blocks[bi].start < L; ++bi) {
+      if (blocks[bi].start < prev || blocks[bi].tid != launch_tid[t]) continue;
+      if (first_block < 0) first_block = blocks[bi].start;
+      last_block_end = std::max(last_block_end, blocks[bi].end);
+    }
+    int32_t waited = -1;
+    if (first_block >= 0 && last_block_end <= L) {
+      // The last task to finish before the call returned, if it finished
+      // while the call blocked: the GPU work the call waited for.
+      const double begin_us = Us(first_block - step.start) - eps_sync;
+      const double end_us = Us(last_block_end - step.start) + eps_sync;
+      auto it = std::upper_bound(by_end.begin(), by_end.end(), std::make_pair(end_us, INT32_MAX));
+      if (it != by_end.begin() && std::prev(it)->first >= begin_us) waited = std::prev(it)->second;
+    }
+    if (waited >= 0) {
+      s.host_delta_us = Us(first_block - prev);
+      s.post_sync_us = Us(L - last_block_end);
+      s.sync_task = waited;
+    } else {
+      s.host_delta_us = Us(L - prev);
+    }
+    prev = L;
+  }
+
+  // Dependencies, in measured start order.
+  g.dep_begin.assign(n + 1, 0);
+  std::vector<std::vector<int32_t>> lane_tasks(g.lane_streams.size());
+  const double eps = options.idle_epsilon_us;
+  for (size_t t = 0; t < n; ++t) {
+    SimTask& s = g.tasks[t];
+    std::vector<int32_t>& own = lane_tasks[static_cast<size_t>(s.lane)];
+    double ready = -1e300;
+    if (!own.empty()) {
+      g.deps.push_back(own.back());
+      const SimTask& p = g.tasks[static_cast<size_t>(own.back())];
+      ready = p.start_us + p.dur_us;
+    }
+    if (s.start_us - ready > eps) {
+      // The stream went idle: a task on another stream that just ended?
+      int32_t producer = -1;
+      double producer_end = -1e300;
+      for (size_t l = 0; l < lane_tasks.size(); ++l) {
+        if (static_cast<int32_t>(l) == s.lane) continue;
+        const std::vector<int32_t>& other = lane_tasks[l];
+        for (size_t j = other.size(); j-- > 0 && j + 3 > other.size();) {
+          const SimTask& q = g.tasks[static_cast<size_t>(other[j])];
+          const double e = q.start_us + q.dur_us;
+          if (e <= s.start_us + eps) {
+            if (e > producer_end) {
+              producer_end = e;
+              producer = other[j];
+            }
+            break;
+          }
+        }
+      }
+      const bool host_had_it =
+          !s.launched || launch[t] <= g.start + static_cast<TimeNs>(producer_end * 1000.0) +
+                                         static_cast<TimeNs>(eps * 1000.0);
+      if (producer >= 0 && producer_end > ready && s.start_us - producer_end <= options.wait_window_us &&
+          host_had_it) {
+        g.deps.push_back(producer);
+        ready = producer_end;
+      }
+    }
+    // What the dependencies do not explain: the host, or GPU-side latency.
+    const double host_ready =
+        s.launched ? Us(launch[t] - g.start) + s.launch_latency_us : -1e300;
+    if (host_ready < s.start_us - eps) {
+      // Measured from the dependencies, or from the step's start for a task
+      // with none that the host does not explain either.
+      s.delay_us = std::max(0.0, s.start_us - (ready > -1e299 ? ready : 0.0));
+    }
+    g.dep_begin[t + 1] = static_cast<int32_t>(g.deps.size());
+    own.push_back(static_cast<int32_t>(t));
+  }
+  double last_end = 0;
+  for (const SimTask& s : g.tasks) last_end = std::max(last_end, s.start_us + s.dur_us);
+  g.tail_us = std::max(0.0, g.measured_us - last_end);
+  return g;
+}
+
+}  // namespace dynaflow

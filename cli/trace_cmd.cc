@@ -1,0 +1,364 @@
+// dynaflow trace [-o trace.db] [options] -- CMD ARGS...
+//
+// Runs CMD with the tracer preloaded (libdynaflow_preload.so) and the Python
+// bootstrap first on PYTHONPATH; every traced process writes <pid>.db into a
+// fresh parts directory beside the output, and the parts are merged into the
+// output once CMD has exited (processes CMD left running are not waited for).
+// The exit code is CMD's (128+N when a signal N killed it; 127 or 126 when it
+// could not be run, as in a shell).
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <set>
+
+#include "analysis/store/store.h"
+#include "cli/commands.h"
+
+extern char** environ;
+
+namespace dynaflow {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TraceArgs {
+  std::string output = "trace.db";
+  std::string delay_s;  // passed verbatim to the tracer when given
+  std::string duration_s;
+  int64_t flush_ms = 0;  // 0: the tracer's default
+  std::string ops = "on";
+  std::vector<std::string> command;
+};
+
+// What goes into the traced program, found beside this binary in the build
+// tree (bin/../plugin/...) unless the environment names it.
+struct TraceTools {
+  std::string preload;        // libdynaflow_preload.so
+  std::string bootstrap_dir;  // holds sitecustomize.py
+  // _dynaflow_torch.so; empty when there is no such file (not built, or a
+  // DYNAFLOW_TORCH_EXT naming nothing, which stays for the bootstrap to report).
+  std::string torch_ext;
+};
+
+fs::path BinaryDir() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path(".") : exe.parent_path();
+}
+
+std::string EnvOr(const char* name, const fs::path& fallback) {
+  const char* value = getenv(name);
+  return value != nullptr && *value != '\0' ? std::string(value) : fallback.string();
+}
+
+StatusOr<TraceTools> FindTools() {
+  const fs::path plugins = BinaryDir() / ".." / "plugin";
+  TraceTools tools;
+  tools.preload = EnvOr("DYNAFLOW_PRELOAD", plugins / "preload" / "libdynaflow_preload.so");
+  if (!fs::is_regular_file(tools.preload)) {
+    return Status::Failure("cannot find the tracer " + tools.preload +
+                           " (build the dynaflow_preload target, which needs the CUDA "
+                           "toolkit, or set DYNAFLOW_PRELOAD)");
+  }
+  tools.bootstrap_dir = fs::absolute(plugins / "python" / "bootstrap").lexically_normal();
+  tools.torch_ext = EnvOr("DYNAFLOW_TORCH_EXT", plugins / "torch" / "_dynaflow_torch.so");
+  if (!fs::is_regular_file(tools.torch_ext)) tools.torch_ext.clear();
+  tools.preload = fs::absolute(tools.preload).lexically_normal();
+  if (!tools.torch_ext.empty()) tools.torch_ext = fs::absolute(tools.torch_ext).lexically_normal();
+  return tools;
+}
+
+// A new empty directory beside `output`: .<name>.parts-XXXXXX.
+StatusOr<std::string> MakePartsDir(const std::string& output) {
+  const fs::path out = fs::absolute(output);
+  std::string templ = (out.parent_path() / ("." + out.filename().string() + ".parts-XXXXXX"));
+  if (mkdtemp(templ.data()) == nullptr) {
+    return Status::BadInput("cannot create a directory beside " + output + ": " + strerror(errno));
+  }
+  return templ;
+}
+
+// `name=value` prepended to the colon-separated list already in `env`.
+void Prepend(std::vector<std::string>* env, const std::string& name, const std::string& value) {
+  const std::string prefix = name + "=";
+  for (std::string& entry : *env) {
+    if (entry.compare(0, prefix.size(), prefix) == 0) {
+      const std::string old = entry.substr(prefix.size());
+      entry = prefix + value + (old.empty() ? "" : ":" + old);
+      return;
+    }
+  }
+  env->push_back(prefix + value);
+}
+
+// `name=value` in `env`, replacing any value there.
+void Replace(std::vector<std::string>* env, const std::string& name, const std::string& value) {
+  const std::string prefix = name + "=";
+  std::erase_if(*env,
+                [&](const std::string& e) { return e.compare(0, prefix.size(), prefix) == 0; });
+  env->push_back(prefix + value);
+}
+
+std::vector<std::string> ChildEnvironment(const TraceArgs& args, const TraceTools& tools,
+                                          const std::string& parts_dir) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  Prepend(&env, "LD_PRELOAD", tools.preload);
+  Prepend(&env, "PYTHONPATH", tools.bootstrap_dir);
+  if (!tools.torch_ext.empty()) Replace(&env, "DYNAFLOW_TORCH_EXT", tools.torch_ext);
+  Replace(&env, "DYNAFLOW_OUTPUT_DIR", parts_dir);
+  Replace(&env, "DYNAFLOW_OPS", args.ops);
+  if (!args.delay_s.empty()) Replace(&env, "DYNAFLOW_DELAY_S", args.delay_s);
+  if (!args.duration_s.empty()) Replace(&env, "DYNAFLOW_DURATION_S", args.duration_s);
+  if (args.flush_ms > 0) Replace(&env, "DYNAFLOW_FLUSH_MS", std::to_string(args.flush_ms));
+  return env;
+}
+
+std::vector<char*> CStrings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// The running child, for the signal handler; 0 when there is none.
+volatile sig_atomic_t g_child = 0;
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+// Forwards a signal sent to dynaflow by another process (kill). A terminal's
+// Ctrl-C or hang-up (SI_KERNEL) already reached the child, which shares the
+// foreground process group, and is not sent twice.
+void ForwardSignal(int signal, siginfo_t* info, void* /*context*/) {
+  if (g_child > 0 && info->si_code != SI_KERNEL) kill(static_cast<pid_t>(g_child), signal);
+}
+
+// Blocks or unblocks the forwarded signals; returns the previous mask.
+sigset_t MaskForwarded(int how) {
+  sigset_t set;
+  sigset_t old;
+  sigemptyset(&set);
+  for (int s : kForwardedSignals) sigaddset(&set, s);
+  sigprocmask(how, &set, &old);
+  return old;
+}
+
+struct Spawned {
+  pid_t pid = -1;
+  int exec_errno = 0;  // why CMD could not be executed; 0 when it was
+};
+
+// In the child, between fork and exec: async-signal-safe calls only.
+[[noreturn]] void ExecChild(char** argv, char** envp, int error_pipe, const sigset_t& mask) {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int s : kForwardedSignals) sigaction(s, &dfl, nullptr);
+  sigprocmask(SIG_SETMASK, &mask, nullptr);
+  execvpe(argv[0], argv, envp);
+  const int err = errno;
+  (void)!write(error_pipe, &err, sizeof(err));
+  _exit(127);
+}
+
+// Starts `command` with forwarding handlers in place. exec's errno comes back
+// through a close-on-exec pipe: nothing to read means exec succeeded.
+StatusOr<Spawned> Spawn(std::vector<std::string> command, std::vector<std::string> env) {
+  std::vector<char*> argv = CStrings(command);
+  std::vector<char*> envp = CStrings(env);
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0)
+    return Status::Failure(std::string("pipe: ") + strerror(errno));
+
+  struct sigaction forward {};
+  forward.sa_sigaction = &ForwardSignal;
+  forward.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&forward.sa_mask);
+  const sigset_t old_mask = MaskForwarded(SIG_BLOCK);
+  for (int s : kForwardedSignals) sigaction(s, &forward, nullptr);
+
+  Spawned spawned;
+  spawned.pid = fork();
+  if (spawned.pid == 0) ExecChild(argv.data(), envp.data(), pipe_fds[1], old_mask);
+  const int fork_errno = errno;
+  if (spawned.pid > 0) g_child = spawned.pid;
+  sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+  close(pipe_fds[1]);
+  if (spawned.pid < 0) {
+    close(pipe_fds[0]);
+    return Status::Failure(std::string("fork: ") + strerror(fork_errno));
+  }
+  int err = 0;
+  ssize_t n;
+  do {
+    n = read(pipe_fds[0], &err, sizeof(err));
+  } while (n < 0 && errno == EINTR);
+  close(pipe_fds[0]);
+  if (n == static_cast<ssize_t>(sizeof(err))) spawned.exec_errno = err;
+  return spawned;
+}
+
+// Waits for the child; its exit code, or 128+N when signal N killed it. The
+// forwarded signals get their default action back (dynaflow has no handlers
+// of its own): an interrupt while the trace is merged stops dynaflow.
+int WaitForChild(pid_t pid) {
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  const sigset_t old_mask = MaskForwarded(SIG_BLOCK);
+  g_child = 0;
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int s : kForwardedSignals) sigaction(s, &dfl, nullptr);
+  sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+// What the merged processes said about themselves (their meta).
+struct MergeSummary {
+  int processes = 0;
+  int64_t dropped_records = 0;
+  std::set<std::string> cupti;  // distinct non-empty "cupti" statuses
+};
+
+// "<pid>.db": what the tracer writes. Anything else (a writer's temporary or
+// journal file) is not a part.
+bool IsPart(const fs::path& p) {
+  const std::string stem = p.stem().string();
+  return p.extension() == ".db" && !stem.empty() &&
+         std::all_of(stem.begin(), stem.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+int64_t MetaInt(const Trace& t, const std::string& key) {
+  auto it = t.metadata.find(key);
+  if (it == t.metadata.end()) return 0;
+  return std::strtoll(it->second.c_str(), nullptr, 10);
+}
+
+// Reads every part into `merged`. A process's store holds one rank (meta
+// "rank", the tracer's DYNAFLOW_RANK or RANK); its records keep it. An
+// unreadable part (a process killed while creating it) is skipped with a line.
+MergeSummary MergeParts(const std::string& parts_dir, Trace* merged) {
+  std::vector<fs::path> parts;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(parts_dir, ec)) {
+    if (IsPart(entry.path())) parts.push_back(entry.path());
+  }
+  std::sort(parts.begin(), parts.end());
+  MergeSummary summary;
+  for (const fs::path& path : parts) {
+    Trace part;
+    Status st = ReadTraceDb(path.string(), &part);
+    if (!st.ok()) {
+      std::cerr << "dynaflow: skipped " << st.message() << "\n";
+      continue;
+    }
+    ++summary.processes;
+    summary.dropped_records += MetaInt(part, "dropped_records");
+    auto cupti = part.metadata.find("cupti");
+    if (cupti != part.metadata.end() && !cupti->second.empty()) summary.cupti.insert(cupti->second);
+    const auto rank = static_cast<int32_t>(MetaInt(part, "rank"));
+    merged->Append(std::move(part), rank);
+  }
+  // Append joined the per-process values with ';'; these read as totals.
+  merged->metadata["format"] = "dynaflow";
+  merged->metadata["dropped_records"] = std::to_string(summary.dropped_records);
+  merged->metadata["processes"] = std::to_string(summary.processes);
+  return summary;
+}
+
+// One line when no GPU work was recorded, with the tracer's reason (its
+// "cupti" status, e.g. "unavailable: ... did not initialise CUDA").
+void ReportMissingGpu(const Trace& trace, const MergeSummary& summary) {
+  std::string why;
+  for (const std::string& status : summary.cupti) {
+    if (status.rfind("enabled", 0) != 0) why = status;
+  }
+  std::cerr << "dynaflow: no GPU activity recorded" << (why.empty() ? "" : " (cupti " + why + ")")
+            << (trace.ops.empty() ? "" : "; operators only") << "\n";
+}
+
+void PrintSummary(const Trace& trace, const MergeSummary& summary, const std::string& output) {
+  const int64_t kernels =
+      std::count_if(trace.gpu.begin(), trace.gpu.end(),
+                    [](const GpuActivity& g) { return g.kind == GpuKind::kKernel; });
+  if (trace.gpu.empty()) ReportMissingGpu(trace, summary);
+  std::cerr << "dynaflow: " << kernels << " kernels, " << trace.ops.size() << " operators, "
+            << summary.dropped_records << " dropped records, " << summary.processes
+            << (summary.processes == 1 ? " process" : " processes") << " -> " << output << "\n";
+}
+
+std::string ExecFailure(const std::string& program, int err) {
+  return program + ": " + (err == ENOENT ? "command not found" : strerror(err));
+}
+
+int RunTrace(const TraceArgs& args) {
+  StatusOr<TraceTools> tools = FindTools();
+  if (!tools.ok()) return Fail(tools.status());
+  StatusOr<std::string> parts_dir = MakePartsDir(args.output);
+  if (!parts_dir.ok()) return Fail(parts_dir.status());
+
+  StatusOr<Spawned> child = Spawn(args.command, ChildEnvironment(args, *tools, *parts_dir));
+  const int exit_code = child.ok() ? WaitForChild(child->pid) : 1;
+  if (!child.ok() || child->exec_errno != 0) {
+    std::error_code ec;
+    fs::remove_all(*parts_dir, ec);
+    if (!child.ok()) return Fail(child.status());
+    std::cerr << "dynaflow: " << ExecFailure(args.command[0], child->exec_errno) << "\n";
+    return child->exec_errno == ENOENT ? 127 : 126;
+  }
+
+  Trace trace;
+  const MergeSummary summary = MergeParts(*parts_dir, &trace);
+  const Status written = WriteTraceDb(trace, args.output);
+  if (!written.ok()) {
+    std::cerr << "dynaflow: " << written.message() << " (the parts are kept in " << *parts_dir
+              << ")\n";
+    return exit_code != 0 ? exit_code : 1;
+  }
+  std::error_code ec;
+  fs::remove_all(*parts_dir, ec);
+  PrintSummary(trace, summary, args.output);
+  return exit_code;
+}
+
+}  // namespace
+
+void AddTraceCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<TraceArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "trace",
+      "Run CMD with the tracer: CUDA kernels, copies, API calls and NVTX ranges through "
+      "CUPTI, and PyTorch operators with their nn.Module paths. The exit code is CMD's.\n"
+      "Environment: DYNAFLOW_OPS_SAMPLE=N records one top-level operator in N per thread "
+      "(bounds the overhead of operator-heavy programs); DYNAFLOW_PRELOAD and "
+      "DYNAFLOW_TORCH_EXT override where the tracer and the torch extension are found.");
+  cmd->add_option("-o,--output", args->output, "The trace.db to write (replaced if present)")
+      ->capture_default_str();
+  cmd->add_option("--delay", args->delay_s, "Start recording this many seconds after CMD starts")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--duration", args->duration_s, "Record for this many seconds, then stop")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--ops", args->ops, "Record framework operators")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--flush-ms", args->flush_ms,
+                  "How often traced processes write their records (default 1000)")
+      ->check(CLI::PositiveNumber);
+  // After --, every word is CMD's, its options included.
+  cmd->add_option("CMD", args->command,
+                  "The program to trace and its arguments; after -- when they include options")
+      ->required();
+  cmd->final_callback([args, exit_code] { *exit_code = RunTrace(*args); });
+}
+
+}  // namespace dynaflow

@@ -1,0 +1,105 @@
+"""dynaflow's bootstrap: `dynaflow trace` puts this directory first on
+PYTHONPATH, so every Python process of the traced program imports it at
+start-up (site.py imports the first sitecustomize on sys.path).
+
+It does three things and never stops the program:
+1. runs the sitecustomize that it shadows (the next one on sys.path), as
+   Python would have without it;
+2. waits for `import torch` with a meta path finder that costs one string
+   comparison per import, so a program that never imports torch never loads
+   torch or the extension;
+3. right after torch is imported, loads the dynaflow torch extension (env
+   DYNAFLOW_TORCH_EXT) and installs the module path hooks on every nn.Module.
+Any failure prints one "dynaflow: ..." line on stderr; the program then runs
+as it would untraced (with operators not recorded).
+
+Environment: DYNAFLOW_TORCH_EXT (the extension), DYNAFLOW_OPS=off (skip all
+of step 3), set by `dynaflow trace`.
+"""
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _warn(message):
+    try:
+        print(f"dynaflow: {message}", file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 - stderr may be closed; stay silent then
+        pass
+
+
+def _run_shadowed_sitecustomize():
+    search = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", search)
+    if spec is None or spec.loader is None:
+        return
+    try:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    except Exception as e:  # noqa: BLE001 - Python itself reports and goes on
+        _warn(f"error in {spec.origin}: {e!r}")
+
+
+def _on_torch_imported():
+    """Loads the extension and installs the hooks; one line on any failure."""
+    # The dynaflow package sits beside this directory. Appended, so it
+    # shadows none of the program's modules.
+    sys.path.append(os.path.dirname(_HERE))
+    try:
+        from dynaflow import _module_paths
+
+        lib = _module_paths.load_extension()
+        if _module_paths.install_recorder(lib) == _module_paths.RECORDING:
+            _module_paths.install_global_hooks(lib)
+    except Exception as e:  # noqa: BLE001 - the program must run on
+        _warn(f"{e}; operators are not recorded")
+
+
+class _ThenInstall(importlib.abc.Loader):
+    """torch's own loader, followed by _on_torch_imported once torch/__init__
+    has run. A failed import of torch propagates unchanged."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        _on_torch_imported()
+
+
+class _TorchImportWatcher(importlib.abc.MetaPathFinder):
+    """Wraps the loader of the first `import torch`, then steps aside."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch":
+            return None
+        try:
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec("torch")
+        except Exception:  # noqa: BLE001 - let the normal import report it
+            return None
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _ThenInstall(spec.loader)
+        return spec
+
+
+def _install():
+    _run_shadowed_sitecustomize()
+    if os.environ.get("DYNAFLOW_OPS", "on") == "off":
+        return
+    if "torch" in sys.modules:  # imported by the shadowed sitecustomize
+        _on_torch_imported()
+    else:
+        sys.meta_path.insert(0, _TorchImportWatcher())
+
+
+_install()

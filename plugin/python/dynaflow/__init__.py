@@ -1,0 +1,28 @@
+"""dynaflow's Python side.
+
+Under `dynaflow trace` nothing needs calling: the bootstrap on PYTHONPATH
+(plugin/python/bootstrap/sitecustomize.py) loads the torch extension when the
+program imports torch and attributes the operators of every nn.Module.
+
+A program that runs with the tracer preloaded but without the bootstrap
+(LD_PRELOAD=libdynaflow_preload.so set by hand, say) calls
+enable_module_paths(model) itself.
+"""
+
+from dynaflow import _module_paths
+
+__all__ = ["enable_module_paths"]
+
+
+def enable_module_paths(model, extension=None):
+    """Records torch operators with the path of their module in `model`
+    ("Llama.layers.0.mlp"): loads the torch extension (`extension`, default
+    env DYNAFLOW_TORCH_EXT), registers its operator recorder and hooks on
+    `model`'s modules. Returns a handle whose remove() takes the hooks out;
+    None when the tracer records no operators (--ops off). Raises
+    dynaflow._module_paths.ExtensionError when the extension cannot be used.
+    """
+    lib = _module_paths.load_extension(extension)
+    if _module_paths.install_recorder(lib) == _module_paths.OPS_OFF:
+        return None
+    return _module_paths.install_model_hooks(lib, model)

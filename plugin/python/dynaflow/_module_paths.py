@@ -1,0 +1,189 @@
+"""Loads the dynaflow torch extension and tells it which nn.Module runs.
+
+The extension (plugin/torch, a C library loaded with ctypes) records every
+operator with the innermost module of its thread. The hooks here keep that
+per-thread module stack. A module entered while its thread's stack is empty is
+a root, named by its class ("LlamaForCausalLM"). A module called by its parent
+is named by the parent's path and its attribute name there
+("LlamaForCausalLM.model.layers.0.attn"), so a module shared by several
+parents (one rotary embedding for every layer) is named after the call. Any
+other module is named by its path in the root's named_modules(), or, when it is
+not registered under the root (made on the fly, say), by the caller's path and
+its class name.
+"""
+
+import ctypes
+import os
+import sys
+import threading
+import weakref
+
+# Results of dynaflow_torch_install (plugin/torch/dynaflow_torch.h).
+RECORDING = 1
+OPS_OFF = 0
+NO_TRACER = -1
+REFUSED = -2
+
+_INSTALL_PROBLEMS = {
+    NO_TRACER: "the dynaflow tracer is not loaded in this process",
+    REFUSED: "torch refused the operator callbacks",
+}
+
+
+class ExtensionError(RuntimeError):
+    """The extension cannot be used in this process; the message says why."""
+
+
+def load_extension(path=None):
+    """Loads the extension from `path` (default: env DYNAFLOW_TORCH_EXT) and
+    checks that it was built for the torch that is imported."""
+    import torch
+
+    path = path or os.environ.get("DYNAFLOW_TORCH_EXT")
+    if not path:
+        raise ExtensionError("no torch extension (DYNAFLOW_TORCH_EXT is not set)")
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise ExtensionError(f"cannot load {path}: {e}") from None
+    lib.dynaflow_torch_built_version.restype = ctypes.c_char_p
+    lib.dynaflow_torch_install.restype = ctypes.c_int
+    lib.dynaflow_torch_intern_module_path.argtypes = [ctypes.c_char_p]
+    lib.dynaflow_torch_intern_module_path.restype = ctypes.c_void_p
+    lib.dynaflow_torch_enter_module.argtypes = [ctypes.c_void_p]
+    lib.dynaflow_torch_enter_module.restype = None
+    lib.dynaflow_torch_exit_module.restype = None
+    built = lib.dynaflow_torch_built_version().decode()
+    running = torch.__version__.split("+")[0]
+    if built != running:
+        # Its C++ ABI is torch's: another version could crash the program.
+        raise ExtensionError(f"the torch extension was built for torch {built}, "
+                             f"this program runs torch {running}")
+    return lib
+
+
+def install_recorder(lib):
+    """Registers the operator recorder; RECORDING or OPS_OFF, else raises."""
+    status = lib.dynaflow_torch_install()
+    if status in _INSTALL_PROBLEMS:
+        raise ExtensionError(_INSTALL_PROBLEMS[status])
+    return status
+
+
+class ModuleTracker:
+    """Forward pre- and post-hooks that mirror each thread's module stack
+    into the extension. Never raises into the model: a failure is reported
+    once on stderr and the module is then left unattributed. While
+    torch.compile traces a model the hooks do nothing, so they add no graph
+    breaks; its compiled code runs as kernels, not as module calls."""
+
+    def __init__(self, lib):
+        import torch
+
+        self._is_compiling = torch.compiler.is_compiling
+        self._intern_path = lib.dynaflow_torch_intern_module_path
+        self._enter = lib.dynaflow_torch_enter_module
+        self._exit = lib.dynaflow_torch_exit_module
+        self._local = threading.local()
+        self._root_names = weakref.WeakKeyDictionary()  # root -> {module: path}
+        self._children = weakref.WeakKeyDictionary()  # module -> {child: attribute name}
+        self._interned = {}  # path -> the extension's pointer for it
+        self._warned = False
+
+    def pre_hook(self, module, args):
+        if self._is_compiling():
+            return
+        try:
+            stack = self._stack()
+            if stack:
+                path = self._path_under(stack[-1], module)
+            else:
+                self._local.root_names = self._names_under(module)
+                path = type(module).__name__
+            self._enter(self._pointer(path))
+            stack.append((module, path))
+        except Exception as e:  # noqa: BLE001 - the model must run on
+            self._warn_once(e)
+
+    def post_hook(self, module, args, output):
+        if self._is_compiling():
+            return
+        try:
+            stack = self._stack()
+            # Another hook may have raised before ours ran: pop only our own entry.
+            if stack and stack[-1][0] is module:
+                stack.pop()
+                self._exit()
+        except Exception as e:  # noqa: BLE001
+            self._warn_once(e)
+
+    def _stack(self):
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def _path_under(self, caller, module):
+        caller_module, caller_path = caller
+        children = self._children.get(caller_module)
+        if children is None:
+            children = {m: n for n, m in caller_module.named_children()}
+            self._children[caller_module] = children
+        name = children.get(module)
+        if name is not None:
+            return f"{caller_path}.{name}"
+        path = self._local.root_names.get(module)
+        return path if path is not None else f"{caller_path}.{type(module).__name__}"
+
+    def _names_under(self, root):
+        names = self._root_names.get(root)
+        if names is None:
+            prefix = type(root).__name__
+            names = {m: f"{prefix}.{n}" if n else prefix for n, m in root.named_modules()}
+            self._root_names[root] = names
+        return names
+
+    def _pointer(self, path):
+        pointer = self._interned.get(path)
+        if pointer is None:
+            pointer = self._interned[path] = self._intern_path(path.encode())
+        return pointer
+
+    def _warn_once(self, error):
+        if not self._warned:
+            self._warned = True
+            print(f"dynaflow: module paths may be incomplete after an error: {error!r}",
+                  file=sys.stderr, flush=True)
+
+
+class HookHandles:
+    """The hooks installed by enable_module_paths; remove() takes them out."""
+
+    def __init__(self, handles):
+        self._handles = handles
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def install_global_hooks(lib):
+    """Module path hooks on every nn.Module of the process (the bootstrap's way)."""
+    from torch.nn.modules import module as nn_module
+
+    tracker = ModuleTracker(lib)
+    return HookHandles([
+        nn_module.register_module_forward_pre_hook(tracker.pre_hook),
+        nn_module.register_module_forward_hook(tracker.post_hook, always_call=True),
+    ])
+
+
+def install_model_hooks(lib, model):
+    """Module path hooks on `model` and its submodules only."""
+    tracker = ModuleTracker(lib)
+    handles = []
+    for module in model.modules():
+        handles.append(module.register_forward_pre_hook(tracker.pre_hook))
+        handles.append(module.register_forward_hook(tracker.post_hook, always_call=True))
+    return HookHandles(handles)

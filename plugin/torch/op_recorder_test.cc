@@ -1,0 +1,218 @@
+#include "plugin/torch/op_recorder.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+#include <sys/syscall.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "plugin/torch/module_stack.h"
+
+// A tracer that keeps records in memory. This executable exports these
+// symbols (ENABLE_EXPORTS), so FindTracerAbi resolves them as it resolves
+// libdynaflow_preload.so's in a traced process.
+namespace {
+
+struct Recorded {
+  uint64_t id;
+  int64_t start_ns, end_ns, sequence;
+  int32_t tid, pass;
+  std::string name, shapes, types, module_path;
+};
+
+struct FakeTracer {
+  std::atomic<int> active{1};
+  std::atomic<uint64_t> next_id{1};
+  std::atomic<int64_t> clock{0};
+  std::atomic<int64_t> unbalanced{0};  // records whose id was not the last popped one
+  std::mutex mutex;
+  std::vector<Recorded> records;
+};
+FakeTracer g_tracer;
+
+thread_local std::vector<uint64_t> t_pushed;
+thread_local uint64_t t_last_popped = 0;
+
+std::string Str(const char* s) { return s == nullptr ? std::string() : std::string(s); }
+
+}  // namespace
+
+extern "C" {
+__attribute__((visibility("default"))) int dynaflow_tracer_abi_version(void) {
+  return DYNAFLOW_TRACER_ABI_VERSION;
+}
+__attribute__((visibility("default"))) int dynaflow_tracer_active(void) {
+  return g_tracer.active.load();
+}
+__attribute__((visibility("default"))) int dynaflow_tracer_record_ops(void) { return 1; }
+__attribute__((visibility("default"))) int64_t dynaflow_now_ns(void) {
+  return g_tracer.clock.fetch_add(10) + 10;
+}
+__attribute__((visibility("default"))) uint64_t dynaflow_next_operator_id(void) {
+  return g_tracer.next_id.fetch_add(1);
+}
+__attribute__((visibility("default"))) void dynaflow_push_operator(uint64_t id) {
+  t_pushed.push_back(id);
+}
+__attribute__((visibility("default"))) void dynaflow_pop_operator(void) {
+  if (t_pushed.empty()) {
+    ++g_tracer.unbalanced;
+    return;
+  }
+  t_last_popped = t_pushed.back();
+  t_pushed.pop_back();
+}
+__attribute__((visibility("default"))) void dynaflow_record_operator(
+    const DynaflowOperatorRecord* r) {
+  if (r->id != t_last_popped) ++g_tracer.unbalanced;
+  std::lock_guard<std::mutex> lock(g_tracer.mutex);
+  g_tracer.records.push_back({r->id, r->start_ns, r->end_ns, r->sequence, r->tid, r->pass,
+                              Str(r->name), Str(r->input_shapes), Str(r->input_types),
+                              Str(r->module_path)});
+}
+}  // extern "C"
+
+namespace dynaflow {
+namespace {
+
+class OpRecorderTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::optional<TracerAbi> abi = FindTracerAbi();
+    ASSERT_TRUE(abi.has_value());
+    ASSERT_TRUE(InstallOpRecorder(*abi, OpRecorderOptions{}));
+  }
+
+  void SetUp() override {
+    g_tracer.active = 1;
+    std::lock_guard<std::mutex> lock(g_tracer.mutex);
+    g_tracer.records.clear();
+  }
+
+  void TearDown() override {
+    EXPECT_EQ(g_tracer.unbalanced.load(), 0);
+    EXPECT_TRUE(t_pushed.empty());
+  }
+
+  static std::vector<Recorded> Records() {
+    std::lock_guard<std::mutex> lock(g_tracer.mutex);
+    return g_tracer.records;
+  }
+
+  static std::optional<Recorded> Find(const std::string& name) {
+    for (const Recorded& r : Records()) {
+      if (r.name == name) return r;
+    }
+    return std::nullopt;
+  }
+};
+
+TEST_F(OpRecorderTest, RecordsOperatorsWithShapesModuleAndNesting) {
+  at::Tensor x = at::randn({2, 8});
+  at::Tensor w = at::randn({4, 8});
+  at::Tensor b = at::randn({4});
+  PushModule(InternModulePath("Net.layers.0.fc"));
+  at::linear(x, w, b);
+  PopModule();
+
+  std::optional<Recorded> linear = Find("aten::linear");
+  ASSERT_TRUE(linear.has_value());
+  EXPECT_EQ(linear->shapes, "[[2,8],[4,8],[4]]");
+  EXPECT_EQ(linear->types, R"(["float","float","float"])");
+  EXPECT_EQ(linear->module_path, "Net.layers.0.fc");
+  EXPECT_EQ(linear->pass, DYNAFLOW_PASS_FORWARD);
+  EXPECT_EQ(linear->tid, static_cast<int32_t>(syscall(SYS_gettid)));
+  EXPECT_LT(linear->start_ns, linear->end_ns);
+
+  std::optional<Recorded> addmm = Find("aten::addmm");
+  ASSERT_TRUE(addmm.has_value());
+  EXPECT_EQ(addmm->module_path, "Net.layers.0.fc");
+  EXPECT_GT(addmm->start_ns, linear->start_ns);
+  EXPECT_LT(addmm->end_ns, linear->end_ns);
+  EXPECT_NE(addmm->id, linear->id);
+}
+
+TEST_F(OpRecorderTest, OutsideModulesAndAutogradThePassIsUnknown) {
+  c10::InferenceMode guard;
+  at::add(at::ones({3}), at::ones({3}));
+  std::optional<Recorded> add = Find("aten::add");
+  ASSERT_TRUE(add.has_value());
+  EXPECT_EQ(add->pass, DYNAFLOW_PASS_UNKNOWN);
+  EXPECT_EQ(add->sequence, -1);
+  EXPECT_EQ(add->module_path, "");
+}
+
+TEST_F(OpRecorderTest, BackwardOperatorsAreMarkedBackward) {
+  at::Tensor x = at::randn({4, 4}).set_requires_grad(true);
+  at::Tensor loss = at::mul(x, 2.0).sum();
+  torch::autograd::backward({loss});
+
+  // Records arrive in end order: the autograd-level aten::mul (with a
+  // sequence number) after the kernel-level one it calls.
+  int forward_muls = 0;
+  int backward_muls = 0;
+  for (const Recorded& r : Records()) {
+    if (r.name == "aten::mul" && r.sequence >= 0) {
+      EXPECT_EQ(r.pass, DYNAFLOW_PASS_FORWARD);
+      ++forward_muls;
+    }
+    if (r.name == "aten::mul" && r.pass == DYNAFLOW_PASS_BACKWARD) ++backward_muls;
+  }
+  EXPECT_EQ(forward_muls, 1);
+  EXPECT_EQ(backward_muls, 2);  // MulBackward1: the gradient times 2, and its kernel
+
+  std::optional<Recorded> node = Find("MulBackward1");
+  ASSERT_TRUE(node.has_value());
+  EXPECT_EQ(node->pass, DYNAFLOW_PASS_BACKWARD);
+  EXPECT_GE(node->sequence, 0);
+  std::optional<Recorded> engine = Find("autograd::engine::evaluate_function: MulBackward1");
+  ASSERT_TRUE(engine.has_value());
+  EXPECT_EQ(engine->pass, DYNAFLOW_PASS_BACKWARD);
+}
+
+TEST_F(OpRecorderTest, InactiveTracerRecordsNothing) {
+  g_tracer.active = 0;
+  at::matmul(at::ones({2, 2}), at::ones({2, 2}));
+  EXPECT_TRUE(Records().empty());
+}
+
+TEST_F(OpRecorderTest, EachThreadHasItsOwnModuleStackAndThreadId) {
+  PushModule(InternModulePath("Main"));
+  int32_t worker_tid = 0;
+  std::thread worker([&] {
+    worker_tid = static_cast<int32_t>(syscall(SYS_gettid));
+    at::sub(at::ones({2}), at::ones({2}));
+  });
+  worker.join();
+  PopModule();
+  std::optional<Recorded> sub = Find("aten::sub");
+  ASSERT_TRUE(sub.has_value());
+  EXPECT_EQ(sub->tid, worker_tid);
+  EXPECT_EQ(sub->module_path, "");
+}
+
+TEST(ModuleStackTest, InternedPathsAreStableAndShared) {
+  const char* a = InternModulePath("Net.mlp");
+  EXPECT_EQ(a, InternModulePath(std::string("Net.") + "mlp"));
+  EXPECT_STREQ(a, "Net.mlp");
+  EXPECT_EQ(CurrentModulePath(), nullptr);
+  PushModule(a);
+  PushModule(InternModulePath("Net.mlp.up"));
+  EXPECT_STREQ(CurrentModulePath(), "Net.mlp.up");
+  EXPECT_EQ(ModuleDepth(), 2u);
+  PopModule();
+  PopModule();
+  PopModule();  // one too many: harmless
+  EXPECT_EQ(ModuleDepth(), 0u);
+}
+
+}  // namespace
+}  // namespace dynaflow

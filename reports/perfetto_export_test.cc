@@ -1,0 +1,274 @@
+#include "reports/perfetto_export.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "analysis/importers/kineto/kineto_parser.h"
+
+namespace dynaflow {
+namespace {
+
+constexpr TimeNs kBase = 1767189312123456789;  // epoch nanoseconds: needs every digit
+
+// A trace of one rank as the tracer records it: a host process with a named
+// thread, forward and backward operators, launches, and GPU work on a device.
+class TraceBuilder {
+ public:
+  explicit TraceBuilder(Trace* t, int32_t rank) : t_(*t), rank_(rank) {
+    device_ = t_.DeviceIndex(rank, rank);  // device id = rank, as one GPU per rank
+    DeviceInfo& d = t_.devices[device_];
+    d.name = "NVIDIA H200";
+    d.sm_count = 132;
+    d.cc_major = 9;
+    d.cc_minor = 0;
+    d.memory_bytes = 150105227264;
+    t_.processes.push_back({rank, 4242, "python3"});
+    t_.threads.push_back({rank, 4242, 4243, "thread 4243 (python3)"});
+  }
+
+  Operator& Op(const char* name, TimeNs start, TimeNs end, Pass pass, int64_t sequence,
+               const char* module, int64_t external_id) {
+    Operator o;
+    o.rank = rank_;
+    o.pid = 4242;
+    o.tid = 4243;
+    o.start = kBase + start;
+    o.end = kBase + end;
+    o.name = t_.strings.Intern(name);
+    o.pass = pass;
+    o.sequence = sequence;
+    o.module_path = t_.strings.Intern(module);
+    o.external_id = external_id;
+    o.input_shapes = t_.strings.Intern("[[8,4096],[4096,4096]]");
+    o.input_types = t_.strings.Intern(R"(["c10::BFloat16","c10::BFloat16"])");
+    return t_.ops.emplace_back(o);
+  }
+
+  void Api(ApiKind kind, const char* name, TimeNs start, TimeNs end, int64_t correlation,
+           int64_t external_id) {
+    ApiCall a;
+    a.rank = rank_;
+    a.pid = 4242;
+    a.tid = 4243;
+    a.kind = kind;
+    a.name = t_.strings.Intern(name);
+    a.start = kBase + start;
+    a.end = kBase + end;
+    a.correlation = correlation;
+    a.external_id = external_id;
+    t_.api.push_back(a);
+  }
+
+  GpuActivity& Gpu(GpuKind kind, const char* name, TimeNs start, TimeNs end, int64_t correlation,
+                   int64_t external_id) {
+    GpuActivity g;
+    g.kind = kind;
+    g.device_index = device_;
+    g.stream = 7;
+    g.name = t_.strings.Intern(name);
+    g.start = kBase + start;
+    g.end = kBase + end;
+    g.correlation = correlation;
+    g.external_id = external_id;
+    return t_.gpu.emplace_back(g);
+  }
+
+  void Range(RangeDomain domain, const char* name, TimeNs start, TimeNs end) {
+    dynaflow::Range r;
+    r.rank = rank_;
+    r.domain = domain;
+    r.name = t_.strings.Intern(name);
+    r.start = kBase + start;
+    r.end = kBase + end;
+    r.pid = 4242;
+    r.tid = 4243;
+    if (domain == RangeDomain::kGpuUser) {
+      r.device_index = static_cast<int32_t>(device_);
+      r.pid = t_.devices[device_].device;
+      r.tid = 7;
+    }
+    t_.ranges.push_back(r);
+  }
+
+ private:
+  Trace& t_;
+  int32_t rank_;
+  uint32_t device_;
+};
+
+void FillRank(Trace* t, int32_t rank) {
+  TraceBuilder b(t, rank);
+  b.Range(RangeDomain::kUser, "ProfilerStep#3", 0, 9000);
+  b.Op("aten::linear", 100, 2000, Pass::kForward, 12, "Llama.layers.0.mlp.up", 1);
+  b.Op("aten::mm", 150, 1900, Pass::kForward, 13, "Llama.layers.0.mlp.up", 2);
+  b.Op("autograd::engine::evaluate_function: MmBackward0", 3000, 5000, Pass::kBackward, 13, "", 3);
+  b.Op("aten::add_", 6000, 6500, Pass::kUnknown, -1, "", 4);
+  b.Api(ApiKind::kRuntime, "cudaLaunchKernel", 200, 260, 901, 2);
+  b.Api(ApiKind::kDriver, "cuLaunchKernelEx", 3100, 3160, 902, 3);
+  b.Api(ApiKind::kRuntime, "cudaMemcpyAsync", 6100, 6150, 903, 4);
+  b.Api(ApiKind::kSync, "cudaStreamSynchronize", 6200, 8000, 904, -1);
+  GpuActivity& k =
+      b.Gpu(GpuKind::kKernel, "sm90_xmma_gemm_bf16 \"quoted\\\" <<<>>>\n\ttabs", 300, 1800, 901, 2);
+  k.grid[0] = 132;
+  k.block[0] = 256;
+  k.block[1] = 2;
+  k.registers = 168;
+  k.shared_memory = 232448;
+  b.Gpu(GpuKind::kKernel, "backward_kernel_\xc3\xa9", 3200, 4800, 902, 3);
+  GpuActivity& m = b.Gpu(GpuKind::kMemcpy, "Memcpy HtoD (Pinned -> Device)", 6300, 7300, 903, 4);
+  m.bytes = 1 << 20;
+  m.copy_kind = t->strings.Intern("HtoD");
+  GpuActivity& s = b.Gpu(GpuKind::kMemset, "Memset (Device)", 7400, 7500, -1, -1);
+  s.bytes = 4096;
+  b.Range(RangeDomain::kGpuUser, "ProfilerStep#3", 300, 7500);
+}
+
+Trace RoundTrip(const Trace& t, int32_t rank) {
+  std::ostringstream out;
+  WritePerfettoJson(t, rank, out);
+  Trace back;
+  const Status st = ParseKinetoJson(out.str(), /*default_rank=*/99, &back);
+  EXPECT_TRUE(st.ok()) << st.message();
+  return back;
+}
+
+std::string S(const Trace& t, StringId id) { return std::string(t.strings.Get(id)); }
+
+TEST(PerfettoExportTest, KinetoImporterGetsEveryEventBack) {
+  Trace t;
+  FillRank(&t, 0);
+  Trace back = RoundTrip(t, 0);
+
+  ASSERT_EQ(back.ops.size(), t.ops.size());
+  for (size_t i = 0; i < t.ops.size(); ++i) {
+    const Operator& a = t.ops[i];
+    const Operator& b = back.ops[i];
+    EXPECT_EQ(S(back, b.name), S(t, a.name));
+    EXPECT_EQ(b.start, a.start);
+    EXPECT_EQ(b.end, a.end);
+    EXPECT_EQ(b.rank, a.rank);
+    EXPECT_EQ(b.pid, a.pid);
+    EXPECT_EQ(b.tid, a.tid);
+    EXPECT_EQ(b.external_id, a.external_id);
+    EXPECT_EQ(b.sequence, a.sequence);
+    EXPECT_EQ(S(back, b.input_shapes), S(t, a.input_shapes));
+    EXPECT_EQ(S(back, b.input_types), S(t, a.input_types));
+    EXPECT_EQ(S(back, b.module_path), S(t, a.module_path));
+    EXPECT_EQ(b.pass, a.pass) << S(t, a.name);
+  }
+
+  ASSERT_EQ(back.api.size(), t.api.size());
+  for (size_t i = 0; i < t.api.size(); ++i) {
+    const ApiCall& a = t.api[i];
+    const ApiCall& b = back.api[i];
+    EXPECT_EQ(S(back, b.name), S(t, a.name));
+    EXPECT_EQ(b.kind, a.kind);
+    EXPECT_EQ(b.start, a.start);
+    EXPECT_EQ(b.end, a.end);
+    EXPECT_EQ(b.pid, a.pid);
+    EXPECT_EQ(b.tid, a.tid);
+    EXPECT_EQ(b.correlation, a.correlation);
+    EXPECT_EQ(b.external_id, a.external_id);
+  }
+
+  ASSERT_EQ(back.gpu.size(), t.gpu.size());
+  for (size_t i = 0; i < t.gpu.size(); ++i) {
+    const GpuActivity& a = t.gpu[i];
+    const GpuActivity& b = back.gpu[i];
+    EXPECT_EQ(S(back, b.name), S(t, a.name));
+    EXPECT_EQ(b.kind, a.kind);
+    EXPECT_EQ(b.start, a.start);
+    EXPECT_EQ(b.end, a.end);
+    EXPECT_EQ(back.devices[b.device_index].device, t.devices[a.device_index].device);
+    EXPECT_EQ(b.stream, a.stream);
+    EXPECT_EQ(b.correlation, a.correlation);
+    EXPECT_EQ(b.external_id, a.external_id);
+    EXPECT_EQ(b.bytes, a.bytes);
+    EXPECT_EQ(S(back, b.copy_kind), S(t, a.copy_kind));
+    for (int d = 0; d < 3; ++d) {
+      EXPECT_EQ(b.grid[d], a.grid[d]);
+      EXPECT_EQ(b.block[d], a.block[d]);
+    }
+    EXPECT_EQ(b.registers, a.registers);
+    EXPECT_EQ(b.shared_memory, a.shared_memory);
+  }
+
+  ASSERT_EQ(back.ranges.size(), t.ranges.size());
+  for (size_t i = 0; i < t.ranges.size(); ++i) {
+    const Range& a = t.ranges[i];
+    const Range& b = back.ranges[i];
+    EXPECT_EQ(S(back, b.name), S(t, a.name));
+    EXPECT_EQ(b.domain, a.domain);
+    EXPECT_EQ(b.start, a.start);
+    EXPECT_EQ(b.end, a.end);
+    EXPECT_EQ(b.pid, a.pid);
+    EXPECT_EQ(b.tid, a.tid);
+    EXPECT_EQ(b.device_index >= 0, a.device_index >= 0);
+  }
+
+  ASSERT_EQ(back.devices.size(), 1u);
+  EXPECT_EQ(back.devices[0].name, "NVIDIA H200");
+  EXPECT_EQ(back.devices[0].sm_count, 132);
+  EXPECT_EQ(back.devices[0].cc_major, 9);
+  EXPECT_EQ(back.devices[0].memory_bytes, 150105227264);
+  // The importer also keeps the names of the device "processes" and streams.
+  EXPECT_EQ(back.processes[0].pid, 4242);
+  EXPECT_EQ(back.processes[0].name, "python3");
+  EXPECT_EQ(back.threads[0].name, "thread 4243 (python3)");
+  EXPECT_EQ(back.stats.Get("kineto_malformed_event"), 0);
+  EXPECT_EQ(back.stats.Get("kineto_flow_events"), 6);  // s and f for three launches
+}
+
+TEST(PerfettoExportTest, EachRankIsOneDocumentThatNamesItsRank) {
+  Trace t;
+  FillRank(&t, 0);
+  FillRank(&t, 1);
+  ASSERT_EQ(TraceRanks(t), (std::vector<int32_t>{0, 1}));
+  for (int32_t rank : {0, 1}) {
+    Trace back = RoundTrip(t, rank);
+    EXPECT_EQ(back.ops.size(), t.ops.size() / 2);
+    EXPECT_EQ(back.gpu.size(), t.gpu.size() / 2);
+    ASSERT_FALSE(back.ops.empty());
+    EXPECT_EQ(back.ops[0].rank, rank);
+    ASSERT_EQ(back.devices.size(), 1u);
+    EXPECT_EQ(back.devices[0].rank, rank);
+    EXPECT_EQ(back.devices[0].device, rank);
+  }
+}
+
+TEST(PerfettoExportTest, TimesAreExactMicrosecondsAndNamesAreValidJson) {
+  Trace t;
+  const uint32_t d = t.DeviceIndex(0, 0);
+  GpuActivity g;
+  g.device_index = d;
+  g.start = kBase;
+  g.end = kBase + 1;
+  g.name = t.strings.Intern("bad\xff utf8 \x01");
+  t.gpu.push_back(g);
+  Operator o;
+  o.start = -1500;
+  o.end = 7;
+  o.name = t.strings.Intern("negative");
+  o.input_shapes = t.strings.Intern("[[1,2");  // not JSON: left out
+  t.ops.push_back(o);
+
+  std::ostringstream out;
+  WritePerfettoJson(t, 0, out);
+  const nlohmann::json j = nlohmann::json::parse(out.str());  // throws when invalid
+  const std::string text = out.str();
+  EXPECT_NE(text.find("\"ts\":1767189312123456.789,\"dur\":0.001"), std::string::npos);
+  EXPECT_NE(text.find("\"ts\":-1.500,\"dur\":1.507"), std::string::npos);
+  EXPECT_EQ(text.find("Input Dims"), std::string::npos);
+  Trace back = RoundTrip(t, 0);
+  ASSERT_EQ(back.gpu.size(), 1u);
+  EXPECT_EQ(S(back, back.gpu[0].name), "bad\xef\xbf\xbd utf8 \x01");
+  EXPECT_EQ(back.gpu[0].end - back.gpu[0].start, 1);
+  ASSERT_EQ(back.ops.size(), 1u);
+  EXPECT_EQ(back.ops[0].start, -1500);
+}
+
+}  // namespace
+}  // namespace dynaflow

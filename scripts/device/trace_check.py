@@ -1,0 +1,302 @@
+"""The measurements of scripts/device/trace_check.sh, which builds dynaflow on the
+GPU machine and then runs:
+
+    python3 scripts/device/trace_check.py --dynaflow build-device/cli/dynaflow --out $OUT
+
+(a) accuracy: the kernels `dynaflow trace` records for an examples/llama_decode.py
+    workload against torch.profiler's on the same workload, in separate processes
+    (both use CUPTI): kernel count and total kernel time within --tolerance (2%);
+(b) overhead: the workload's time untraced, traced with operators, traced with
+    --ops off and under torch.profiler: medians of --reps interleaved runs, both
+    of the measured region (steady state) and of the whole process (start-up,
+    writing and merging the trace);
+(c) small traces of llama_decode and train_step, for tests/data.
+
+The workload (one child process): build the model, decode once to warm up
+(kernel selection, allocator, lazy initialisation), synchronise, then decode
+--iters times between two host timestamps taken 50 ms clear of any GPU work.
+The tracer's timestamps are CLOCK_REALTIME nanoseconds, so its kernels in the
+region are those that start between the two. With --device cpu (a dry run on a
+machine without a GPU) there are no kernels to compare and (a) is skipped.
+
+Prints a summary table last; writes summary.json and summary.txt to --out.
+Exit code 0 when every check passes, 1 otherwise.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(ROOT, "examples")
+GUARD_S = 0.05  # idle time around the measured region
+
+# Sizes: a launch-bound decode on the GPU (where a tracer's per-launch cost
+# shows most), seconds on a CPU for the dry run.
+GPU_MODEL = ["--layers", "4", "--hidden", "2048", "--heads", "16", "--kv-heads", "4",
+             "--vocab", "32000", "--batch", "8", "--prompt-len", "512", "--decode-steps", "32"]
+CPU_MODEL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2",
+             "--vocab", "128",  # the first ten: the model; then the workload
+             "--batch", "1", "--prompt-len", "8", "--decode-steps", "4"]
+# (c): a few thousand kernels each, a few MB of trace.db.
+SMALL_TRACES = {
+    "cuda": {
+        "llama_decode": ["llama_decode.py", "--layers", "2", "--hidden", "1024", "--heads", "8",
+                         "--kv-heads", "2", "--vocab", "8192", "--batch", "4",
+                         "--prompt-len", "128", "--decode-steps", "8"],
+        "train_step": ["train_step.py", "--layers", "2", "--hidden", "1024", "--heads", "8",
+                       "--kv-heads", "2", "--vocab", "8192", "--batch", "4", "--seq-len", "128",
+                       "--steps", "2"],
+    },
+    "cpu": {
+        "llama_decode": ["llama_decode.py", *CPU_MODEL[:10], "--batch", "1",
+                         "--prompt-len", "8", "--decode-steps", "2"],
+        "train_step": ["train_step.py", *CPU_MODEL[:10], "--batch", "1", "--seq-len", "8",
+                       "--steps", "1"],
+    },
+}
+OUT_FILE_LIMIT = 16 << 20  # what the device tool brings back per file
+
+
+def workload(argv):
+    """Child process: the measured decode; writes its marks as JSON."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--marks", required=True)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--profiler-json", help="run the region under torch.profiler")
+    sys.path.insert(0, EXAMPLES)
+    import torch
+    import llama_decode as L
+
+    L.add_model_args(parser)
+    parser.add_argument("--prompt-len", type=int, required=True)
+    parser.add_argument("--decode-steps", type=int, required=True)
+    args = parser.parse_args(argv)
+    L.check_model_args(parser, args)
+
+    def sync():
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
+    model = L.build_model(args, args.prompt_len + args.decode_steps)
+    prompt = L.random_prompt(args, args.prompt_len)
+    L.generate(model, args, prompt, args.decode_steps)
+    sync()
+    profiler = None
+    if args.profiler_json:
+        from torch.profiler import ProfilerActivity, profile
+        activities = [ProfilerActivity.CPU]
+        if args.device == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        profiler = profile(activities=activities, record_shapes=True)
+    time.sleep(GUARD_S)
+    t0_ns = time.time_ns()
+    start = time.perf_counter()
+    if profiler:
+        profiler.start()
+    for _ in range(args.iters):
+        L.generate(model, args, prompt, args.decode_steps)
+    sync()
+    if profiler:
+        profiler.stop()
+    region_s = time.perf_counter() - start
+    t1_ns = time.time_ns()
+    time.sleep(GUARD_S)
+    if profiler:
+        profiler.export_chrome_trace(args.profiler_json)
+    with open(args.marks, "w") as f:
+        json.dump({"region_s": region_s, "t0_ns": t0_ns, "t1_ns": t1_ns}, f)
+
+
+class Checker:
+    def __init__(self, args):
+        self.args = args
+        self.python = sys.executable
+        self.model = (CPU_MODEL if args.device == "cpu" else GPU_MODEL) + ["--device", args.device]
+        # Per-run traces and profiles stay out of --out: only a few files come back.
+        self.work = tempfile.mkdtemp(prefix="trace-check-")
+        self.log = open(os.path.join(args.out, "trace_check.log"), "a")
+        self.results = {"device": args.device, "model": self.model, "iters": args.iters}
+        self.failures = []
+
+    def say(self, text):
+        print(text, flush=True)
+        self.log.write(text + "\n")
+        self.log.flush()
+
+    def run(self, command, name):
+        """Runs a child, logs its output; returns its wall time in seconds."""
+        start = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        self.log.write(f"$ {' '.join(command)}\n{done.stdout}{done.stderr}"
+                       f"[{name}: exit {done.returncode}, {wall:.2f} s]\n")
+        self.log.flush()
+        if done.returncode != 0:
+            raise RuntimeError(f"{name} failed (exit {done.returncode}): {done.stderr[-2000:]}")
+        return wall
+
+    def workload_command(self, marks, profiler_json=None):
+        command = [self.python, os.path.abspath(__file__), "workload", "--marks", marks,
+                   "--iters", str(self.args.iters), *self.model]
+        return command + (["--profiler-json", profiler_json] if profiler_json else [])
+
+    def traced(self, command, db, ops="on"):
+        return [self.args.dynaflow, "trace", "--ops", ops, "-o", db, "--", *command]
+
+    def run_mode(self, mode, tag):
+        """One workload run in `mode`; (process wall s, marks, trace or profile path)."""
+        marks = os.path.join(self.work, f"{mode}-{tag}.marks.json")
+        artifact = None
+        if mode == "plain":
+            command = self.workload_command(marks)
+        elif mode == "profiler":
+            artifact = os.path.join(self.work, f"{mode}-{tag}.json")
+            command = self.workload_command(marks, artifact)
+        else:
+            artifact = os.path.join(self.work, f"{mode}-{tag}.db")
+            command = self.traced(self.workload_command(marks), artifact,
+                                  "on" if mode == "ops_on" else "off")
+        wall = self.run(command, f"{mode} {tag}")
+        with open(marks) as f:
+            return wall, json.load(f), artifact
+
+    # (a)
+    def accuracy(self):
+        _, marks, db = self.run_mode("ops_on", "accuracy")
+        _, _, profile_json = self.run_mode("profiler", "accuracy")
+        with sqlite3.connect(db) as c:
+            ours_n, ours_ns = c.execute(
+                "SELECT count(*), coalesce(sum(end_ns - start_ns), 0) FROM kernels "
+                "WHERE start_ns >= ? AND start_ns < ?", (marks["t0_ns"], marks["t1_ns"])).fetchone()
+            ops = c.execute("SELECT count(*) FROM operators WHERE start_ns >= ? AND start_ns < ?",
+                            (marks["t0_ns"], marks["t1_ns"])).fetchone()[0]
+            linked = c.execute(
+                "SELECT count(*) FROM kernels k WHERE k.start_ns >= ? AND k.start_ns < ? AND "
+                "EXISTS (SELECT 1 FROM operators o WHERE o.external_id = k.external_id)",
+                (marks["t0_ns"], marks["t1_ns"])).fetchone()[0]
+        with open(profile_json) as f:
+            kernels = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
+        ref_n = len(kernels)
+        ref_ns = round(sum(float(e["dur"]) for e in kernels) * 1000)
+        a = {"dynaflow_kernels": ours_n, "profiler_kernels": ref_n,
+             "dynaflow_kernel_ms": ours_ns / 1e6, "profiler_kernel_ms": ref_ns / 1e6,
+             "operators": ops, "kernels_linked_to_operators": linked}
+        if ref_n == 0 and ours_n == 0:
+            a["status"] = "skipped: no kernels (no GPU)"
+        else:
+            a["count_diff_pct"] = 100.0 * abs(ours_n - ref_n) / max(ref_n, 1)
+            a["time_diff_pct"] = 100.0 * abs(ours_ns - ref_ns) / max(ref_ns, 1)
+            ok = max(a["count_diff_pct"], a["time_diff_pct"]) <= self.args.tolerance
+            a["status"] = "pass" if ok else "FAIL"
+            if not ok:
+                self.failures.append("accuracy")
+        self.results["accuracy"] = a
+
+    # (b)
+    def overhead(self):
+        modes = ["plain", "ops_on", "ops_off", "profiler"]
+        wall = {m: [] for m in modes}
+        region = {m: [] for m in modes}
+        for rep in range(self.args.reps):
+            for mode in modes:  # interleaved: drifts hit every mode alike
+                w, marks, _ = self.run_mode(mode, f"rep{rep}")
+                wall[mode].append(w)
+                region[mode].append(marks["region_s"])
+        rows = {}
+        for mode in modes:
+            rows[mode] = {"region_s": statistics.median(region[mode]),
+                          "process_s": statistics.median(wall[mode]),
+                          "region_runs": region[mode], "process_runs": wall[mode]}
+        base = rows["plain"]
+        for row in rows.values():
+            for what in ("region", "process"):
+                row[f"{what}_overhead_pct"] = 100.0 * (row[f"{what}_s"] / base[f"{what}_s"] - 1)
+        self.results["overhead"] = rows
+
+    # (c)
+    def small_traces(self):
+        suffix = "h200" if self.args.device == "cuda" else "cpu"
+        copied = {}
+        for name, (script, *sizes) in SMALL_TRACES[self.args.device].items():
+            db = os.path.join(self.args.out, f"{name}_{suffix}.db")
+            command = [self.python, os.path.join(EXAMPLES, script), *sizes,
+                       "--device", self.args.device]
+            self.run(self.traced(command, db), f"small trace {name}")
+            size = os.path.getsize(db)
+            if size > OUT_FILE_LIMIT:
+                self.failures.append(f"{name} trace too large to bring back")
+            with sqlite3.connect(db) as c:
+                counts = {t: c.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                          for t in ("kernels", "operators", "memcpy", "api_calls")}
+            copied[os.path.basename(db)] = {"bytes": size, **counts}
+        self.results["small_traces"] = copied
+
+    def table(self):
+        lines = [f"dynaflow trace check on {self.args.device}; workload: llama_decode "
+                 f"{' '.join(self.model)}, {self.args.iters} decodes per region"]
+        a = self.results.get("accuracy")
+        if a:
+            lines.append("(a) kernels in the region    dynaflow    torch.profiler   diff")
+            if "count_diff_pct" in a:
+                lines.append(f"    count                    {a['dynaflow_kernels']:>8}    "
+                             f"{a['profiler_kernels']:>14}   {a['count_diff_pct']:.2f}%")
+                lines.append(f"    total kernel time (ms)   {a['dynaflow_kernel_ms']:>8.3f}    "
+                             f"{a['profiler_kernel_ms']:>14.3f}   {a['time_diff_pct']:.2f}%")
+            lines.append(f"    operators {a['operators']}, kernels linked to an operator "
+                         f"{a['kernels_linked_to_operators']}; {a['status']}")
+        o = self.results.get("overhead")
+        if o:
+            lines.append(f"(b) overhead, median of {self.args.reps}   region s   vs plain   "
+                         f"process s   vs plain")
+            for mode, r in o.items():
+                lines.append(f"    {mode:<24} {r['region_s']:>9.4f}   "
+                             f"{r['region_overhead_pct']:>+7.1f}%   {r['process_s']:>9.2f}   "
+                             f"{r['process_overhead_pct']:>+7.1f}%")
+        for name, info in self.results.get("small_traces", {}).items():
+            lines.append(f"(c) {name}: {info['bytes'] / 1e6:.2f} MB, {info['kernels']} kernels, "
+                         f"{info['operators']} operators, {info['memcpy']} memcpy")
+        verdict = "FAIL: " + ", ".join(self.failures) if self.failures else "pass"
+        lines.append("result: " + verdict)
+        return "\n".join(lines)
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "workload":
+        workload(sys.argv[2:])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dynaflow", required=True, help="the dynaflow binary to check")
+    parser.add_argument("--out", required=True, help="where results and small traces go")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--tolerance", type=float, default=2.0, help="percent, for (a)")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    checker = Checker(args)
+    for step in (checker.accuracy, checker.overhead, checker.small_traces):
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001 - report it and go on with the others
+            checker.failures.append(f"{step.__name__}: {e}")
+            checker.say(f"{step.__name__} failed: {e}")
+    shutil.rmtree(checker.work, ignore_errors=True)
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({**checker.results, "failures": checker.failures}, f, indent=2)
+    table = checker.table()
+    with open(os.path.join(args.out, "summary.txt"), "w") as f:
+        f.write(table + "\n")
+    checker.say(table)
+    return 0 if not checker.failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

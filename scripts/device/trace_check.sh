@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# GPU check of `dynaflow trace`, for the H200 machine lent through the device
+# tool: builds dynaflow there against that machine's own torch, then, well
+# inside 10 minutes, runs scripts/device/trace_check.py:
+#   (a) the kernels dynaflow records for examples/llama_decode.py on the GPU
+#       against torch.profiler's on the same workload: count and total kernel
+#       time within 2%;
+#   (b) overhead: the workload untraced, traced with operators, traced with
+#       --ops off and under torch.profiler (medians of 5 interleaved runs);
+#   (c) small trace.db files of llama_decode and train_step, for tests/data.
+# It prints a summary table last.
+#
+# What the machine must have (the device tool's CUDA image does): an NVIDIA GPU
+# and driver, the CUDA toolkit (nvcc, CUPTI headers), CMake >= 3.25, ninja, a
+# C++20 g++, and python3 with torch 2.11 built for CUDA (PYTHON overrides which
+# python). It has no package registry, so the libraries the build needs beyond
+# that travel with the working tree as Debian 12 packages, fetched here once:
+#
+#   bash scripts/device/trace_check.sh fetch      # here: .device-deps/*.deb
+#   echo /.device-deps/ >> .git/info/exclude      # here, once: never committed
+#
+# and run there with the device tool:
+#   run(command="bash scripts/device/trace_check.sh", carry=[".device-deps"],
+#       timeout_s=600)
+# The packages are unpacked under /tmp (never into /); the build goes to
+# build-device/. Results go to $OUT (the device tool's; build-device/check-out
+# elsewhere): summary.txt, summary.json, trace_check.log, build.log and
+# llama_decode_h200.db, train_step_h200.db (to commit under tests/data).
+#
+# Exit code: 0 when every check passes, 1 when one fails, 2 when the machine
+# lacks something the check needs.
+#
+# A dry run on a machine without a GPU: DEVICE=cpu bash scripts/device/trace_check.sh
+# (the same build and steps at CPU sizes; (a) has no kernels and is skipped).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+deps="$root/.device-deps"
+prefix=/tmp/dynaflow-device-deps
+build="$root/build-device"
+out="${OUT:-$build/check-out}"
+device="${DEVICE:-cuda}"
+python="${PYTHON:-$(command -v python3 || true)}"
+
+# The build's libraries the CUDA image lacks, with what they need at run time.
+PACKAGES=(libsqlitecpp-dev libsqlite3-dev libsqlite3-0 libcli11-dev nlohmann-json3-dev
+          libsimdjson-dev libsimdjson14 zlib1g-dev zlib1g)
+
+die() {  # die CODE MESSAGE
+  echo "trace_check: $2" >&2
+  exit "$1"
+}
+
+fetch() {
+  mkdir -p "$deps"
+  (cd "$deps" && apt-get download "${PACKAGES[@]}")
+  ls -l "$deps"
+}
+
+# Unpacks every carried package under $prefix: dpkg-deb where there is one,
+# else ar and tar (the data member's compression is detected by tar).
+unpack() {
+  rm -rf "$prefix"
+  mkdir -p "$prefix"
+  local deb member tmp
+  for deb in "$deps"/*.deb; do
+    if command -v dpkg-deb >/dev/null; then
+      dpkg-deb -x "$deb" "$prefix"
+    else
+      tmp=$(mktemp -d)
+      member=$(cd "$tmp" && ar t "$deb" | grep '^data\.tar')
+      (cd "$tmp" && ar x "$deb" "$member" && tar -xf "$member" -C "$prefix")
+      rm -rf "$tmp"
+    fi
+  done
+}
+
+check_machine() {
+  [ -n "$python" ] || die 2 "no python3"
+  "$python" -c 'import torch' 2>/dev/null || die 2 "$python cannot import torch"
+  command -v cmake >/dev/null || die 2 "no cmake"
+  command -v ninja >/dev/null || die 2 "no ninja"
+  if [ "$device" = cuda ]; then
+    "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' ||
+      die 2 "torch sees no GPU (DEVICE=cpu for a dry run)"
+    command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || die 2 "no nvcc"
+  fi
+}
+
+# Configures with the unpacked packages first on every search path, so that
+# what was carried is what is used.
+configure_and_build() {
+  local lib="$prefix/usr/lib/x86_64-linux-gnu"
+  export PATH="$PATH:/usr/local/cuda/bin"
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DDYNAFLOW_BUILD_TESTS=OFF -DDYNAFLOW_WITH_CUDA=ON -DDYNAFLOW_WITH_TORCH=ON \
+    -DDYNAFLOW_PYTHON="$python" \
+    -DCMAKE_PREFIX_PATH="$prefix/usr;$lib/cmake;$prefix/usr/share/cmake" \
+    -DCMAKE_LIBRARY_PATH="$lib" -DCMAKE_INCLUDE_PATH="$prefix/usr/include"
+  cmake --build "$build" -j"$(nproc)" --target dynaflow dynaflow_preload dynaflow_torch
+}
+
+main() {
+  check_machine
+  mkdir -p "$out"
+  if compgen -G "$deps/*.deb" >/dev/null; then
+    unpack
+  elif [ "$device" = cuda ]; then
+    die 2 "no $deps/*.deb: run 'bash scripts/device/trace_check.sh fetch' here and carry .device-deps"
+  fi
+  echo "trace_check: building in $build (log: $out/build.log)"
+  if ! configure_and_build >"$out/build.log" 2>&1; then
+    tail -n 40 "$out/build.log" >&2
+    die 1 "the build failed"
+  fi
+  local reps=5
+  [ "$device" = cuda ] || reps=2
+  "$python" "$root/scripts/device/trace_check.py" --dynaflow "$build/cli/dynaflow" \
+    --out "$out" --device "$device" --reps "$reps"
+}
+
+case "${1:-}" in
+  fetch) fetch ;;
+  "") main ;;
+  *) die 2 "usage: bash scripts/device/trace_check.sh [fetch]" ;;
+esac

@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# End-to-end tests of `dynaflow trace` and `dynaflow export` with the real
+# tracer (libdynaflow_preload.so) on a machine without a GPU: exit codes and
+# signals of the traced program, its output passing through, PyTorch operators
+# with module paths from examples/llama_decode.py and examples/train_step.py
+# on the CPU, and the Perfetto export read back by the Kineto importer.
+#
+# Needs DYNAFLOW_BIN and DYNAFLOW_SOURCE_DIR (ctest sets both), DYNAFLOW_PYTHON
+# (the venv's python) and DYNAFLOW_TORCH_BUILT (1 when the torch extension was
+# built). The torch part is skipped, saying so, only when that Python is
+# missing or the extension was configured off.
+set -u
+bin=${DYNAFLOW_BIN:?}
+src=${DYNAFLOW_SOURCE_DIR:?}
+py=${DYNAFLOW_PYTHON:-$src/.venv/bin/python}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+passes=0
+
+check() {  # check NAME COMMAND... : the command must succeed
+  local name=$1
+  shift
+  if "$@"; then
+    passes=$((passes + 1))
+  else
+    echo "FAIL: $name"
+    failures=$((failures + 1))
+  fi
+}
+
+# expect_code NAME CODE CMD...: runs CMD, compares the exit code.
+expect_code() {
+  local name=$1 want=$2
+  shift 2
+  "$@" >"$work/out" 2>"$work/err"
+  local got=$?
+  if [ "$got" -ne "$want" ]; then
+    echo "FAIL: $name: exit $got, want $want; stderr: $(head -c 600 "$work/err")"
+    failures=$((failures + 1))
+  else
+    passes=$((passes + 1))
+  fi
+}
+
+q() { sqlite3 "$1" "$2"; }  # q DB SQL
+
+# same_rows A B TABLE COLUMNS: prints 1 when TABLE has the same rows (these
+# columns) in the stores A and B.
+same_rows() {
+  q "$1" "ATTACH '$2' AS b;
+    SELECT (SELECT count(*) FROM main.$3) = (SELECT count(*) FROM b.$3)
+       AND NOT EXISTS (SELECT $4 FROM main.$3 EXCEPT SELECT $4 FROM b.$3)"
+}
+
+# No parts directory may be left beside an output.
+no_parts_left() { ! ls -a "$work" | grep -q '\.parts-'; }
+
+# --- programs that never touch torch or CUDA
+expect_code "echo" 0 "$bin" trace -o "$work/echo.db" -- /bin/echo hi there
+check "echo: output passes through" test "$(cat "$work/out")" = "hi there"
+summary="dynaflow: 0 kernels, 0 operators, 0 dropped records, 1 process -> $work/echo.db"
+check "echo: summary is the last line" test "$(tail -n 1 "$work/err")" = "$summary"
+check "echo: says why there is no GPU activity" \
+  grep -q "no GPU activity recorded (cupti " "$work/err"
+check "echo: one traced process" test "$(q "$work/echo.db" 'SELECT count(*) FROM processes')" = 1
+check "echo: merged meta" \
+  test "$(q "$work/echo.db" "SELECT value FROM meta WHERE key = 'processes'")" = 1
+check "echo: parts removed" no_parts_left
+
+expect_code "stdin passes through" 0 sh -c "echo data | '$bin' trace -o '$work/cat.db' -- cat"
+check "stdin: cat echoes it" test "$(cat "$work/out")" = "data"
+
+expect_code "exit code" 7 "$bin" trace -o "$work/exit.db" -- sh -c 'exit 7'
+check "exit code: trace written anyway" test -f "$work/exit.db"
+expect_code "killed by SIGTERM" 143 "$bin" trace -o "$work/term.db" -- sh -c 'kill -TERM $$'
+expect_code "killed by SIGKILL" 137 "$bin" trace -o "$work/kill.db" -- sh -c 'kill -KILL $$'
+check "killed: parts removed" no_parts_left
+
+"$bin" trace -o "$work/fwd.db" -- sleep 30 >/dev/null 2>"$work/fwd.err" &
+tracer=$!
+sleep 1
+kill -TERM "$tracer"
+wait "$tracer"
+check "SIGTERM to dynaflow reaches the child" test $? -eq 143
+check "SIGTERM: the child's trace is merged" test -f "$work/fwd.db"
+
+expect_code "command not found" 127 "$bin" trace -o "$work/nf.db" -- "$work/no-such-program"
+check "not found: one line" test "$(wc -l <"$work/err")" -eq 1
+check "not found: says so" grep -q "no-such-program: command not found" "$work/err"
+check "not found: no output, no parts" test ! -e "$work/nf.db"
+check "not found: parts removed" no_parts_left
+expect_code "not executable" 126 "$bin" trace -o "$work/nx.db" -- "$src/README.md"
+expect_code "no command" 2 "$bin" trace -o "$work/none.db"
+expect_code "bad --ops" 2 "$bin" trace --ops maybe -- true
+expect_code "output dir missing" 2 "$bin" trace -o "$work/missing/t.db" -- true
+expect_code "tracer missing" 1 env DYNAFLOW_PRELOAD="$work/nope.so" \
+  "$bin" trace -o "$work/np.db" -- true
+check "tracer missing: says where it looked" grep -q "nope.so" "$work/err"
+
+# --- export of real Kineto traces, one file per rank, read back row for row
+shared="$src/../shared/traces/kineto"
+if [ -d "$shared" ]; then
+  expect_code "import two ranks" 0 "$bin" import "$shared/hta_sampled_rank-0.json.gz" \
+    "$shared/hta_sampled_rank-1.json.gz" -o "$work/ranks.db"
+  expect_code "export two ranks" 0 "$bin" export "$work/ranks.db" --format perfetto \
+    -o "$work/ranks.json"
+  check "export: one file per rank" test -f "$work/ranks.rank0.json" -a -f "$work/ranks.rank1.json"
+  expect_code "export: stdout needs one rank" 2 "$bin" export "$work/ranks.db" -o -
+  expect_code "import the exports" 0 "$bin" import "$work/ranks.rank0.json" \
+    "$work/ranks.rank1.json" -o "$work/ranks_back.db"
+  check "export round trip: GPU activity" test "$(same_rows "$work/ranks.db" \
+    "$work/ranks_back.db" gpu_activity "rank, device, stream, start_ns, end_ns, name,
+                                         correlation, external_id, bytes")" = 1
+  check "export round trip: operators" test "$(same_rows "$work/ranks.db" \
+    "$work/ranks_back.db" operators_named "rank, pid, tid, start_ns, end_ns, name, sequence,
+                          pass, input_shapes, input_types, module_path, external_id")" = 1
+  check "export round trip: API calls" test "$(same_rows "$work/ranks.db" \
+    "$work/ranks_back.db" api_calls_named "rank, pid, tid, kind, start_ns, end_ns, name,
+                                            correlation, external_id")" = 1
+fi
+
+# --- PyTorch programs on the CPU
+torch_skip=""
+if [ ! -x "$py" ]; then
+  torch_skip="no Python with torch at $py (bash scripts/dev.sh creates .venv)"
+elif [ "${DYNAFLOW_TORCH_BUILT:-0}" != 1 ]; then
+  torch_skip="the torch extension was not built (DYNAFLOW_WITH_TORCH=OFF)"
+fi
+if [ -n "$torch_skip" ]; then
+  echo "SKIP: torch tests: $torch_skip"
+else
+  model=(--layers 2 --hidden 64 --heads 4 --kv-heads 2 --vocab 128 --batch 1 --device cpu)
+  llama=("$py" "$src/examples/llama_decode.py" "${model[@]}" --prompt-len 8 --decode-steps 3)
+  db="$work/llama.db"
+
+  expect_code "python without torch" 0 "$bin" trace -o "$work/py.db" -- "$py" -c 'print(6 * 7)'
+  check "python without torch: output" test "$(cat "$work/out")" = 42
+  check "python without torch: the bootstrap stays silent" \
+    test "$(grep -vc -e '^dynaflow: no GPU' -e '^dynaflow: 0 kernels' "$work/err")" -eq 0
+
+  expect_code "trace llama_decode" 0 "$bin" trace -o "$db" -- "${llama[@]}"
+  check "llama: program output" grep -q "^llama_decode: 2 layers" "$work/out"
+  check "llama: summary counts operators" grep -Eq " [1-9][0-9]* operators, 0 dropped" "$work/err"
+  check "llama: no GPU, operators only" \
+    grep -q "no GPU activity recorded.*operators only" "$work/err"
+  mlp_rows=$(q "$db" "SELECT count(*) FROM operators_named
+    WHERE name IN ('aten::linear', 'aten::mm') AND module_path LIKE '%.layers.0.mlp.%'
+      AND pass = 'forward'")
+  check "llama: aten::linear/mm in layers.0.mlp, forward" test "$mlp_rows" -ge 6
+  check "llama: prefill shapes of up_proj" test "$(q "$db" "
+    SELECT input_shapes || ' ' || input_types FROM operators_named WHERE name = 'aten::linear'
+      AND module_path = 'LlamaForCausalLM.model.layers.0.mlp.up_proj' ORDER BY start_ns LIMIT 1")" \
+    = '[[1,8,64],[192,64],[]] ["float","float",""]'
+  check "llama: attention of both layers" test "$(q "$db" "SELECT count(DISTINCT module_path)
+    FROM operators_named WHERE name = 'aten::scaled_dot_product_attention'")" = 2
+  check "llama: a shared module is named after its caller" test "$(q "$db" "SELECT count(*)
+    FROM operators_named WHERE module_path = 'LlamaForCausalLM.model.layers.1.attn.rotary'")" -gt 0
+  check "llama: paths start at the root's class" test "$(q "$db" "SELECT count(*)
+    FROM operators_named WHERE module_path <> '' AND module_path NOT LIKE 'LlamaForCausalLM%'")" = 0
+  check "llama: one external id per operator" test "$(q "$db" "SELECT count(DISTINCT external_id)
+    = count(*) FROM operators")" = 1
+  check "llama: operators outside the model have no path" test "$(q "$db" "SELECT count(*)
+    FROM operators_named WHERE name = 'aten::argmax' AND module_path = ''")" -gt 0
+  all_ops=$(q "$db" "SELECT count(*) FROM operators")
+
+  expect_code "trace --ops off" 0 "$bin" trace --ops off -o "$work/off.db" -- "${llama[@]}"
+  check "ops off: no operator rows" test "$(q "$work/off.db" 'SELECT count(*) FROM operators')" = 0
+  check "ops off: the program ran" grep -q "^llama_decode:" "$work/out"
+
+  expect_code "DYNAFLOW_OPS_SAMPLE" 0 env DYNAFLOW_OPS_SAMPLE=5 \
+    "$bin" trace -o "$work/sampled.db" -- "${llama[@]}"
+  sampled=$(q "$work/sampled.db" "SELECT count(*) FROM operators")
+  check "sampling: fewer operators ($sampled of $all_ops)" \
+    test "$sampled" -gt 0 -a "$((sampled * 2))" -lt "$all_ops"
+
+  expect_code "trace --delay beyond the run" 0 "$bin" trace --delay 600 -o "$work/late.db" -- \
+    "${llama[@]}"
+  check "delay: nothing recorded before it" \
+    test "$(q "$work/late.db" 'SELECT count(*) FROM operators')" = 0
+
+  # A program that preloads the tracer itself and names its model.
+  built=$(dirname "$bin")/../plugin
+  mkdir "$work/manual"
+  expect_code "dynaflow.enable_module_paths" 0 env \
+    LD_PRELOAD="$built/preload/libdynaflow_preload.so" DYNAFLOW_OUTPUT_DIR="$work/manual" \
+    DYNAFLOW_TORCH_EXT="$built/torch/_dynaflow_torch.so" \
+    PYTHONPATH="$src/plugin/python" "$py" -c '
+import torch, dynaflow
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+dynaflow.enable_module_paths(model)
+model(torch.ones(2, 4))'
+  check "enable_module_paths: operators named after the model" test "$(q "$work"/manual/*.db \
+    "SELECT count(*) FROM operators_named
+      WHERE name = 'aten::linear' AND module_path = 'Sequential.0'")" = 1
+
+  expect_code "unusable extension" 0 env DYNAFLOW_TORCH_EXT="$work/nope.so" \
+    "$bin" trace -o "$work/noext.db" -- "${llama[@]}"
+  check "unusable extension: one line" \
+    test "$(grep -c "^dynaflow: cannot load $work/nope.so.*operators are not recorded" \
+      "$work/err")" = 1
+  check "unusable extension: the program ran" grep -q "^llama_decode:" "$work/out"
+
+  expect_code "trace train_step" 0 "$bin" trace -o "$work/train.db" -- \
+    "$py" "$src/examples/train_step.py" "${model[@]}" --seq-len 8 --steps 2
+  check "train: program output" grep -q "^train_step: 2 steps" "$work/out"
+  check "train: backward operators" test "$(q "$work/train.db" "SELECT count(*)
+    FROM operators_named WHERE pass = 'backward' AND name LIKE 'autograd::engine::%'")" -gt 0
+  check "train: forward operators with module paths" test "$(q "$work/train.db" "SELECT count(*)
+    FROM operators_named WHERE pass = 'forward' AND module_path LIKE '%.layers.0.mlp%'")" -gt 0
+
+  # Perfetto export, read back by the Kineto importer: the same operators.
+  expect_code "export perfetto" 0 "$bin" export "$db" --format perfetto -o "$work/llama.json"
+  check "export: valid JSON with cpu_op events" python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert any(e.get('cat') == 'cpu_op' for e in j['traceEvents'])
+assert j['distributedInfo']['rank'] == 0" "$work/llama.json"
+  expect_code "import the export" 0 "$bin" import "$work/llama.json" -o "$work/back.db"
+  # Not the pass: Kineto marks forward only by a sequence number (see perfetto_export.h).
+  check "export round trip: every operator comes back" test "$(same_rows "$db" "$work/back.db" \
+    operators_named "name, start_ns, end_ns, pid, tid, sequence, input_shapes, input_types,
+                     module_path, external_id")" = 1
+fi
+
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]
