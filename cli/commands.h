@@ -18,6 +18,7 @@ void AddInfoCommand(CLI::App& app, int* exit_code);
 void AddAdviseCommand(CLI::App& app, int* exit_code);
 void AddTraceCommand(CLI::App& app, int* exit_code);
 void AddExportCommand(CLI::App& app, int* exit_code);
+void AddApplyCommand(CLI::App& app, int* exit_code);
 
 // Shared by the verbs.
 

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   dynaflow::AddAdviseCommand(app, &exit_code);
   dynaflow::AddTraceCommand(app, &exit_code);
   dynaflow::AddExportCommand(app, &exit_code);
+  dynaflow::AddApplyCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

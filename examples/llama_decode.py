@@ -56,29 +56,36 @@ class RotaryEmbedding(nn.Module):
 
 class KVCache:
     """Keys and values of every layer, preallocated for max_len positions.
-    A plain object, not a module: it holds state, not computation."""
+    A plain object, not a module: it holds state, not computation. Layers get
+    their slice as tensors whose first dimension is the batch, so a split of
+    the batch into micro-batches (dynaflow apply) writes each micro-batch's
+    rows in place."""
 
     def __init__(self, layers, batch, kv_heads, max_len, head_dim, dtype, device):
         shape = (layers, batch, kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
-    def update(self, layer, start, k, v):
-        """Stores k, v [batch, kv_heads, seq, head_dim] at positions start..;
-        returns the layer's keys and values up to the last one stored."""
-        end = start + k.shape[2]
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+    def layer(self, index):
+        """Layer `index`'s keys and values [batch, kv_heads, max_len, head_dim]."""
+        return self.k[index], self.v[index]
+
+
+def update_cache(k_cache, v_cache, start, k, v):
+    """Stores k, v [batch, kv_heads, seq, head_dim] at positions start..;
+    returns the keys and values up to the last one stored."""
+    end = start + k.shape[2]
+    k_cache[:, :, start:end] = k
+    v_cache[:, :, start:end] = v
+    return k_cache[:, :, :end], v_cache[:, :, :end]
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden, heads, kv_heads, rotary, layer_index):
+    def __init__(self, hidden, heads, kv_heads, rotary):
         super().__init__()
         self.heads = heads
         self.kv_heads = kv_heads
         self.head_dim = hidden // heads
-        self.layer_index = layer_index
         self.rotary = rotary
         self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
@@ -89,12 +96,12 @@ class Attention(nn.Module):
         batch, seq, _ = x.shape
         return x.view(batch, seq, heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, x, start, cache=None):
+    def forward(self, x, start, k_cache=None, v_cache=None):
         q = self.rotary(self._split(self.q_proj(x), self.heads), start)
         k = self.rotary(self._split(self.k_proj(x), self.kv_heads), start)
         v = self._split(self.v_proj(x), self.kv_heads)
-        if cache is not None:
-            k, v = cache.update(self.layer_index, start, k, v)
+        if k_cache is not None:
+            k, v = update_cache(k_cache, v_cache, start, k, v)
         # Causal within a prefill; a decoded token sees every cached one.
         out = F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1,
                                              enable_gqa=True)
@@ -116,15 +123,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, hidden, heads, kv_heads, intermediate, rotary, layer_index):
+    def __init__(self, hidden, heads, kv_heads, intermediate, rotary):
         super().__init__()
         self.attn_norm = RMSNorm(hidden)
-        self.attn = Attention(hidden, heads, kv_heads, rotary, layer_index)
+        self.attn = Attention(hidden, heads, kv_heads, rotary)
         self.mlp_norm = RMSNorm(hidden)
         self.mlp = MLP(hidden, intermediate)
 
-    def forward(self, x, start, cache=None):
-        x = x + self.attn(self.attn_norm(x), start, cache)
+    def forward(self, x, start, k_cache=None, v_cache=None):
+        x = x + self.attn(self.attn_norm(x), start, k_cache, v_cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -134,13 +141,13 @@ class LlamaModel(nn.Module):
         rotary = RotaryEmbedding(hidden // heads, max_positions)
         self.embed_tokens = nn.Embedding(vocab, hidden)
         self.layers = nn.ModuleList(
-            DecoderLayer(hidden, heads, kv_heads, intermediate, rotary, i) for i in range(layers))
+            DecoderLayer(hidden, heads, kv_heads, intermediate, rotary) for _ in range(layers))
         self.norm = RMSNorm(hidden)
 
     def forward(self, tokens, start, cache=None):
         x = self.embed_tokens(tokens)
-        for layer in self.layers:
-            x = layer(x, start, cache)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, start, *(cache.layer(i) if cache is not None else ()))
         return self.norm(x)
 
 
@@ -230,6 +237,9 @@ def main():
     print(f"llama_decode: {args.layers} layers, hidden {args.hidden}, batch {args.batch}: "
           f"prefilled {args.prompt_len} and decoded {tokens.shape[1]} tokens per sequence "
           f"in {elapsed * 1e3:.1f} ms on {args.device} ({str(args.dtype).split('.')[-1]})")
+    # Greedy tokens of every sequence: equal runs print equal checksums.
+    weights = torch.arange(1, tokens.numel() + 1, device=tokens.device).view_as(tokens)
+    print(f"llama_decode: tokens checksum {int((tokens * weights).sum()) % 2**31}")
 
 
 if __name__ == "__main__":

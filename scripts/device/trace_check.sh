@@ -34,46 +34,10 @@
 # (the same build and steps at CPU sizes; (a) has no kernels and is skipped).
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-deps="$root/.device-deps"
-prefix=/tmp/dynaflow-device-deps
-build="$root/build-device"
+script=trace_check
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 out="${OUT:-$build/check-out}"
 device="${DEVICE:-cuda}"
-python="${PYTHON:-$(command -v python3 || true)}"
-
-# The build's libraries the CUDA image lacks, with what they need at run time.
-PACKAGES=(libsqlitecpp-dev libsqlite3-dev libsqlite3-0 libcli11-dev nlohmann-json3-dev
-          libsimdjson-dev libsimdjson14 zlib1g-dev zlib1g)
-
-die() {  # die CODE MESSAGE
-  echo "trace_check: $2" >&2
-  exit "$1"
-}
-
-fetch() {
-  mkdir -p "$deps"
-  (cd "$deps" && apt-get download "${PACKAGES[@]}")
-  ls -l "$deps"
-}
-
-# Unpacks every carried package under $prefix: dpkg-deb where there is one,
-# else ar and tar (the data member's compression is detected by tar).
-unpack() {
-  rm -rf "$prefix"
-  mkdir -p "$prefix"
-  local deb member tmp
-  for deb in "$deps"/*.deb; do
-    if command -v dpkg-deb >/dev/null; then
-      dpkg-deb -x "$deb" "$prefix"
-    else
-      tmp=$(mktemp -d)
-      member=$(cd "$tmp" && ar t "$deb" | grep '^data\.tar')
-      (cd "$tmp" && ar x "$deb" "$member" && tar -xf "$member" -C "$prefix")
-      rm -rf "$tmp"
-    fi
-  done
-}
 
 check_machine() {
   [ -n "$python" ] || die 2 "no python3"
@@ -87,29 +51,13 @@ check_machine() {
   fi
 }
 
-# Configures with the unpacked packages first on every search path, so that
-# what was carried is what is used.
-configure_and_build() {
-  local lib="$prefix/usr/lib/x86_64-linux-gnu"
-  export PATH="$PATH:/usr/local/cuda/bin"
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DDYNAFLOW_BUILD_TESTS=OFF -DDYNAFLOW_WITH_CUDA=ON -DDYNAFLOW_WITH_TORCH=ON \
-    -DDYNAFLOW_PYTHON="$python" \
-    -DCMAKE_PREFIX_PATH="$prefix/usr;$lib/cmake;$prefix/usr/share/cmake" \
-    -DCMAKE_LIBRARY_PATH="$lib" -DCMAKE_INCLUDE_PATH="$prefix/usr/include"
-  cmake --build "$build" -j"$(nproc)" --target dynaflow dynaflow_preload dynaflow_torch
-}
-
 main() {
   check_machine
   mkdir -p "$out"
-  if compgen -G "$deps/*.deb" >/dev/null; then
-    unpack
-  elif [ "$device" = cuda ]; then
-    die 2 "no $deps/*.deb: run 'bash scripts/device/trace_check.sh fetch' here and carry .device-deps"
-  fi
+  unpack_carried "$device"
   echo "trace_check: building in $build (log: $out/build.log)"
-  if ! configure_and_build >"$out/build.log" 2>&1; then
+  if ! device_build dynaflow dynaflow_preload dynaflow_torch -- -DDYNAFLOW_WITH_CUDA=ON \
+      -DDYNAFLOW_WITH_TORCH=ON -DDYNAFLOW_PYTHON="$python" >"$out/build.log" 2>&1; then
     tail -n 40 "$out/build.log" >&2
     die 1 "the build failed"
   fi

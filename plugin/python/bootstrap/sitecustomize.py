@@ -2,19 +2,24 @@
 PYTHONPATH, so every Python process of the traced program imports it at
 start-up (site.py imports the first sitecustomize on sys.path).
 
-It does three things and never stops the program:
+It does three things and never stops the program (unless `dynaflow apply
+--strict` refuses a plan):
 1. runs the sitecustomize that it shadows (the next one on sys.path), as
    Python would have without it;
 2. waits for `import torch` with a meta path finder that costs one string
    comparison per import, so a program that never imports torch never loads
    torch or the extension;
-3. right after torch is imported, loads the dynaflow torch extension (env
-   DYNAFLOW_TORCH_EXT) and installs the module path hooks on every nn.Module.
+3. right after torch is imported, installs the plan of `dynaflow apply` (env
+   DYNAFLOW_PLAN, see dynaflow/_apply.py), and, when tracing, loads the
+   dynaflow torch extension (env DYNAFLOW_TORCH_EXT) and installs the module
+   path hooks on every nn.Module.
 Any failure prints one "dynaflow: ..." line on stderr; the program then runs
 as it would untraced (with operators not recorded).
 
-Environment: DYNAFLOW_TORCH_EXT (the extension), DYNAFLOW_OPS=off (skip all
-of step 3), set by `dynaflow trace`.
+Environment: DYNAFLOW_TORCH_EXT (the extension), DYNAFLOW_OPS=off (skip the
+recorder), set by `dynaflow trace`; DYNAFLOW_PLAN and DYNAFLOW_APPLY_*, set by
+`dynaflow apply` (which runs without the recorder unless DYNAFLOW_TORCH_EXT is
+set, as when `dynaflow trace` runs `dynaflow apply`).
 """
 
 import importlib.abc
@@ -44,11 +49,26 @@ def _run_shadowed_sitecustomize():
         _warn(f"error in {spec.origin}: {e!r}")
 
 
+def _tracing():
+    return os.environ.get("DYNAFLOW_OPS", "on") != "off" and not (
+        os.environ.get("DYNAFLOW_PLAN") and not os.environ.get("DYNAFLOW_TORCH_EXT"))
+
+
 def _on_torch_imported():
-    """Loads the extension and installs the hooks; one line on any failure."""
+    """Installs the plan (under `dynaflow apply`) and the operator recorder
+    (under `dynaflow trace`); one line on any failure."""
     # The dynaflow package sits beside this directory. Appended, so it
     # shadows none of the program's modules.
     sys.path.append(os.path.dirname(_HERE))
+    if os.environ.get("DYNAFLOW_PLAN"):
+        try:
+            from dynaflow import _apply
+
+            _apply.install_from_env()
+        except Exception as e:  # noqa: BLE001 - the program must run on
+            _warn(f"{e!r}; the plan is not applied")
+    if not _tracing():
+        return
     try:
         from dynaflow import _module_paths
 
@@ -94,7 +114,7 @@ class _TorchImportWatcher(importlib.abc.MetaPathFinder):
 
 def _install():
     _run_shadowed_sitecustomize()
-    if os.environ.get("DYNAFLOW_OPS", "on") == "off":
+    if not _tracing() and not os.environ.get("DYNAFLOW_PLAN"):
         return
     if "torch" in sys.modules:  # imported by the shadowed sitecustomize
         _on_torch_imported()

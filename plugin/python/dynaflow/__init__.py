@@ -1,6 +1,6 @@
 """dynaflow's Python side.
 
-Under `dynaflow trace` nothing needs calling: the bootstrap on PYTHONPATH
+Under `dynaflow trace` and `dynaflow apply` nothing needs calling: the bootstrap on PYTHONPATH
 (plugin/python/bootstrap/sitecustomize.py) loads the torch extension when the
 program imports torch and attributes the operators of every nn.Module.
 
@@ -10,8 +10,23 @@ enable_module_paths(model) itself.
 """
 
 from dynaflow import _module_paths
+from dynaflow._apply import PlanMismatch
 
-__all__ = ["enable_module_paths"]
+__all__ = ["apply", "enable_module_paths", "PlanMismatch"]
+
+
+def apply(model, plan, verify=False, runtime_lib=None):
+    """Runs the modules of `model` that `plan` (plan.json from `dynaflow advise
+    --plan`, or its loaded dict) splits through dynaflow's overlap runtime
+    (`runtime_lib`, default env DYNAFLOW_APPLY_LIB: libdynaflow_apply.so).
+    Changes `model` in place and returns it. Raises PlanMismatch, naming what
+    differs, when the plan does not fit the model; `model` is then unchanged.
+    With verify, every planned call also runs the original forward and the
+    differences are kept in model._dynaflow_applier.report.
+    """
+    from dynaflow import _apply
+
+    return _apply.apply(model, plan, verify=verify, runtime_lib=runtime_lib)
 
 
 def enable_module_paths(model, extension=None):

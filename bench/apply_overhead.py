@@ -1,0 +1,74 @@
+"""What `dynaflow apply` adds to a module call on the CPU, in one run:
+the original forward, the planned forward in a sequential bucket (the policy
+lookup alone), and a planned call split in 2 and 4 micro-batches through the
+runtime (its dispatch: views, two worker threads, the merge), on a module so
+small that the overhead dominates.
+
+    .venv/bin/python bench/apply_overhead.py build/plugin/apply/libdynaflow_apply.so
+"""
+
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugin",
+                                "python"))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from dynaflow import _apply  # noqa: E402
+
+CALLS, RUNS = 2000, 7
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(8, 8)])
+
+    def forward(self, x):
+        return self.blocks[0](x)
+
+
+def plan(splits, sequential):
+    strategy = "sequential" if sequential else "nanobatch_overlap"
+    return {"schema": _apply.PLAN_SCHEMA, "device": {"name": ""},
+            "partition_rules": [{"name": "s", "role": "split", "operators": [],
+                                 "modules": ["Net.blocks.*"]}],
+            "buckets": [{"min_tokens": 0, "max_tokens": None, "strategy": strategy,
+                         "splits": splits, "rules": ["s"], "streams": []}]}
+
+
+def per_call_us(net, x):
+    with torch.inference_mode():
+        for _ in range(100):
+            net(x)
+        t = time.perf_counter()
+        for _ in range(CALLS):
+            net(x)
+        return (time.perf_counter() - t) / CALLS * 1e6
+
+
+def main():
+    torch.set_num_threads(1)
+    lib = sys.argv[1]
+    x = torch.randn(8, 8)
+    nets = {"original": Net()}
+    for name, p in [("sequential bucket", plan(2, True)), ("split 2", plan(2, False)),
+                    ("split 4", plan(4, False))]:
+        nets[name] = _apply.apply(Net(), p, runtime_lib=lib)
+    samples = {name: [] for name in nets}
+    for _ in range(RUNS):  # alternating, so load changes hit every variant alike
+        for name, net in nets.items():
+            samples[name].append(per_call_us(net, x))
+    base = statistics.median(samples["original"])
+    print(f"{CALLS} calls x {RUNS} runs, median us per module call (added over original):")
+    for name, s in samples.items():
+        m = statistics.median(s)
+        print(f"  {name:18s} {m:8.2f} us  (+{m - base:.2f} us)")
+
+
+if __name__ == "__main__":
+    main()

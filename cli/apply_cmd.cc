@@ -1,0 +1,165 @@
+// dynaflow apply PLAN [--strict] [--verify] -- CMD ARGS...
+//
+// Runs CMD with the Python bootstrap first on PYTHONPATH and the plan in its
+// environment: when the program imports torch, the bootstrap replaces the
+// forward of the modules the plan splits with planned ones that run through
+// the overlap runtime (libdynaflow_apply.so; plugin/python/dynaflow/_apply.py).
+// The program writes a JSON summary at exit, which is printed here. The exit
+// code is CMD's; --verify makes it 1 when a planned output differs from the
+// original beyond the dtype's tolerance, or when no call ran the plan.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "analysis/advisor/plan.h"
+#include "cli/child_process.h"
+#include "cli/commands.h"
+
+namespace dynaflow {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ApplyArgs {
+  std::string plan;
+  bool strict = false;
+  bool verify = false;
+  std::vector<std::string> command;
+};
+
+// The plan, validated against schemas/plan.schema.json's rules.
+Status CheckPlan(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::BadInput("cannot read the plan " + path);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::BadInput(path + " is not JSON");
+  Status st = ValidatePlanJson(j);
+  if (!st.ok()) return Status::BadInput(path + ": " + st.message());
+  return Status::Ok();
+}
+
+struct ApplyTools {
+  std::string runtime_lib;    // libdynaflow_apply.so
+  std::string bootstrap_dir;  // holds sitecustomize.py
+};
+
+StatusOr<ApplyTools> FindTools() {
+  const fs::path plugins = BinaryDir() / ".." / "plugin";
+  ApplyTools tools;
+  tools.runtime_lib = EnvOr("DYNAFLOW_APPLY_LIB", plugins / "apply" / "libdynaflow_apply.so");
+  if (!fs::is_regular_file(tools.runtime_lib)) {
+    return Status::Failure("cannot find the runtime library " + tools.runtime_lib +
+                           " (build the dynaflow_apply target, or set DYNAFLOW_APPLY_LIB)");
+  }
+  tools.runtime_lib = fs::absolute(tools.runtime_lib).lexically_normal();
+  tools.bootstrap_dir = fs::absolute(plugins / "python" / "bootstrap").lexically_normal();
+  return tools;
+}
+
+// A fresh empty file for the program's summary; removed by the caller.
+StatusOr<std::string> MakeReportFile() {
+  std::string templ = (fs::temp_directory_path() / "dynaflow-apply-XXXXXX").string();
+  const int fd = mkstemp(templ.data());
+  if (fd < 0) return Status::Failure("cannot create a temporary file in " + templ);
+  close(fd);
+  return templ;
+}
+
+std::vector<std::string> ChildEnvironment(const ApplyArgs& args, const ApplyTools& tools,
+                                          const std::string& report) {
+  std::vector<std::string> env = CurrentEnvironment();
+  PrependEnv(&env, "PYTHONPATH", tools.bootstrap_dir);
+  ReplaceEnv(&env, "DYNAFLOW_PLAN", fs::absolute(args.plan).lexically_normal().string());
+  ReplaceEnv(&env, "DYNAFLOW_APPLY_LIB", tools.runtime_lib);
+  ReplaceEnv(&env, "DYNAFLOW_APPLY_STRICT", args.strict ? "1" : "0");
+  ReplaceEnv(&env, "DYNAFLOW_APPLY_VERIFY", args.verify ? "1" : "0");
+  ReplaceEnv(&env, "DYNAFLOW_APPLY_REPORT", report);
+  return env;
+}
+
+// Prints what the program reported; the exit code that follows from it given
+// CMD's own (`exit_code`).
+int Summarize(const ApplyArgs& args, const std::string& report_path, int exit_code) {
+  std::ifstream in(report_path);
+  nlohmann::json r = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (r.is_discarded() || !r.is_object()) {
+    std::cerr << "dynaflow apply: the program never imported torch (no Python process "
+                 "reported): nothing was applied\n";
+    if (args.strict && exit_code == 0) return 2;
+    if (args.verify) std::cerr << "verify: no call ran the plan\n";
+    return exit_code == 0 && args.verify ? 1 : exit_code;
+  }
+  const std::string refused = r.value("refused", "");
+  if (!refused.empty()) {
+    std::cerr << "dynaflow apply: plan not applied: " << refused << "\n";
+  } else {
+    std::cerr << "dynaflow apply: " << r.value("planned_calls", 0) << " planned and "
+              << r.value("original_calls", 0) << " original calls of "
+              << r.value("units", nlohmann::json::array()).size() << " modules\n";
+  }
+  if (!args.verify) return exit_code;
+  const nlohmann::json v = r.value("verify", nlohmann::json::object());
+  char line[160];
+  std::snprintf(line, sizeof(line), "verify: max_abs_diff=%.3g max_rel_diff=%.3g (%d calls)",
+                v.value("max_abs_diff", 0.0), v.value("max_rel_diff", 0.0), v.value("calls", 0));
+  std::cout << line << std::endl;
+  if (v.value("ok", false)) return exit_code;
+  const std::string worst = v.value("worst", "");
+  std::cerr << "verify: FAILED: " << (worst.empty() ? "no call ran the plan" : worst) << "\n";
+  return exit_code == 0 ? 1 : exit_code;
+}
+
+int RunApply(const ApplyArgs& args) {
+  Status plan = CheckPlan(args.plan);
+  if (!plan.ok()) return Fail(plan);
+  StatusOr<ApplyTools> tools = FindTools();
+  if (!tools.ok()) return Fail(tools.status());
+  StatusOr<std::string> report = MakeReportFile();
+  if (!report.ok()) return Fail(report.status());
+
+  StatusOr<ChildExit> child = RunChild(args.command, ChildEnvironment(args, *tools, *report));
+  int exit_code = 1;
+  if (!child.ok()) {
+    exit_code = Fail(child.status());
+  } else if (child->exec_errno != 0) {
+    std::cerr << "dynaflow: " << ExecFailure(args.command[0], child->exec_errno) << "\n";
+    exit_code = ExecExitCode(child->exec_errno);
+  } else {
+    exit_code = Summarize(args, *report, child->exit_code);
+  }
+  std::error_code ec;
+  fs::remove(*report, ec);
+  return exit_code;
+}
+
+}  // namespace
+
+void AddApplyCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<ApplyArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "apply",
+      "Run CMD (a PyTorch program, unmodified) with PLAN, the plan.json of `dynaflow advise "
+      "--plan`: the modules it splits (for example every decoder layer) run their micro-batches "
+      "concurrently through dynaflow's overlap runtime, per workload bucket. A plan that does "
+      "not fit the program is refused with one line and the program runs unmodified. The exit "
+      "code is CMD's.\nIn code: import dynaflow; model = dynaflow.apply(model, \"plan.json\").");
+  cmd->add_option("PLAN", args->plan, "plan.json from `dynaflow advise --plan`")->required();
+  cmd->add_flag("--strict", args->strict,
+                "A plan that does not fit the program ends it with exit code 2");
+  cmd->add_flag("--verify", args->verify,
+                "Run every planned call the original way too, print 'verify: max_abs_diff=... "
+                "max_rel_diff=...', and exit 1 when they differ beyond the dtype's tolerance");
+  cmd->add_option("CMD", args->command,
+                  "The program and its arguments; after -- when they include options")
+      ->required();
+  cmd->final_callback([args, exit_code] { *exit_code = RunApply(*args); });
+}
+
+}  // namespace dynaflow

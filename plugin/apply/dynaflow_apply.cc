@@ -1,0 +1,181 @@
+#include "plugin/apply/dynaflow_apply.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "runtime/cpu/cpu_executor.h"
+#include "runtime/executor.h"
+#include "runtime/policy.h"
+#include "runtime/schedule.h"
+#ifdef DYNAFLOW_APPLY_WITH_CUDA
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/cudart_api.h"
+#endif
+
+namespace dynaflow::apply {
+namespace {
+
+void SetError(char* err, size_t err_len, const std::string& message) {
+  if (err == nullptr || err_len == 0) return;
+  const size_t n = std::min(message.size(), err_len - 1);
+  std::memcpy(err, message.data(), n);
+  err[n] = '\0';
+}
+
+// An executor and, for CUDA, the API object it calls, which must outlive it.
+struct ExecutorHandle {
+#ifdef DYNAFLOW_APPLY_WITH_CUDA
+  std::unique_ptr<runtime::cuda::CudartApi> cuda_api;
+#endif
+  std::unique_ptr<runtime::Executor> executor;
+};
+
+StatusOr<runtime::Schedule> BuildSchedule(const char* name, int num_streams, int num_tasks,
+                                          const int* streams, const int* micro_batches,
+                                          const int* dep_begin, const int* deps,
+                                          dynaflow_apply_task_fn fn, void* user) {
+  if (num_streams < 1 || num_tasks < 1 || fn == nullptr || streams == nullptr ||
+      micro_batches == nullptr || dep_begin == nullptr) {
+    return Status::BadInput("a schedule needs at least one stream, one task and a callback");
+  }
+  runtime::ScheduleBuilder builder(num_streams);
+  for (int i = 0; i < num_tasks; ++i) {
+    if (dep_begin[i] < 0 || dep_begin[i + 1] < dep_begin[i] ||
+        (dep_begin[i + 1] > dep_begin[i] && deps == nullptr)) {
+      return Status::BadInput("task " + std::to_string(i) + ": malformed dependency offsets");
+    }
+    std::vector<runtime::TaskId> task_deps(deps + dep_begin[i], deps + dep_begin[i + 1]);
+    const int mb = micro_batches[i];
+    builder.Add(std::string(name == nullptr ? "task" : name) + "/mb" + std::to_string(mb),
+                streams[i], std::move(task_deps),
+                [fn, user](runtime::TaskContext& ctx) -> Status {
+                  const int rc = fn(user, ctx.task.id, ctx.task.micro_batch, ctx.stream);
+                  return rc == 0 ? Status::Ok()
+                                 : Status::Failure("task " + ctx.task.name + " failed");
+                },
+                mb);
+  }
+  return std::move(builder).Build();
+}
+
+}  // namespace
+}  // namespace dynaflow::apply
+
+using dynaflow::Status;
+using dynaflow::StatusOr;
+using dynaflow::apply::ExecutorHandle;
+using dynaflow::apply::SetError;
+namespace runtime = dynaflow::runtime;
+
+extern "C" {
+
+void* dynaflow_apply_executor_new(int backend, int num_streams, char* err, size_t err_len) {
+  if (num_streams < 1) {
+    SetError(err, err_len, "an executor needs at least one stream");
+    return nullptr;
+  }
+  try {
+    auto handle = std::make_unique<ExecutorHandle>();
+    if (backend == DYNAFLOW_APPLY_CPU) {
+      handle->executor = std::make_unique<runtime::CpuExecutor>(num_streams);
+    } else if (backend == DYNAFLOW_APPLY_CUDA) {
+#ifdef DYNAFLOW_APPLY_WITH_CUDA
+      handle->cuda_api = std::make_unique<runtime::cuda::CudartApi>();
+      handle->executor =
+          std::make_unique<runtime::cuda::CudaExecutor>(*handle->cuda_api, num_streams);
+#else
+      SetError(err, err_len, "this dynaflow was built without CUDA");
+      return nullptr;
+#endif
+    } else {
+      SetError(err, err_len, "unknown backend " + std::to_string(backend));
+      return nullptr;
+    }
+    return handle.release();
+  } catch (const std::exception& e) {
+    SetError(err, err_len, std::string("cannot create the executor: ") + e.what());
+    return nullptr;
+  }
+}
+
+void dynaflow_apply_executor_free(void* executor) {
+  delete static_cast<ExecutorHandle*>(executor);
+}
+
+void* dynaflow_apply_schedule_new(const char* name, int num_streams, int num_tasks,
+                                  const int* streams, const int* micro_batches,
+                                  const int* dep_begin, const int* deps,
+                                  dynaflow_apply_task_fn fn, void* user, char* err,
+                                  size_t err_len) {
+  try {
+    StatusOr<runtime::Schedule> schedule = dynaflow::apply::BuildSchedule(
+        name, num_streams, num_tasks, streams, micro_batches, dep_begin, deps, fn, user);
+    if (!schedule.ok()) {
+      SetError(err, err_len, schedule.status().message());
+      return nullptr;
+    }
+    return new runtime::Schedule(std::move(*schedule));
+  } catch (const std::exception& e) {
+    SetError(err, err_len, std::string("cannot build the schedule: ") + e.what());
+    return nullptr;
+  }
+}
+
+void dynaflow_apply_schedule_free(void* schedule) {
+  delete static_cast<runtime::Schedule*>(schedule);
+}
+
+int dynaflow_apply_run(void* executor, void* schedule, uintptr_t caller_stream, int wait,
+                       char* err, size_t err_len) {
+  if (executor == nullptr || schedule == nullptr) {
+    SetError(err, err_len, "no executor or no schedule");
+    return DYNAFLOW_APPLY_BAD_INPUT;
+  }
+  try {
+    runtime::Executor& exec = *static_cast<ExecutorHandle*>(executor)->executor;
+    runtime::Call call;
+    call.caller_stream = caller_stream;
+    Status status = exec.Submit(*static_cast<const runtime::Schedule*>(schedule), call);
+    if (status.ok() && wait != 0) status = exec.Wait();
+    if (status.ok()) return DYNAFLOW_APPLY_OK;
+    SetError(err, err_len, status.message());
+    return status.code() == dynaflow::StatusCode::kBadInput ? DYNAFLOW_APPLY_BAD_INPUT
+                                                            : DYNAFLOW_APPLY_FAILED;
+  } catch (const std::exception& e) {
+    SetError(err, err_len, std::string("run: ") + e.what());
+    return DYNAFLOW_APPLY_FAILED;
+  }
+}
+
+void* dynaflow_apply_policy_new(int num_buckets, const int64_t* max_tokens, const int* schedules,
+                                int num_schedules, char* err, size_t err_len) {
+  try {
+    std::vector<runtime::Bucket> buckets;
+    for (int i = 0; i < num_buckets; ++i) buckets.push_back({max_tokens[i], schedules[i]});
+    StatusOr<runtime::BucketPolicy> policy =
+        runtime::BucketPolicy::Create(std::move(buckets), num_schedules);
+    if (!policy.ok()) {
+      SetError(err, err_len, policy.status().message());
+      return nullptr;
+    }
+    return new runtime::BucketPolicy(std::move(*policy));
+  } catch (const std::exception& e) {
+    SetError(err, err_len, std::string("cannot build the policy: ") + e.what());
+    return nullptr;
+  }
+}
+
+int dynaflow_apply_policy_pick(const void* policy, int64_t tokens) {
+  if (policy == nullptr || tokens < 0) return runtime::BucketPolicy::kSequential;
+  return static_cast<const runtime::BucketPolicy*>(policy)->Pick(tokens).schedule;
+}
+
+void dynaflow_apply_policy_free(void* policy) {
+  delete static_cast<runtime::BucketPolicy*>(policy);
+}
+
+}  // extern "C"

@@ -1,0 +1,134 @@
+// The C ABI on the CPU backend, called as the Python side calls it.
+#include "plugin/apply/dynaflow_apply.h"
+
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Recorder {
+  std::mutex mu;
+  std::vector<std::pair<int, int>> ran;  // (task, micro-batch) in completion order
+  int fail_task = -1;
+};
+
+int Record(void* user, int task, int micro_batch, uintptr_t stream) {
+  auto* r = static_cast<Recorder*>(user);
+  if (stream != 0) return 1;  // the CPU backend has no native stream
+  if (task == r->fail_task) return 1;
+  std::lock_guard<std::mutex> lock(r->mu);
+  r->ran.emplace_back(task, micro_batch);
+  return 0;
+}
+
+int IndexOf(const Recorder& r, int task) {
+  for (size_t i = 0; i < r.ran.size(); ++i) {
+    if (r.ran[i].first == task) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// Two micro-batches of two stages each, on two streams: stage 1 of a
+// micro-batch after its stage 0.
+struct TwoByTwo {
+  int streams[4] = {0, 1, 0, 1};
+  int micro_batches[4] = {0, 1, 0, 1};
+  int dep_begin[5] = {0, 0, 0, 1, 2};
+  int deps[2] = {0, 1};
+};
+
+TEST(ApplyAbiTest, RunsEveryTaskAfterItsDependencies) {
+  char err[256] = "";
+  void* exec = dynaflow_apply_executor_new(DYNAFLOW_APPLY_CPU, 2, err, sizeof(err));
+  ASSERT_NE(exec, nullptr) << err;
+  Recorder rec;
+  TwoByTwo s;
+  void* sched = dynaflow_apply_schedule_new("layer", 2, 4, s.streams, s.micro_batches,
+                                            s.dep_begin, s.deps, &Record, &rec, err, sizeof(err));
+  ASSERT_NE(sched, nullptr) << err;
+  for (int call = 0; call < 3; ++call) {
+    rec.ran.clear();
+    ASSERT_EQ(dynaflow_apply_run(exec, sched, 0, 1, err, sizeof(err)), DYNAFLOW_APPLY_OK) << err;
+    ASSERT_EQ(rec.ran.size(), 4u);
+    EXPECT_LT(IndexOf(rec, 0), IndexOf(rec, 2));
+    EXPECT_LT(IndexOf(rec, 1), IndexOf(rec, 3));
+    for (const auto& [task, mb] : rec.ran) EXPECT_EQ(mb, s.micro_batches[task]);
+  }
+  dynaflow_apply_schedule_free(sched);
+  dynaflow_apply_executor_free(exec);
+}
+
+TEST(ApplyAbiTest, AFailingTaskFailsTheCallAndSkipsItsDependents) {
+  char err[256] = "";
+  void* exec = dynaflow_apply_executor_new(DYNAFLOW_APPLY_CPU, 2, err, sizeof(err));
+  ASSERT_NE(exec, nullptr);
+  Recorder rec;
+  rec.fail_task = 0;
+  TwoByTwo s;
+  void* sched = dynaflow_apply_schedule_new("layer", 2, 4, s.streams, s.micro_batches,
+                                            s.dep_begin, s.deps, &Record, &rec, err, sizeof(err));
+  ASSERT_NE(sched, nullptr);
+  EXPECT_EQ(dynaflow_apply_run(exec, sched, 0, 1, err, sizeof(err)), DYNAFLOW_APPLY_FAILED);
+  EXPECT_NE(std::string(err).find("layer/mb0"), std::string::npos) << err;
+  EXPECT_EQ(IndexOf(rec, 2), -1);  // depends on the failed task: never ran
+  dynaflow_apply_schedule_free(sched);
+  dynaflow_apply_executor_free(exec);
+}
+
+TEST(ApplyAbiTest, MalformedSchedulesAreRefusedWithTheReason) {
+  char err[256] = "";
+  Recorder rec;
+  int streams[2] = {0, 0};
+  int mbs[2] = {0, 1};
+  int dep_begin[3] = {0, 1, 2};
+  int cycle[2] = {1, 0};
+  EXPECT_EQ(dynaflow_apply_schedule_new("c", 1, 2, streams, mbs, dep_begin, cycle, &Record, &rec,
+                                        err, sizeof(err)),
+            nullptr);
+  EXPECT_NE(std::string(err).find("cycle"), std::string::npos) << err;
+
+  int far_stream[2] = {0, 3};
+  int none_begin[3] = {0, 0, 0};
+  EXPECT_EQ(dynaflow_apply_schedule_new("s", 2, 2, far_stream, mbs, none_begin, nullptr, &Record,
+                                        &rec, err, sizeof(err)),
+            nullptr);
+  EXPECT_NE(std::string(err).find("s/mb1"), std::string::npos) << err;
+
+  EXPECT_EQ(dynaflow_apply_schedule_new("n", 1, 1, streams, mbs, none_begin, nullptr, nullptr,
+                                        &rec, err, sizeof(err)),
+            nullptr);
+  EXPECT_EQ(dynaflow_apply_executor_new(DYNAFLOW_APPLY_CPU, 0, err, sizeof(err)), nullptr);
+  EXPECT_EQ(dynaflow_apply_executor_new(7, 1, err, sizeof(err)), nullptr);
+  EXPECT_NE(std::string(err).find("unknown backend"), std::string::npos) << err;
+  // A one-byte buffer still gets its terminator.
+  char tiny[1] = {'x'};
+  EXPECT_EQ(dynaflow_apply_executor_new(7, 1, tiny, sizeof(tiny)), nullptr);
+  EXPECT_EQ(tiny[0], '\0');
+}
+
+TEST(ApplyAbiTest, PolicyPicksTheBucketOfTheTokenCount) {
+  char err[256] = "";
+  // Sequential up to 256 tokens, schedule 0 up to 4096, schedule 1 beyond.
+  const int64_t max_tokens[3] = {256, 4096, INT64_MAX};
+  const int schedules[3] = {-1, 0, 1};
+  void* policy = dynaflow_apply_policy_new(3, max_tokens, schedules, 2, err, sizeof(err));
+  ASSERT_NE(policy, nullptr) << err;
+  EXPECT_EQ(dynaflow_apply_policy_pick(policy, 1), -1);
+  EXPECT_EQ(dynaflow_apply_policy_pick(policy, 256), -1);
+  EXPECT_EQ(dynaflow_apply_policy_pick(policy, 257), 0);
+  EXPECT_EQ(dynaflow_apply_policy_pick(policy, 4096), 0);
+  EXPECT_EQ(dynaflow_apply_policy_pick(policy, 1 << 20), 1);
+  EXPECT_EQ(dynaflow_apply_policy_pick(policy, -5), -1);
+  dynaflow_apply_policy_free(policy);
+
+  const int64_t unsorted[2] = {4096, 256};
+  const int two[2] = {0, 0};
+  EXPECT_EQ(dynaflow_apply_policy_new(2, unsorted, two, 1, err, sizeof(err)), nullptr);
+  EXPECT_NE(std::string(err), "");
+}
+
+}  // namespace

@@ -1,0 +1,186 @@
+"""Tests of dynaflow._apply: plan matching, and planned forwards run through
+the real runtime library (libdynaflow_apply.so, env DYNAFLOW_APPLY_LIB_BUILT)
+on the CPU backend, compared with the original forwards."""
+
+import importlib.util
+import io
+import os
+import sys
+import unittest
+from contextlib import redirect_stderr
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from dynaflow import _apply  # noqa: E402 - after the path is set
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+RUNTIME = os.environ.get("DYNAFLOW_APPLY_LIB_BUILT", "")
+if HAS_TORCH:
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.up = nn.Linear(width, 2 * width)
+            self.down = nn.Linear(2 * width, width)
+
+        def forward(self, x, scale=1.0, cache=None):
+            if cache is not None:
+                cache.copy_(x[:, :1])  # in place through the micro-batch's rows
+            return x + scale * self.down(torch.relu(self.up(x)))
+
+    class Net(nn.Module):
+        def __init__(self, width=16, blocks=3):
+            super().__init__()
+            self.blocks = nn.ModuleList(Block(width) for _ in range(blocks))
+            self.head = nn.Linear(width, 4)
+
+        def forward(self, x, cache=None):
+            for b in self.blocks:
+                x = b(x, scale=0.5, cache=cache)
+            return self.head(x)
+
+    class SumBlock(nn.Module):
+        """Returns a scalar: its output has no batch dimension to merge."""
+
+        def forward(self, x):
+            return x.sum()
+
+    class SumNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([SumBlock()])
+
+        def forward(self, x):
+            return self.layers[0](x)
+
+
+def plan(units, splits=2, min_split_tokens=0, device=""):
+    """A plan: sequential up to min_split_tokens tokens, then split."""
+    split = {"min_tokens": min_split_tokens, "max_tokens": None, "strategy": "nanobatch_overlap",
+             "splits": splits, "rules": ["nanobatch_overlap.split"],
+             "streams": [{"id": 0, "role": "compute"}]}
+    buckets = [split]
+    if min_split_tokens > 0:
+        buckets = [{"min_tokens": 0, "max_tokens": min_split_tokens, "strategy": "sequential",
+                    "splits": 1, "rules": [], "streams": [{"id": 0, "role": "compute"}]}, split]
+    return {"schema": _apply.PLAN_SCHEMA, "device": {"name": device},
+            "partition_rules": [{"name": "nanobatch_overlap.split", "role": "split",
+                                 "operators": [], "modules": units}],
+            "buckets": buckets}
+
+
+class PureFunctionsTest(unittest.TestCase):
+    def test_a_star_matches_one_layer_index(self):
+        self.assertTrue(_apply.matches("M.layers.*", "M.layers.12"))
+        self.assertFalse(_apply.matches("M.layers.*", "M.layers.x"))
+        self.assertFalse(_apply.matches("M.layers.*", "M.layers.1.mlp"))
+        self.assertTrue(_apply.matches("M.head", "M.head"))
+
+    def test_even_bounds_match_the_runtime_row_split(self):
+        self.assertEqual(_apply.even_bounds(7, 3), [0, 3, 5, 7])
+        self.assertEqual(_apply.even_bounds(4, 2), [0, 2, 4])
+
+    def test_bucket_table_gives_one_schedule_per_split_count(self):
+        p = plan(["M.b.*"], splits=4, min_split_tokens=256)
+        self.assertEqual(_apply.bucket_table(p), ([256, _apply.INT64_MAX], [-1, 0], [4]))
+        self.assertEqual(_apply.split_units(p), ["M.b.*"])
+        self.assertEqual(_apply.root_class(p), "M")
+
+    def test_unsupported_strategies_are_named(self):
+        p = plan(["M.b.*"])
+        p["buckets"][0]["strategy"] = "comm_overlap"
+        with self.assertRaisesRegex(_apply.PlanMismatch, "comm_overlap"):
+            _apply.check_strategies(p)
+
+
+@unittest.skipUnless(HAS_TORCH and RUNTIME, "needs torch and the built runtime library")
+class ApplyTest(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+        self.net = Net()
+        self.x = torch.randn(6, 5, 16)
+
+    def test_planned_output_equals_the_original(self):
+        expected = self.net(self.x)
+        _apply.apply(self.net, plan(["Net.blocks.*"], splits=3), verify=True, runtime_lib=RUNTIME)
+        applier = self.net._dynaflow_applier
+        self.assertEqual(applier.report.units, ["Net.blocks.0", "Net.blocks.1", "Net.blocks.2"])
+        actual = self.net(self.x)
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+        self.assertEqual(applier.report.planned_calls, 3)
+        self.assertEqual(applier.report.verified_calls, 3)
+        self.assertTrue(applier.report.verify_ok)
+        self.assertLess(applier.report.max_abs_diff, 1e-5)
+
+    def test_tensor_keyword_arguments_are_split_and_written_in_place(self):
+        cache = torch.zeros(6, 1, 16)
+        self.net(self.x, cache=cache)
+        expected = cache.clone()
+        cache.zero_()
+        _apply.apply(self.net, plan(["Net.blocks.*"]), runtime_lib=RUNTIME)
+        self.net(self.x, cache=cache)
+        torch.testing.assert_close(cache, expected)
+
+    def test_small_steps_and_small_batches_run_the_original_forward(self):
+        _apply.apply(self.net, plan(["Net.blocks.*"], splits=2, min_split_tokens=64),
+                     runtime_lib=RUNTIME)
+        report = self.net._dynaflow_applier.report
+        self.net(torch.randn(2, 8, 16))  # 16 tokens: the sequential bucket
+        self.assertEqual((report.planned_calls, report.original_calls), (0, 3))
+        self.net(torch.randn(1, 100, 16))  # 100 tokens, one row: nothing to split
+        self.assertEqual((report.planned_calls, report.original_calls), (0, 6))
+        self.net(torch.randn(4, 100, 16))
+        self.assertEqual((report.planned_calls, report.original_calls), (3, 6))
+
+    def test_gradients_flow_through_planned_calls(self):
+        x = self.x.clone().requires_grad_(True)
+        self.net(x).sum().backward()
+        expected = [p.grad.clone() for p in self.net.parameters()]
+        expected_x = x.grad.clone()
+        self.net.zero_grad()
+        x.grad = None
+        _apply.apply(self.net, plan(["Net.blocks.*"]), runtime_lib=RUNTIME)
+        self.net(x).sum().backward()
+        for p, g in zip(self.net.parameters(), expected):
+            torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(x.grad, expected_x, rtol=1e-5, atol=1e-6)
+
+    def test_inference_mode_holds_on_the_worker_threads(self):
+        _apply.apply(self.net, plan(["Net.blocks.*"]), runtime_lib=RUNTIME)
+        with torch.inference_mode():
+            out = self.net(self.x)
+        self.assertTrue(out.is_inference())
+
+    def test_an_error_in_a_micro_batch_reaches_the_caller(self):
+        _apply.apply(self.net, plan(["Net.blocks.*"]), runtime_lib=RUNTIME)
+        with self.assertRaisesRegex(RuntimeError, "shapes cannot be multiplied"):
+            self.net(torch.randn(4, 5, 7))
+
+    def test_unknown_modules_and_operators_are_refused_unchanged(self):
+        with self.assertRaisesRegex(_apply.PlanMismatch, r"unknown module Net\.layers\.\*"):
+            _apply.apply(self.net, plan(["Net.layers.*"]), runtime_lib=RUNTIME)
+        with self.assertRaisesRegex(_apply.PlanMismatch, "operators"):
+            _apply.apply(self.net, plan(["aten::linear"]), runtime_lib=RUNTIME)
+        self.assertNotIn("forward", self.net.blocks[0].__dict__)
+
+    def test_a_plan_for_a_gpu_is_refused_on_the_cpu(self):
+        with self.assertRaisesRegex(_apply.PlanMismatch, "NVIDIA H200.*cpu"):
+            _apply.apply(self.net, plan(["Net.blocks.*"], device="NVIDIA H200"),
+                         runtime_lib=RUNTIME)
+
+    def test_incompatible_outputs_are_refused_at_the_call(self):
+        net = SumNet()
+        x = torch.randn(4, 3)
+        _apply.apply(net, plan(["SumNet.layers.*"]), runtime_lib=RUNTIME)
+        err = io.StringIO()
+        with redirect_stderr(err):
+            out = net(x)
+        torch.testing.assert_close(out, x.sum())
+        self.assertIn("incompatible shapes: SumNet.layers.0", err.getvalue())
+        self.assertNotIn("forward", net.layers[0].__dict__)  # restored
+
+
+if __name__ == "__main__":
+    unittest.main()

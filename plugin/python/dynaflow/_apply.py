@@ -1,0 +1,617 @@
+"""Runs the modules a plan partitions through dynaflow's overlap runtime.
+
+A plan (plan.json, schema dynaflow.plan/1, written by `dynaflow advise --plan`)
+names, per workload bucket (tokens per step), a strategy and the units it
+splits: module paths whose layer index is "*" ("LlamaForCausalLM.model.layers.*").
+Each matching module's forward is replaced by a planned forward that, for a
+call whose token count falls in a bucket that splits the batch:
+  - splits every tensor argument whose first dimension is the batch into
+    `splits` views (narrow: no copy), keyword arguments included, so caches
+    passed as tensors are written in place through their rows;
+  - runs micro-batch i as one task on stream i of the runtime (libdynaflow_apply:
+    CPU workers, or CUDA streams forked from and joined into the caller's
+    stream), so the micro-batches' kernels overlap;
+  - writes micro-batch i's output into its rows of one output allocated once
+    (no concatenation).
+Calls in a sequential bucket, or with fewer rows than splits, run the original
+forward after one policy lookup.
+
+Strategies that split the batch (nanobatch_overlap, dual_batch_overlap) are
+applied; a plan whose strategy at some bucket is comm_overlap or fusion is
+refused, as is one whose units or device do not match the program.
+A refused plan prints one "dynaflow apply: ..." line and the program runs
+unmodified; with strict, the process exits with code 2 instead.
+
+Environment (set by `dynaflow apply`): DYNAFLOW_PLAN, DYNAFLOW_APPLY_LIB (the
+runtime library), DYNAFLOW_APPLY_STRICT=1, DYNAFLOW_APPLY_VERIFY=1 (run the
+original forward too on every planned call and compare), DYNAFLOW_APPLY_REPORT
+(a JSON summary written at exit, which the CLI prints).
+"""
+
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import sys
+import threading
+
+PLAN_SCHEMA = "dynaflow.plan/1"
+SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
+UNSUPPORTED_STRATEGIES = ("comm_overlap", "fusion")
+INT64_MAX = 2**63 - 1
+
+# Per dtype (rtol, atol): a planned output element b may differ from the
+# original a by atol + rtol * |a|. Splitting the batch changes GEMM shapes, so
+# kernels may accumulate in another order; these bound that, as
+# torch.testing's defaults do, loosened for float32's many layers.
+_TOLERANCES = {
+    "torch.float64": (1e-7, 1e-9),
+    "torch.float32": (1e-4, 1e-5),
+    "torch.float16": (1e-2, 1e-3),
+    "torch.bfloat16": (2e-2, 1e-2),
+}
+_EXACT = (0.0, 0.0)  # integer and boolean outputs must be equal
+
+
+class PlanMismatch(Exception):
+    """The plan does not fit the program; the message names what differs."""
+
+
+def _say(message):
+    try:
+        print(f"dynaflow apply: {message}", file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 - stderr may be closed
+        pass
+
+
+def load_plan(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            plan = json.load(f)
+    except (OSError, ValueError) as e:
+        raise PlanMismatch(f"cannot read the plan {path}: {e}") from None
+    if not isinstance(plan, dict) or plan.get("schema") != PLAN_SCHEMA:
+        raise PlanMismatch(f"{path} is not a {PLAN_SCHEMA} plan")
+    return plan
+
+
+def _rules_by_name(plan):
+    return {r.get("name"): r for r in plan.get("partition_rules", [])}
+
+
+def split_units(plan):
+    """The module patterns the plan's split buckets split, in plan order."""
+    rules = _rules_by_name(plan)
+    units = []
+    for bucket in plan.get("buckets", []):
+        if bucket.get("strategy") not in SPLIT_STRATEGIES:
+            continue
+        for name in bucket.get("rules", []):
+            rule = rules.get(name)
+            if rule is None or rule.get("role") != "split":
+                continue
+            for m in rule.get("modules", []):
+                if m not in units:
+                    units.append(m)
+    return units
+
+
+def matches(pattern, path):
+    """Whether module `path` matches `pattern`: equal components, where "*"
+    matches one all-digit component (a layer index)."""
+    p = pattern.split(".")
+    q = path.split(".")
+    if len(p) != len(q):
+        return False
+    return all(a == b or (a == "*" and b.isdigit()) for a, b in zip(p, q))
+
+
+def root_class(plan):
+    """The class name the plan's module paths start with, or None."""
+    for unit in split_units(plan):
+        return unit.split(".")[0]
+    return None
+
+
+def resolve_units(model, plan):
+    """[(path, module)] of `model` that the plan splits, outermost only.
+    Raises PlanMismatch naming a unit that matches nothing."""
+    root = type(model).__name__
+    units = split_units(plan)
+    for unit in units:
+        if "::" in unit:
+            raise PlanMismatch(
+                f"the plan splits operators ({unit}), not modules: advise a trace made by "
+                f"`dynaflow trace`, which records module paths")
+    found = []
+    used = set()
+    for name, module in model.named_modules():
+        path = root + ("." + name if name else "")
+        if any(path.startswith(p + ".") for p, _ in found):
+            continue  # inside a unit already split
+        for unit in units:
+            if matches(unit, path):
+                found.append((path, module))
+                used.add(unit)
+                break
+    missing = [u for u in units if u not in used]
+    if missing:
+        names = [root + ("." + n if n else "") for n, _ in model.named_modules()]
+        depth = missing[0].count(".")
+        near = sorted({n for n in names if n.count(".") == depth})[:4]
+        raise PlanMismatch(f"unknown module {missing[0]} (modules at that depth: "
+                           f"{', '.join(near) or 'none'})")
+    return found
+
+
+def check_device(model, plan):
+    """Raises PlanMismatch when the plan was made on another device."""
+    import torch
+
+    name = (plan.get("device") or {}).get("name") or ""
+    if not name:
+        return  # a plan from a run without GPU activity holds for any device
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    if device.type != "cuda":
+        raise PlanMismatch(f"the plan is for {name}, the model runs on {device.type}")
+    running = torch.cuda.get_device_name(device)
+    if running != name:
+        raise PlanMismatch(f"the plan is for {name}, the model runs on {running}")
+
+
+def check_strategies(plan):
+    for bucket in plan.get("buckets", []):
+        s = bucket.get("strategy")
+        if s in UNSUPPORTED_STRATEGIES:
+            raise PlanMismatch(f"strategy {s} (tokens {bucket.get('min_tokens')} and up) is "
+                               f"not applied by this version; advise with --force-strategy "
+                               f"nanobatch_overlap or dual_batch_overlap")
+
+
+class _Runtime:
+    """libdynaflow_apply through ctypes (plugin/apply/dynaflow_apply.h)."""
+
+    TASK_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                               ctypes.c_size_t)
+
+    def __init__(self, path):
+        if not path:
+            raise PlanMismatch("no runtime library (DYNAFLOW_APPLY_LIB is not set)")
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise PlanMismatch(f"cannot load {path}: {e}") from None
+        vp, ip, i64p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64)
+        err = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.dynaflow_apply_executor_new.argtypes = [ctypes.c_int, ctypes.c_int] + err
+        lib.dynaflow_apply_executor_new.restype = vp
+        lib.dynaflow_apply_executor_free.argtypes = [vp]
+        lib.dynaflow_apply_schedule_new.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
+                                                    ip, ip, ip, ip, self.TASK_FN, vp] + err
+        lib.dynaflow_apply_schedule_new.restype = vp
+        lib.dynaflow_apply_schedule_free.argtypes = [vp]
+        lib.dynaflow_apply_run.argtypes = [vp, vp, ctypes.c_size_t, ctypes.c_int] + err
+        lib.dynaflow_apply_run.restype = ctypes.c_int
+        lib.dynaflow_apply_policy_new.argtypes = [ctypes.c_int, i64p, ip, ctypes.c_int] + err
+        lib.dynaflow_apply_policy_new.restype = vp
+        lib.dynaflow_apply_policy_pick.argtypes = [vp, ctypes.c_int64]
+        lib.dynaflow_apply_policy_pick.restype = ctypes.c_int
+        self.lib = lib
+
+    @staticmethod
+    def _ints(values, ctype=ctypes.c_int):
+        return (ctype * max(1, len(values)))(*values)
+
+    def executor(self, cuda, streams):
+        err = ctypes.create_string_buffer(512)
+        h = self.lib.dynaflow_apply_executor_new(1 if cuda else 0, streams, err, len(err))
+        if not h:
+            raise PlanMismatch(f"runtime: {err.value.decode()}")
+        return h
+
+    def micro_batch_schedule(self, name, splits, task_fn):
+        """`splits` independent tasks, micro-batch i on stream i."""
+        err = ctypes.create_string_buffer(512)
+        idx = list(range(splits))
+        h = self.lib.dynaflow_apply_schedule_new(
+            name.encode(), splits, splits, self._ints(idx), self._ints(idx),
+            self._ints([0] * (splits + 1)), self._ints([]), task_fn, None, err, len(err))
+        if not h:
+            raise PlanMismatch(f"runtime: {err.value.decode()}")
+        return h
+
+    def run(self, executor, schedule, caller_stream, wait):
+        err = ctypes.create_string_buffer(512)
+        rc = self.lib.dynaflow_apply_run(executor, schedule, caller_stream, 1 if wait else 0,
+                                         err, len(err))
+        return rc, err.value.decode()
+
+    def policy(self, max_tokens, schedules, num_schedules):
+        err = ctypes.create_string_buffer(512)
+        h = self.lib.dynaflow_apply_policy_new(len(max_tokens), self._ints(max_tokens, ctypes.c_int64),
+                                               self._ints(schedules), num_schedules, err, len(err))
+        if not h:
+            raise PlanMismatch(f"plan buckets: {err.value.decode()}")
+        return h
+
+    def pick(self, policy, tokens):
+        return self.lib.dynaflow_apply_policy_pick(policy, tokens)
+
+
+def bucket_table(plan):
+    """(max_tokens list, schedule index list, splits per schedule) for the
+    runtime's policy: one schedule per distinct split count; -1 sequential."""
+    max_tokens, schedules, splits_of = [], [], []
+    for bucket in plan.get("buckets", []):
+        top = bucket.get("max_tokens")
+        max_tokens.append(INT64_MAX if top is None else int(top))
+        splits = int(bucket.get("splits", 1))
+        if bucket.get("strategy") in SPLIT_STRATEGIES and splits > 1:
+            if splits not in splits_of:
+                splits_of.append(splits)
+            schedules.append(splits_of.index(splits))
+        else:
+            schedules.append(-1)
+    return max_tokens, schedules, splits_of
+
+
+def even_bounds(rows, parts):
+    """Row offsets of `parts` near-equal parts (the first rows % parts get one
+    more), as the runtime's RowSplit::Even."""
+    base, extra = divmod(rows, parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return bounds
+
+
+def first_tensor(args):
+    """The first positional tensor argument with a batch dimension, or None."""
+    import torch
+
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dim() >= 1:
+            return a
+    return None
+
+
+def tokens_of(x):
+    """Tokens in a call whose first tensor argument is `x`: its rows x
+    sequence (every dimension but the last)."""
+    if x.dim() >= 2 and x.shape[-1]:
+        return x.numel() // x.shape[-1]
+    return x.shape[0]
+
+
+def _narrow(value, batch, begin, count):
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == batch:
+        return value.narrow(0, begin, count)
+    return value
+
+
+def _tolerance(dtype):
+    if dtype.is_floating_point:
+        return _TOLERANCES.get(str(dtype), _TOLERANCES["torch.float32"])
+    return _EXACT
+
+
+class Report:
+    """What happened, for the CLI's summary and --verify."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.plan = ""
+        self.refused = ""
+        self.units = []
+        self.planned_calls = 0
+        self.original_calls = 0
+        self.verified_calls = 0
+        self.max_abs_diff = 0.0
+        self.max_rel_diff = 0.0
+        self.verify_ok = True
+        self.worst = ""
+
+    def compare(self, path, expected, actual):
+        import torch
+
+        pairs = []
+        if isinstance(expected, torch.Tensor):
+            pairs = [(expected, actual)]
+        elif isinstance(expected, (tuple, list)):
+            pairs = [(e, a) for e, a in zip(expected, actual) if isinstance(e, torch.Tensor)]
+        with self.lock:
+            self.verified_calls += 1
+        for e, a in pairs:
+            if e.shape != a.shape:
+                with self.lock:
+                    self.verify_ok = False
+                    self.worst = f"{path}: shape {tuple(a.shape)} != {tuple(e.shape)}"
+                continue
+            e64, a64 = e.detach().double(), a.detach().double()
+            diff = (e64 - a64).abs()
+            rtol, atol = _tolerance(e.dtype)
+            bad = bool((diff > atol + rtol * e64.abs()).any()) if diff.numel() else False
+            abs_max = float(diff.max()) if diff.numel() else 0.0
+            rel = diff / e64.abs().clamp_min(max(atol, 1e-30))
+            rel_max = float(rel.max()) if rel.numel() else 0.0
+            with self.lock:
+                if abs_max > self.max_abs_diff:
+                    self.max_abs_diff = abs_max
+                self.max_rel_diff = max(self.max_rel_diff, rel_max)
+                if bad and self.verify_ok:
+                    self.verify_ok = False
+                    self.worst = (f"{path}: {e.dtype} differs beyond rtol={rtol} atol={atol} "
+                                  f"(max abs {abs_max:.3g})")
+
+    def as_json(self, verify):
+        out = {
+            "plan": self.plan,
+            "refused": self.refused,
+            "units": self.units,
+            "planned_calls": self.planned_calls,
+            "original_calls": self.original_calls,
+        }
+        if verify:
+            out["verify"] = {
+                "calls": self.verified_calls,
+                "max_abs_diff": self.max_abs_diff,
+                "max_rel_diff": self.max_rel_diff,
+                "ok": self.verify_ok and self.verified_calls > 0,
+                "worst": self.worst,
+            }
+        return out
+
+
+class _PlannedForward:
+    """Replaces one module's forward: the plan's schedule for the call's bucket."""
+
+    def __init__(self, path, module, applier):
+        self.path = path
+        self.module = module
+        self.original = module.forward
+        self.applier = applier
+        self.schedules = {}  # splits -> (schedule handle, task function, state)
+        module.forward = self
+
+    def restore(self):
+        if self.module.__dict__.get("forward") is self:
+            del self.module.forward
+
+    def __call__(self, *args, **kwargs):
+        a = self.applier
+        x = first_tensor(args)
+        index = -1 if x is None else a.runtime.pick(a.policy, tokens_of(x))
+        if index < 0 or x.shape[0] < a.splits_of[index]:
+            a.report.original_calls += 1
+            return self.original(*args, **kwargs)
+        expected = self.original(*args, **kwargs) if a.verify else None
+        try:
+            with a.lock:  # one call at a time per executor
+                out = self._run(a.splits_of[index], x.shape[0], args, kwargs)
+        except PlanMismatch as e:
+            a.refuse(str(e))
+            return expected if a.verify else self.original(*args, **kwargs)
+        a.report.planned_calls += 1
+        if a.verify:
+            a.report.compare(self.path, expected, out)
+        return out
+
+    def _run(self, splits, batch, args, kwargs):
+        import torch
+
+        a = self.applier
+        bounds = even_bounds(batch, splits)
+        state = {
+            "args": [tuple(_narrow(x, batch, bounds[i], bounds[i + 1] - bounds[i]) for x in args)
+                     for i in range(splits)],
+            "kwargs": [{k: _narrow(v, batch, bounds[i], bounds[i + 1] - bounds[i])
+                        for k, v in kwargs.items()} for i in range(splits)],
+            "bounds": bounds,
+            "batch": batch,
+            "out": None,
+            "error": None,
+            "grad": torch.is_grad_enabled(),
+            "inference": torch.is_inference_mode_enabled(),
+            "caller": torch.cuda.current_stream() if a.cuda else None,
+        }
+        handle, _, shared = self._schedule(splits)
+        shared.update(state)  # what the schedule's task function reads
+        caller = state["caller"].cuda_stream if a.cuda else 0
+        rc, message = a.runtime.run(a.executor, handle, caller, wait=not a.cuda)
+        error = shared["error"]
+        out = shared["out"]
+        shared.clear()  # drops the views and the output reference
+        if error is not None:
+            raise error
+        if rc != 0:
+            raise RuntimeError(f"dynaflow apply: {self.path}: {message}")
+        return out
+
+    def _schedule(self, splits):
+        if splits not in self.schedules:
+            state = {}
+            fn = _Runtime.TASK_FN(lambda _u, _t, mb, stream: self._task(state, mb, stream))
+            handle = self.applier.runtime.micro_batch_schedule(self.path, splits, fn)
+            self.schedules[splits] = (handle, fn, state)
+        return self.schedules[splits]
+
+    def _task(self, state, mb, stream):
+        import torch
+
+        try:
+            # Grad and inference mode are per thread: the caller's hold here.
+            modes = contextlib.ExitStack()
+            with modes:
+                if state["inference"]:
+                    modes.enter_context(torch.inference_mode())
+                else:
+                    modes.enter_context(torch.set_grad_enabled(state["grad"]))
+                if stream:
+                    modes.enter_context(torch.cuda.stream(torch.cuda.ExternalStream(stream)))
+                result = self.original(*state["args"][mb], **state["kwargs"][mb])
+                self._merge(state, mb, result)
+            return 0
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            if state.get("error") is None:
+                state["error"] = e
+            return 1
+
+    def _merge(self, state, mb, result):
+        import torch
+
+        begin = state["bounds"][mb]
+        count = state["bounds"][mb + 1] - begin
+        parts = result if isinstance(result, (tuple, list)) else (result,)
+        if not all(isinstance(p, torch.Tensor) and p.dim() >= 1 and p.shape[0] == count
+                   for p in parts):
+            raise PlanMismatch(f"incompatible shapes: {self.path} returns something other than "
+                               f"tensors with the batch as first dimension")
+        with self.applier.merge_lock:
+            if state["out"] is None:
+                # Allocated on the caller's stream, which every task follows.
+                ctx = (torch.cuda.stream(state["caller"]) if state["caller"] is not None
+                       else contextlib.nullcontext())
+                with ctx:
+                    merged = [torch.empty((state["batch"],) + tuple(p.shape[1:]), dtype=p.dtype,
+                                          device=p.device) for p in parts]
+                state["out"] = merged[0] if isinstance(result, torch.Tensor) else type(result)(merged)
+            # Under the lock: autograd rebases the output's history on every
+            # in-place write through a view, which is not thread-safe.
+            out = state["out"]
+            targets = (out,) if isinstance(out, torch.Tensor) else out
+            for target, part in zip(targets, parts):
+                target.narrow(0, begin, count).copy_(part)
+
+
+class Applier:
+    """A plan applied to one model."""
+
+    def __init__(self, plan, runtime_lib, verify=False, report=None):
+        self.plan = plan
+        self.verify = verify
+        self.report = report or Report()
+        self.lock = threading.Lock()
+        self.merge_lock = threading.Lock()
+        # Called with the reason when a call finds the plan does not fit:
+        # the modules are restored first, so the program runs unmodified.
+        self.on_refuse = lambda message: _say(f"plan refused: {message}; "
+                                              f"the program runs unmodified")
+        self.runtime = _Runtime(runtime_lib)
+        max_tokens, schedules, self.splits_of = bucket_table(plan)
+        self.policy = self.runtime.policy(max_tokens, schedules, len(self.splits_of))
+        self.cuda = False
+        self.executor = None
+        self.forwards = []
+
+    def attach(self, model):
+        check_strategies(self.plan)
+        check_device(model, self.plan)
+        units = resolve_units(model, self.plan)
+        if not units or not self.splits_of:
+            return self
+        param = next(model.parameters(), None)
+        self.cuda = param is not None and param.device.type == "cuda"
+        self.executor = self.runtime.executor(self.cuda, max(self.splits_of))
+        for path, module in units:
+            self.forwards.append(_PlannedForward(path, module, self))
+        self.report.units = [p for p, _ in units]
+        return self
+
+    def detach(self):
+        for f in self.forwards:
+            f.restore()
+        self.forwards = []
+
+    def refuse(self, message):
+        self.detach()
+        self.on_refuse(message)
+
+
+def apply(model, plan, verify=False, runtime_lib=None):
+    """Applies `plan` (a path or a loaded dict) to `model` in place and returns
+    model. Raises PlanMismatch when the plan does not fit; nothing is changed
+    then."""
+    if not isinstance(plan, dict):
+        plan = load_plan(plan)
+    applier = Applier(plan, runtime_lib or os.environ.get("DYNAFLOW_APPLY_LIB"), verify)
+    applier.attach(model)
+    model._dynaflow_applier = applier
+    return model
+
+
+class _FromEnvironment:
+    """The bootstrap's way: attach to the first module whose class is the
+    plan's root, when it is first called; report at exit."""
+
+    def __init__(self):
+        self.strict = os.environ.get("DYNAFLOW_APPLY_STRICT") == "1"
+        self.verify = os.environ.get("DYNAFLOW_APPLY_VERIFY") == "1"
+        self.report_path = os.environ.get("DYNAFLOW_APPLY_REPORT")
+        self.report = Report()
+        self.report.plan = os.environ.get("DYNAFLOW_PLAN", "")
+        self.plan = None
+        self.root = None
+        self.hook = None
+        self.applier = None
+        atexit.register(self.write_report)
+
+    def install(self):
+        from torch.nn.modules import module as nn_module
+
+        try:
+            self.plan = load_plan(self.report.plan)
+            check_strategies(self.plan)
+        except PlanMismatch as e:
+            self.refuse(str(e))
+            return
+        self.root = root_class(self.plan)
+        if self.root is None:
+            _say("the plan splits nothing (sequential): the program runs unmodified")
+            return
+        self.hook = nn_module.register_module_forward_pre_hook(self.pre_hook)
+
+    def pre_hook(self, module, _args):
+        if self.applier is not None or type(module).__name__ != self.root:
+            return
+        self.hook.remove()
+        try:
+            self.applier = Applier(self.plan, os.environ.get("DYNAFLOW_APPLY_LIB"), self.verify,
+                                   self.report)
+            self.applier.on_refuse = self.refuse
+            self.applier.attach(module)
+            _say(f"{len(self.applier.forwards)} modules of {self.root} run the plan")
+        except PlanMismatch as e:
+            if self.applier is not None:
+                self.applier.detach()
+            self.refuse(str(e))
+
+    def refuse(self, message):
+        self.report.refused = message
+        _say(f"plan refused: {message}; "
+             + ("exiting (--strict)" if self.strict else "the program runs unmodified"))
+        if self.strict:
+            self.write_report()
+            sys.stdout.flush()
+            os._exit(2)
+
+    def write_report(self):
+        if self.plan is not None and self.root is not None and self.applier is None \
+                and not self.report.refused:
+            self.report.refused = f"no module {self.root} ran"
+            _say(f"plan not applied: no module {self.root} ran")
+        if not self.report_path:
+            return
+        try:
+            with open(self.report_path, "w", encoding="utf-8") as f:
+                json.dump(self.report.as_json(self.verify), f)
+        except OSError as e:
+            _say(f"cannot write {self.report_path}: {e}")
+
+
+def install_from_env():
+    """Called by the bootstrap right after torch is imported."""
+    _FromEnvironment().install()

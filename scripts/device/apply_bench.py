@@ -1,0 +1,225 @@
+"""The measurements of scripts/device/apply_bench.sh (see there).
+
+For prefill and for long-context decode: traces one representative workload
+of examples/llama_decode.py's decoder with `dynaflow trace`, asks `dynaflow
+advise` for a plan, then times every workload three ways in one process:
+baseline eager, baseline captured in one CUDA graph, and the plan applied
+(dynaflow.apply) and captured in one CUDA graph (on the CPU: eager only).
+Prints the predicted speedup of the plan's bucket beside the measured one.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [os.path.join(ROOT, "examples"), os.path.join(ROOT, "plugin", "python")]
+
+import torch  # noqa: E402
+
+import dynaflow  # noqa: E402
+import llama_decode as ld  # noqa: E402
+
+# Llama-3-8B's layer shape; fewer layers than its 32 keep the run short (the
+# speedup is per layer).
+SIZES = {
+    "cuda": dict(model=["--layers", "8", "--hidden", "4096", "--heads", "32", "--kv-heads", "8",
+                        "--intermediate", "14336", "--vocab", "32000", "--dtype", "bfloat16"],
+                 seq=256, prefill=[256, 512, 1024, 2048, 4096, 8192], prefill_trace=2048,
+                 context=4096, decode=[32, 64, 128, 256], decode_trace=128, iters=20),
+    "cpu": dict(model=["--layers", "2", "--hidden", "256", "--heads", "8", "--kv-heads", "2",
+                       "--vocab", "1024"],
+                seq=16, prefill=[32, 64, 128], prefill_trace=64,
+                context=64, decode=[4, 8], decode_trace=8, iters=3),
+}
+GAIN = 1.03  # a bucket "predicts a gain" from this speedup on
+TARGET_GAIN, TARGET_SEQUENTIAL = 1.15, 0.98
+
+
+def model_args(device):
+    parser = argparse.ArgumentParser()
+    ld.add_model_args(parser)
+    args = parser.parse_args(SIZES[device]["model"] + ["--device", device])
+    ld.check_model_args(parser, args)
+    return args
+
+
+def make_step(model, args, kind, batch, length):
+    """A closure running one forward: a prefill of [batch, length] tokens, or
+    one decode step of [batch, 1] after a cache of `length` positions."""
+    g = torch.Generator(device="cpu").manual_seed(1)
+    positions = length + 1
+    cache = ld.KVCache(args.layers, batch, args.kv_heads, positions, args.hidden // args.heads,
+                       args.dtype, args.device)
+    if kind == "prefill":
+        tokens = torch.randint(args.vocab, (batch, length), generator=g).to(args.device)
+        start = 0
+    else:
+        cache.k.normal_()
+        cache.v.normal_()
+        tokens = torch.randint(args.vocab, (batch, 1), generator=g).to(args.device)
+        start = length
+
+    @torch.inference_mode()
+    def step():
+        return model(tokens, start, cache)
+    return step
+
+
+def shape_of(kind, size, sizes):
+    """(batch, length) of a workload of `size` (tokens for prefill, batch for decode)."""
+    if kind == "prefill":
+        return max(1, size // sizes["seq"]), sizes["seq"]
+    return size, sizes["context"]
+
+
+def time_ms(fn, iters, device):
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(iters):
+        if device == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(begin.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(samples)
+
+
+def graphed(step):
+    """`step` captured in one CUDA graph (after a warm-up on a side stream, as
+    torch.cuda.graph expects); returns (replay, output of the capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph.replay, out
+
+
+def bucket_of(plan, tokens):
+    for b in plan["buckets"]:
+        top = b["max_tokens"]
+        if tokens >= b["min_tokens"] and (top is None or tokens <= top):
+            return b
+    return plan["buckets"][-1]
+
+
+def run_workload(opts):
+    """Child mode, traced: a few steps of one workload."""
+    args = model_args(opts.device)
+    batch, length = shape_of(opts.workload, opts.size, SIZES[opts.device])
+    model = ld.build_model(args, length + 1)
+    step = make_step(model, args, opts.workload, batch, length)
+    for _ in range(5):
+        step()
+    if opts.device == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_plan(opts, kind, size):
+    db = os.path.join(opts.out, f"{kind}.db")
+    plan = os.path.join(opts.out, f"{kind}_plan.json")
+    subprocess.run([opts.dynaflow, "trace", "-o", db, "--", sys.executable, __file__,
+                    "--workload", kind, "--size", str(size), "--device", opts.device],
+                   check=True)
+    subprocess.run([opts.dynaflow, "advise", db, "--plan", plan, "--format", "json", "-o",
+                    os.path.join(opts.out, f"{kind}_report.json")], check=True)
+    if opts.device == "cpu":  # no GPU activity to advise on: exercise the flow with a split
+        subprocess.run([opts.dynaflow, "advise", db, "--plan", plan, "--force-strategy",
+                        "nanobatch_overlap", "--splits", "2"], check=True, stdout=subprocess.DEVNULL)
+    with open(plan, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def measure(opts, kind, plan):
+    sizes = SIZES[opts.device]
+    args = model_args(opts.device)
+    rows = []
+    for size in sizes[kind]:
+        batch, length = shape_of(kind, size, sizes)
+        model = ld.build_model(args, length + 1)
+        step = make_step(model, args, kind, batch, length)
+        row = {"workload": kind, "tokens": batch * (length if kind == "prefill" else 1),
+               "batch": batch}
+        row["eager_ms"] = time_ms(step, sizes["iters"], opts.device)
+        base_out = step()
+        if opts.device == "cuda":
+            replay, _ = graphed(step)
+            row["graph_ms"] = time_ms(replay, sizes["iters"], opts.device)
+        dynaflow.apply(model, plan, runtime_lib=opts.runtime)
+        row["planned_eager_ms"] = time_ms(step, sizes["iters"], opts.device)
+        planned_out = step()
+        row["max_abs_diff"] = float((planned_out.float() - base_out.float()).abs().max())
+        if opts.device == "cuda":
+            replay, _ = graphed(step)
+            row["planned_graph_ms"] = time_ms(replay, sizes["iters"], opts.device)
+        reference = row.get("graph_ms", row["eager_ms"])
+        planned = row.get("planned_graph_ms", row["planned_eager_ms"])
+        bucket = bucket_of(plan, row["tokens"])
+        row.update(strategy=bucket["strategy"], splits=bucket["splits"],
+                   predicted=bucket["predicted_speedup"], measured=reference / planned)
+        gain = bucket["strategy"] != "sequential" and bucket["predicted_speedup"] >= GAIN
+        row["target"] = TARGET_GAIN if gain else TARGET_SEQUENTIAL
+        row["met"] = row["measured"] >= row["target"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del model, step
+        if opts.device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dynaflow")
+    p.add_argument("--runtime")
+    p.add_argument("--out", default=".")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--workload", choices=["prefill", "decode"], help="child mode: one workload")
+    p.add_argument("--size", type=int)
+    opts = p.parse_args()
+    if opts.workload:
+        run_workload(opts)
+        return 0
+    os.makedirs(opts.out, exist_ok=True)
+    rows = []
+    for kind in ("prefill", "decode"):
+        plan = make_plan(opts, kind, SIZES[opts.device][f"{kind}_trace"])
+        rows += measure(opts, kind, plan)
+    device = torch.cuda.get_device_name() if opts.device == "cuda" else "cpu"
+    lines = [f"apply_bench on {device}, torch {torch.__version__}; reference = "
+             + ("baseline in one CUDA graph" if opts.device == "cuda" else "baseline eager"),
+             "workload tokens batch | eager ms | graph ms | planned ms | strategy x splits | "
+             "predicted | measured | target | met"]
+    for r in rows:
+        lines.append(f"{r['workload']} {r['tokens']} {r['batch']} | {r['eager_ms']:.3f} | "
+                     f"{r.get('graph_ms', float('nan')):.3f} | "
+                     f"{r.get('planned_graph_ms', r['planned_eager_ms']):.3f} | "
+                     f"{r['strategy']} x{r['splits']} | {r['predicted']:.3f} | "
+                     f"{r['measured']:.3f} | {r['target']} | {'yes' if r['met'] else 'NO'}")
+    text = "\n".join(lines)
+    print(text)
+    with open(os.path.join(opts.out, "summary.txt"), "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    with open(os.path.join(opts.out, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump({"device": device, "rows": rows}, f, indent=1)
+    return 0 if all(r["met"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

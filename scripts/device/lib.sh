@@ -1,0 +1,68 @@
+# Shared by the device scripts (sourced): the Debian packages the build needs
+# beyond the device machine's CUDA image, carried in .device-deps because the
+# machine has no package registry, and the CMake configure that uses them.
+# The caller sets `script` (its name, for messages).
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+deps="$root/.device-deps"
+prefix=/tmp/dynaflow-device-deps
+build="$root/build-device"
+python="${PYTHON:-$(command -v python3 || true)}"
+
+PACKAGES=(libsqlitecpp-dev libsqlite3-dev libsqlite3-0 libcli11-dev nlohmann-json3-dev
+          libsimdjson-dev libsimdjson14 zlib1g-dev zlib1g)
+
+die() {  # die CODE MESSAGE
+  echo "$script: $2" >&2
+  exit "$1"
+}
+
+# Here, once: downloads the packages into .device-deps (never committed:
+# echo /.device-deps/ >> .git/info/exclude).
+fetch() {
+  mkdir -p "$deps"
+  (cd "$deps" && apt-get download "${PACKAGES[@]}")
+  ls -l "$deps"
+}
+
+# Unpacks every carried package under $prefix (never into /): dpkg-deb where
+# there is one, else ar and tar (tar detects the data member's compression).
+unpack() {
+  rm -rf "$prefix"
+  mkdir -p "$prefix"
+  local deb member tmp
+  for deb in "$deps"/*.deb; do
+    if command -v dpkg-deb >/dev/null; then
+      dpkg-deb -x "$deb" "$prefix"
+    else
+      tmp=$(mktemp -d)
+      member=$(cd "$tmp" && ar t "$deb" | grep '^data\.tar')
+      (cd "$tmp" && ar x "$deb" "$member" && tar -xf "$member" -C "$prefix")
+      rm -rf "$tmp"
+    fi
+  done
+}
+
+# device_build TARGETS -- CMAKE_ARGS...: configures $build in Release with the
+# unpacked packages first on every search path (what was carried is what is
+# used) and builds TARGETS.
+device_build() {
+  local targets=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do targets+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  local lib="$prefix/usr/lib/x86_64-linux-gnu"
+  export PATH="$PATH:/usr/local/cuda/bin"
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDYNAFLOW_BUILD_TESTS=OFF \
+    -DCMAKE_PREFIX_PATH="$prefix/usr;$lib/cmake;$prefix/usr/share/cmake" \
+    -DCMAKE_LIBRARY_PATH="$lib" -DCMAKE_INCLUDE_PATH="$prefix/usr/include" "$@"
+  cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+}
+
+# Unpacks the carried packages when there are any; dies when a GPU run needs
+# them and they are missing.
+unpack_carried() {
+  if compgen -G "$deps/*.deb" >/dev/null; then
+    unpack
+  elif [ "${1:-cuda}" = cuda ]; then
+    die 2 "no $deps/*.deb: run 'bash scripts/device/$script.sh fetch' here and carry .device-deps"
+  fi
+}

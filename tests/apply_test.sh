@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# End-to-end tests of `dynaflow apply` on the CPU: a forced split plan from
+# `dynaflow advise` of a traced run of examples/llama_decode.py, applied to the
+# unmodified program with --verify (same tokens as the original run), plans
+# refused for an unknown module or another device with and without --strict,
+# a verify failure caught, and bad plans or commands.
+#
+# Needs DYNAFLOW_BIN and DYNAFLOW_SOURCE_DIR (ctest sets both) and
+# DYNAFLOW_PYTHON, a Python with torch (the checkout's .venv by default);
+# exits 77 (skipped) when that Python has no torch.
+set -u
+bin=${DYNAFLOW_BIN:?}
+src=${DYNAFLOW_SOURCE_DIR:?}
+py=${DYNAFLOW_PYTHON:-$src/.venv/bin/python}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+. "$src/tests/lib.sh"
+
+if ! "$py" -c "import torch" 2>/dev/null; then
+  echo "SKIP: $py cannot import torch"
+  exit 77
+fi
+decode=("$py" "$src/examples/llama_decode.py" --batch 4 --decode-steps 4)
+
+# edit_plan IN OUT PYTHON: OUT is IN after PYTHON ran on it as `p`.
+edit_plan() {
+  "$py" - "$1" "$2" "$3" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+exec(sys.argv[3])
+json.dump(p, open(sys.argv[2], "w"))
+PY
+}
+
+# --- bad input
+echo '{}' >"$work/empty.json"
+echo 'not json' >"$work/junk.json"
+expect_code "missing plan" 2 "$bin" apply "$work/none.json" -- /bin/true
+check "missing plan says so" has "$work/err" "cannot read the plan"
+expect_code "not JSON" 2 "$bin" apply "$work/junk.json" -- /bin/true
+expect_code "not a plan" 2 "$bin" apply "$work/empty.json" -- /bin/true
+
+# --- the plan: trace on the CPU, force a 2-way split
+expect_code "trace" 0 "$bin" trace -o "$work/run.db" -- "${decode[@]}"
+expect_code "advise forced" 0 "$bin" advise "$work/run.db" --plan "$work/plan.json" \
+  --force-strategy nanobatch_overlap --splits 2
+check "plan splits the decoder layers" has "$work/plan.json" '"LlamaForCausalLM.model.layers.*"'
+expect_code "command not found" 127 "$bin" apply "$work/plan.json" -- "$work/no-such-program"
+
+# --- applied, verified, same tokens
+"${decode[@]}" >"$work/base.out" 2>&1
+base=$(grep checksum "$work/base.out")
+expect_code "apply --verify" 0 "$bin" apply --verify "$work/plan.json" -- "${decode[@]}"
+check "same tokens as the original run" has "$work/out" "$base"
+check "verify line" grep -qE '^verify: max_abs_diff=[0-9.e+-]+ max_rel_diff=[0-9.e+-]+ \(8 calls\)' "$work/out"
+check "every layer call planned" has "$work/err" "8 planned and 0 original calls of 2 modules"
+
+expect_code "advise dual batch" 0 "$bin" advise "$work/run.db" --plan "$work/dbo.json" \
+  --force-strategy dual_batch_overlap
+expect_code "apply dual batch" 0 "$bin" apply --verify "$work/dbo.json" -- "${decode[@]}"
+check "dual batch: same tokens" has "$work/out" "$base"
+
+# Sequential below 8 tokens: decode steps (4 tokens) run the original path,
+# the prefill (4 x 32 tokens) the plan.
+edit_plan "$work/plan.json" "$work/bucketed.json" '
+split = p["buckets"][0]
+seq = dict(split, strategy="sequential", splits=1, rules=[], max_tokens=8)
+p["buckets"] = [seq, dict(split, min_tokens=8)]'
+expect_code "bucketed" 0 "$bin" apply "$work/bucketed.json" -- "${decode[@]}"
+check "prefill planned, decode original" has "$work/err" "2 planned and 6 original calls"
+check "bucketed: same tokens" has "$work/out" "$base"
+
+# --- plans that do not fit
+edit_plan "$work/plan.json" "$work/unknown.json" \
+  'p["partition_rules"][0]["modules"] = ["LlamaForCausalLM.model.blocks.*"]'
+expect_code "unknown module runs unmodified" 0 "$bin" apply "$work/unknown.json" -- "${decode[@]}"
+check "unknown module named" has "$work/err" "plan refused: unknown module LlamaForCausalLM.model.blocks.*"
+check "unmodified run: same tokens" has "$work/out" "$base"
+expect_code "unknown module --strict" 2 "$bin" apply --strict "$work/unknown.json" -- "${decode[@]}"
+check "--strict says it exits" has "$work/err" "exiting (--strict)"
+
+edit_plan "$work/plan.json" "$work/h200.json" 'p["device"]["name"] = "NVIDIA H200"'
+expect_code "another device" 0 "$bin" apply "$work/h200.json" -- "${decode[@]}"
+check "device named" has "$work/err" "the plan is for NVIDIA H200, the model runs on cpu"
+expect_code "another device --strict" 2 "$bin" apply --strict "$work/h200.json" -- "${decode[@]}"
+
+expect_code "no torch" 0 "$bin" apply "$work/plan.json" -- /bin/echo hi
+check "no torch said" has "$work/err" "never imported torch"
+expect_code "no torch --strict" 2 "$bin" apply --strict "$work/plan.json" -- /bin/echo hi
+
+# --- verify catches a module whose output depends on the batch split:
+# BatchNorm in training mode normalises by each micro-batch's statistics.
+cat >"$work/bn.py" <<'PY'
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
+                                    for _ in range(2))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+torch.manual_seed(0)
+Net()(torch.randn(16, 8) * torch.arange(1, 17).unsqueeze(1))
+PY
+edit_plan "$work/plan.json" "$work/bn.json" \
+  'p["partition_rules"][0]["modules"] = ["Net.blocks.*"]'
+expect_code "verify fails" 1 "$bin" apply --verify "$work/bn.json" -- "$py" "$work/bn.py"
+check "verify failure named" has "$work/err" "verify: FAILED: Net.blocks.0"
+
+finish

@@ -1,0 +1,36 @@
+# Helpers of the end-to-end test scripts (sourced). The caller sets $work, a
+# scratch directory; failures and passes count the checks.
+failures=0
+passes=0
+
+pass() { passes=$((passes + 1)); }
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+check() {  # check NAME COMMAND... : the command must succeed
+  local name=$1
+  shift
+  if "$@"; then pass; else fail "$name"; fi
+}
+
+# expect_code NAME CODE CMD...: runs CMD (stdout to $work/out, stderr to
+# $work/err) and compares its exit code.
+expect_code() {
+  local name=$1 want=$2
+  shift 2
+  "$@" >"$work/out" 2>"$work/err"
+  local got=$?
+  if [ "$got" -ne "$want" ]; then
+    fail "$name: exit $got, want $want; stderr: $(head -c 600 "$work/err")"
+  else
+    pass
+  fi
+}
+
+# has FILE TEXT: FILE contains TEXT (fixed string).
+has() { grep -qF -- "$2" "$1"; }
+
+# finish: the summary line and the script's exit code.
+finish() {
+  echo "$passes passed, $failures failed"
+  [ "$failures" -eq 0 ]
+}
