@@ -2,7 +2,8 @@
 the original forward, the planned forward in a sequential bucket (the policy
 lookup alone), and a planned call split in 2 and 4 micro-batches through the
 runtime (its dispatch: views, two worker threads, the merge), on a module so
-small that the overhead dominates.
+small that the overhead dominates; and the runtime alone, running no-op
+Python tasks (ctypes, worker threads, the GIL) per call.
 
     .venv/bin/python bench/apply_overhead.py build/plugin/apply/libdynaflow_apply.so
 """
@@ -68,6 +69,23 @@ def main():
     for name, s in samples.items():
         m = statistics.median(s)
         print(f"  {name:18s} {m:8.2f} us  (+{m - base:.2f} us)")
+    print("the runtime alone, no-op Python tasks, median us per call:")
+    runtime = _apply._Runtime(lib)
+    for splits in (1, 2, 4):
+        print(f"  {splits} tasks on {splits} streams {runtime_call_us(runtime, splits):8.2f} us")
+
+
+def runtime_call_us(runtime, splits):
+    executor = runtime.executor(False, splits)
+    task = _apply._Runtime.TASK_FN(lambda _user, _task, _mb, _stream: 0)
+    schedule = runtime.micro_batch_schedule("noop", splits, task)
+    runs = []
+    for _ in range(RUNS):
+        t = time.perf_counter()
+        for _ in range(CALLS):
+            runtime.run(executor, schedule, 0, True)
+        runs.append((time.perf_counter() - t) / CALLS * 1e6)
+    return statistics.median(runs)
 
 
 if __name__ == "__main__":
