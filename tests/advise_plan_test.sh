@@ -9,32 +9,7 @@ src=${DYNAFLOW_SOURCE_DIR:?}
 shared="$src/../shared/traces"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-failures=0
-passes=0
-
-check() {  # check NAME COMMAND...: the command must succeed
-  local name=$1
-  shift
-  if "$@"; then
-    passes=$((passes + 1))
-  else
-    echo "FAIL: $name"
-    failures=$((failures + 1))
-  fi
-}
-
-expect_code() {  # expect_code NAME CODE CMD...
-  local name=$1 want=$2
-  shift 2
-  "$@" >"$work/out" 2>"$work/err"
-  local got=$?
-  if [ "$got" -ne "$want" ]; then
-    echo "FAIL: $name: exit $got, want $want; stderr: $(head -c 300 "$work/err")"
-    failures=$((failures + 1))
-  else
-    passes=$((passes + 1))
-  fi
-}
+. "$src/tests/lib.sh"
 
 # Validates PLAN against the schema with Python's jsonschema when it is
 # installed (the C++ validator, plan_test, covers the same rules otherwise).
@@ -147,5 +122,4 @@ else
   echo "advise_plan_test: $shared absent: real traces skipped"
 fi
 
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -7,33 +7,7 @@ src=${DYNAFLOW_SOURCE_DIR:?}
 shared="$src/../shared/traces"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-failures=0
-passes=0
-
-check() {  # check NAME COMMAND... : the command must succeed
-  local name=$1
-  shift
-  if "$@"; then
-    passes=$((passes + 1))
-  else
-    echo "FAIL: $name"
-    failures=$((failures + 1))
-  fi
-}
-
-# expect_code NAME CODE CMD...: runs CMD, compares the exit code.
-expect_code() {
-  local name=$1 want=$2
-  shift 2
-  "$@" >"$work/out" 2>"$work/err"
-  local got=$?
-  if [ "$got" -ne "$want" ]; then
-    echo "FAIL: $name: exit $got, want $want; stderr: $(head -c 300 "$work/err")"
-    failures=$((failures + 1))
-  else
-    passes=$((passes + 1))
-  fi
-}
+. "$src/tests/lib.sh"
 
 json_get() {  # json_get FILE PYTHON_EXPR(j) -> prints the value
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"
@@ -118,5 +92,4 @@ assert [d['timeline'] for d in a] == [d['timeline'] for d in b]" "$work/db.json"
   check "cpu-only says so" grep -q "No GPU activity" "$work/out"
 fi
 
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

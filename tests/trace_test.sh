@@ -15,33 +15,7 @@ src=${DYNAFLOW_SOURCE_DIR:?}
 py=${DYNAFLOW_PYTHON:-$src/.venv/bin/python}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-failures=0
-passes=0
-
-check() {  # check NAME COMMAND... : the command must succeed
-  local name=$1
-  shift
-  if "$@"; then
-    passes=$((passes + 1))
-  else
-    echo "FAIL: $name"
-    failures=$((failures + 1))
-  fi
-}
-
-# expect_code NAME CODE CMD...: runs CMD, compares the exit code.
-expect_code() {
-  local name=$1 want=$2
-  shift 2
-  "$@" >"$work/out" 2>"$work/err"
-  local got=$?
-  if [ "$got" -ne "$want" ]; then
-    echo "FAIL: $name: exit $got, want $want; stderr: $(head -c 600 "$work/err")"
-    failures=$((failures + 1))
-  else
-    passes=$((passes + 1))
-  fi
-}
+. "$src/tests/lib.sh"
 
 q() { sqlite3 "$1" "$2"; }  # q DB SQL
 
@@ -223,5 +197,4 @@ assert j['distributedInfo']['rank'] == 0" "$work/llama.json"
                      module_path, external_id")" = 1
 fi
 
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish
