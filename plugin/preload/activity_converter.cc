@@ -53,6 +53,20 @@ int64_t OptionalId(uint64_t id) { return id == 0 ? -1 : static_cast<int64_t>(id)
 
 TimeNs Ns(uint64_t timestamp) { return static_cast<TimeNs>(timestamp); }
 
+// The fields every CUPTI record of GPU work has (kernel, memcpy, memset).
+template <typename Record>
+GpuActivity GpuFields(GpuKind kind, const Record& r, uint32_t device_index) {
+  GpuActivity g;
+  g.kind = kind;
+  g.start = Ns(r.start);
+  g.end = Ns(r.end);
+  g.device_index = device_index;
+  g.stream = static_cast<int32_t>(r.streamId);
+  g.graph_id = OptionalId(r.graphId);  // 0: not launched from a CUDA graph
+  g.graph_node = OptionalId(r.graphNodeId);
+  return g;
+}
+
 Pass PassOf(int32_t pass) {
   switch (pass) {
     case DYNAFLOW_PASS_FORWARD: return Pass::kForward;
@@ -175,12 +189,7 @@ void ActivityConverter::EndOfTrace() {
 }
 
 void ActivityConverter::AddKernel(const CUpti_ActivityKernel10& k) {
-  GpuActivity g;
-  g.kind = GpuKind::kKernel;
-  g.start = Ns(k.start);
-  g.end = Ns(k.end);
-  g.device_index = DeviceIndex(k.deviceId);
-  g.stream = static_cast<int32_t>(k.streamId);
+  GpuActivity g = GpuFields(GpuKind::kKernel, k, DeviceIndex(k.deviceId));
   g.name = KernelName(k.name);
   g.grid[0] = k.gridX;
   g.grid[1] = k.gridY;
@@ -190,53 +199,30 @@ void ActivityConverter::AddKernel(const CUpti_ActivityKernel10& k) {
   g.block[2] = k.blockZ;
   g.registers = k.registersPerThread;
   g.shared_memory = k.staticSharedMemory + k.dynamicSharedMemory;
-  g.graph_id = OptionalId(k.graphId);  // 0: not launched from a CUDA graph
-  g.graph_node = OptionalId(k.graphNodeId);
   AddGpu(g, k.correlationId);
 }
 
 void ActivityConverter::AddMemcpy(const CUpti_ActivityMemcpy6& m) {
   const std::string_view kind = kCopyKinds[m.copyKind < kCopyKinds.size() ? m.copyKind : 0];
-  GpuActivity g;
-  g.kind = GpuKind::kMemcpy;
-  g.start = Ns(m.start);
-  g.end = Ns(m.end);
-  g.device_index = DeviceIndex(m.deviceId);
-  g.stream = static_cast<int32_t>(m.streamId);
+  GpuActivity g = GpuFields(GpuKind::kMemcpy, m, DeviceIndex(m.deviceId));
   g.name = batch_.strings.Intern("Memcpy " + std::string(kind));
   g.copy_kind = batch_.strings.Intern(kind);
   g.bytes = static_cast<int64_t>(m.bytes);
-  g.graph_id = OptionalId(m.graphId);
-  g.graph_node = OptionalId(m.graphNodeId);
   AddGpu(g, m.correlationId);
 }
 
 void ActivityConverter::AddPeerMemcpy(const CUpti_ActivityMemcpyPtoP4& m) {
-  GpuActivity g;
-  g.kind = GpuKind::kMemcpy;
-  g.start = Ns(m.start);
-  g.end = Ns(m.end);
-  g.device_index = DeviceIndex(m.deviceId);
-  g.stream = static_cast<int32_t>(m.streamId);
+  GpuActivity g = GpuFields(GpuKind::kMemcpy, m, DeviceIndex(m.deviceId));
   g.name = batch_.strings.Intern("Memcpy PtoP");
   g.copy_kind = batch_.strings.Intern("PtoP");
   g.bytes = static_cast<int64_t>(m.bytes);
-  g.graph_id = OptionalId(m.graphId);
-  g.graph_node = OptionalId(m.graphNodeId);
   AddGpu(g, m.correlationId);
 }
 
 void ActivityConverter::AddMemset(const CUpti_ActivityMemset4& m) {
-  GpuActivity g;
-  g.kind = GpuKind::kMemset;
-  g.start = Ns(m.start);
-  g.end = Ns(m.end);
-  g.device_index = DeviceIndex(m.deviceId);
-  g.stream = static_cast<int32_t>(m.streamId);
+  GpuActivity g = GpuFields(GpuKind::kMemset, m, DeviceIndex(m.deviceId));
   g.name = batch_.strings.Intern("Memset");
   g.bytes = static_cast<int64_t>(m.bytes);
-  g.graph_id = OptionalId(m.graphId);
-  g.graph_node = OptionalId(m.graphNodeId);
   AddGpu(g, m.correlationId);
 }
 
