@@ -10,22 +10,6 @@
 namespace dynaflow {
 namespace {
 
-bool ContainsLower(std::string_view s, std::string_view needle) {
-  if (needle.size() > s.size()) return false;
-  const char first = needle[0];
-  const char first_upper = static_cast<char>(std::toupper(static_cast<unsigned char>(first)));
-  for (size_t i = 0; i + needle.size() <= s.size(); ++i) {
-    if (s[i] != first && s[i] != first_upper) continue;
-    size_t j = 1;
-    while (j < needle.size() &&
-           std::tolower(static_cast<unsigned char>(s[i + j])) == needle[j]) {
-      ++j;
-    }
-    if (j == needle.size()) return true;
-  }
-  return false;
-}
-
 // Streams of one device are few: a flat map with a one-entry cache.
 class StreamEnds {
  public:
@@ -244,35 +228,23 @@ StringId DisplayOperator(const Trace& trace, const OperatorLinks& links, size_t 
 }
 
 Resource ClassifyKernelName(std::string_view n) {
-  if (ContainsLower(n, "nccl") || ContainsLower(n, "rccl") || ContainsLower(n, "all_reduce") ||
-      ContainsLower(n, "allreduce") || ContainsLower(n, "all_gather") ||
-      ContainsLower(n, "allgather") || ContainsLower(n, "reduce_scatter") ||
-      ContainsLower(n, "multimem")) {
+  if (ContainsAny(n, {"nccl", "rccl", "all_reduce", "allreduce", "all_gather", "allgather",
+                      "reduce_scatter", "multimem"})) {
     return Resource::kCommunication;
   }
-  if (ContainsLower(n, "memcpy")) return Resource::kCopy;
+  if (ContainsIgnoringCase(n, "memcpy")) return Resource::kCopy;
   // Memory-bound members of compute families first.
-  if (ContainsLower(n, "gemv") || ContainsLower(n, "splitkreduce") ||
-      ContainsLower(n, "splitk_reduce") || ContainsLower(n, "splitkv") ||
-      ContainsLower(n, "decode") || ContainsLower(n, "paged") ||
-      ContainsLower(n, "flash_fwd_combine") || ContainsLower(n, "triton_poi") ||
-      ContainsLower(n, "triton_red") || ContainsLower(n, "triton_per") ||
-      ContainsLower(n, "flash_bwd_dot_do_o") || ContainsLower(n, "flash_bwd_convert") ||
-      ContainsLower(n, "bn_fw") || ContainsLower(n, "bn_bw") || ContainsLower(n, "batch_norm") ||
-      ContainsLower(n, "layer_norm") || ContainsLower(n, "softmax") ||
-      ContainsLower(n, "elementwise") || ContainsLower(n, "reduce_kernel")) {
+  if (ContainsAny(n, {"gemv", "splitkreduce", "splitk_reduce", "splitkv", "decode", "paged",
+                      "flash_fwd_combine", "triton_poi", "triton_red", "triton_per",
+                      "flash_bwd_dot_do_o", "flash_bwd_convert", "bn_fw", "bn_bw", "batch_norm",
+                      "layer_norm", "softmax", "elementwise", "reduce_kernel"})) {
     return Resource::kMemory;
   }
-  if (ContainsLower(n, "gemm") || ContainsLower(n, "xmma") || ContainsLower(n, "cutlass") ||
-      ContainsLower(n, "cublas") || ContainsLower(n, "wgmma") || ContainsLower(n, "matmul") ||
-      ContainsLower(n, "hmma") || ContainsLower(n, "triton_mm") || ContainsLower(n, "triton_tem") ||
-      ContainsLower(n, "flash") || ContainsLower(n, "fmha") || ContainsLower(n, "attention") ||
-      ContainsLower(n, "conv") || ContainsLower(n, "implicit") || ContainsLower(n, "winograd") ||
-      ContainsLower(n, "fprop") || ContainsLower(n, "dgrad") || ContainsLower(n, "wgrad") ||
-      ContainsLower(n, "cudnn") || ContainsLower(n, "sm80_") || ContainsLower(n, "sm90_") ||
-      ContainsLower(n, "sm100_") || ContainsLower(n, "volta_") || ContainsLower(n, "ampere_") ||
-      ContainsLower(n, "turing_") || ContainsLower(n, "cijk_")) {
-    // cijk_: rocBLAS/Tensile GEMM kernels on AMD parts.
+  // cijk_: rocBLAS/Tensile GEMM kernels on AMD parts.
+  if (ContainsAny(n, {"gemm", "xmma", "cutlass", "cublas", "wgmma", "matmul", "hmma", "triton_mm",
+                      "triton_tem", "flash", "fmha", "attention", "conv", "implicit", "winograd",
+                      "fprop", "dgrad", "wgrad", "cudnn", "sm80_", "sm90_", "sm100_", "volta_",
+                      "ampere_", "turing_", "cijk_"})) {
     return Resource::kCompute;
   }
   return Resource::kMemory;  // elementwise, reductions, norms, copies, unknown

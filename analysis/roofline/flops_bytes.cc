@@ -195,19 +195,6 @@ std::string_view BaseName(std::string_view name) {
   return name;
 }
 
-bool Contains(std::string_view s, std::string_view needle) {
-  if (needle.size() > s.size()) return false;
-  for (size_t i = 0; i + needle.size() <= s.size(); ++i) {
-    size_t j = 0;
-    while (j < needle.size() &&
-           std::tolower(static_cast<unsigned char>(s[i + j])) == needle[j]) {
-      ++j;
-    }
-    if (j == needle.size()) return true;
-  }
-  return false;
-}
-
 bool OneOf(std::string_view s, std::initializer_list<std::string_view> names) {
   for (std::string_view n : names) {
     if (s == n) return true;
@@ -324,7 +311,7 @@ bool Matmul(std::string_view base, const Inputs& in, OpCost* c) {
 }
 
 bool Convolution(std::string_view base, const Inputs& in, OpCost* c) {
-  const bool backward = Contains(base, "backward");
+  const bool backward = ContainsIgnoringCase(base, "backward");
   // Forward: (input [N, C, spatial...], weight [Co, C/groups, kernel...], ...).
   // Backward: (grad_output, input, weight, ...). The output's spatial size is
   // taken equal to the input's (stride 1, "same" padding): exact for most
@@ -357,13 +344,13 @@ bool Convolution(std::string_view base, const Inputs& in, OpCost* c) {
 
 // q, k in layout [B, H, S, D] ("bhsd") or [B, S, H, D] ("bshd").
 bool Attention(std::string_view base, const Inputs& in, OpCost* c) {
-  const bool backward = Contains(base, "backward");
+  const bool backward = ContainsIgnoringCase(base, "backward");
   // aten::_scaled_dot_product_* take [B, H, S, D]; the kernels' own entry
   // points (_flash_attention_forward, _efficient_attention_forward, flash_attn)
   // take [B, S, H, D].
-  const bool bshd = !Contains(base, "scaled_dot_product") &&
-                    (Contains(base, "flash_attention") || Contains(base, "efficient_attention") ||
-                     Contains(base, "flash_attn"));
+  const bool bshd = !ContainsIgnoringCase(base, "scaled_dot_product") &&
+                    (ContainsIgnoringCase(base, "flash_attention") || ContainsIgnoringCase(base, "efficient_attention") ||
+                     ContainsIgnoringCase(base, "flash_attn"));
   // Backward ops take grad_out first: (dout, q, k, v, out, ...).
   const int qi = backward ? 1 : 0;
   const Arg &q = in[qi], &k = in[qi + 1], &v = in[qi + 2];
@@ -429,10 +416,10 @@ bool Elementwise(std::string_view base, const Inputs& in, OpCost* c) {
     c->bytes = base == "copy_" ? input_bytes : 2.0 * input_bytes;
     return true;
   }
-  const bool transcendental = Contains(base, "silu") || Contains(base, "gelu") ||
-                              Contains(base, "exp") || Contains(base, "log") ||
-                              Contains(base, "tanh") || Contains(base, "sigmoid") ||
-                              Contains(base, "erf") || Contains(base, "softplus");
+  const bool transcendental = ContainsIgnoringCase(base, "silu") || ContainsIgnoringCase(base, "gelu") ||
+                              ContainsIgnoringCase(base, "exp") || ContainsIgnoringCase(base, "log") ||
+                              ContainsIgnoringCase(base, "tanh") || ContainsIgnoringCase(base, "sigmoid") ||
+                              ContainsIgnoringCase(base, "erf") || ContainsIgnoringCase(base, "softplus");
   c->flops = big->numel * (transcendental ? 4.0 : 1.0);
   c->bytes = input_bytes + big->Bytes(e);  // inputs read, the broadcast result written
   return true;
@@ -453,7 +440,7 @@ bool Normalization(std::string_view base, const Inputs& in, OpCost* c) {
       params += in.a[i].Bytes(e);
     }
   }
-  const bool backward = Contains(base, "backward");
+  const bool backward = ContainsIgnoringCase(base, "backward");
   c->kind = OpKind::kNormalization;
   c->precision = PrecisionOf(*big, false);
   // Forward reads x (and a residual for the fused add variants) and writes y
@@ -471,7 +458,7 @@ bool Softmax(std::string_view base, const Inputs& in, OpCost* c) {
   const Arg* big = Largest(in);
   if (big == nullptr) return false;
   const int e = big->elem > 0 ? big->elem : 2;
-  const bool backward = Contains(base, "backward");
+  const bool backward = ContainsIgnoringCase(base, "backward");
   c->kind = OpKind::kSoftmax;
   c->precision = PrecisionOf(*big, false);
   c->bytes = (backward ? 3.0 : 2.0) * big->numel * e;
@@ -481,7 +468,7 @@ bool Softmax(std::string_view base, const Inputs& in, OpCost* c) {
 
 bool Embedding(std::string_view base, const Inputs& in, OpCost* c) {
   c->kind = OpKind::kEmbedding;
-  if (Contains(base, "backward")) {
+  if (ContainsIgnoringCase(base, "backward")) {
     const Arg& grad = in[0];
     if (!grad.tensor()) return false;
     const int e = grad.elem > 0 ? grad.elem : 2;
@@ -537,16 +524,13 @@ bool IsCommunicationOp(std::string_view name) {
       name == "record_param_comms") {
     return true;
   }
-  return Contains(name, "all_reduce") || Contains(name, "allreduce") ||
-         Contains(name, "all_gather") || Contains(name, "allgather") ||
-         Contains(name, "reduce_scatter") || Contains(name, "all_to_all") ||
-         Contains(name, "alltoall");
+  return ContainsAny(name, {"all_reduce", "allreduce", "all_gather", "allgather",
+                            "reduce_scatter", "all_to_all", "alltoall"});
 }
 
 bool IsOptimizerOp(std::string_view name) {
-  return Contains(name, "adam") || Contains(name, "_foreach_") || Contains(name, "optimizer") ||
-         Contains(name, "sgd") || Contains(name, "lamb") || Contains(name, "adagrad") ||
-         Contains(name, "rmsprop");
+  return ContainsAny(name, {"adam", "_foreach_", "optimizer", "sgd", "lamb", "adagrad",
+                            "rmsprop"});
 }
 
 }  // namespace
@@ -607,9 +591,9 @@ OpCost EstimateOpCost(std::string_view name, std::string_view shapes, std::strin
     if (c.kind == OpKind::kUnknown) {
       if (OneOf(base, {"mm", "addmm", "linear", "matmul", "bmm", "baddbmm", "_scaled_mm"})) {
         c.kind = OpKind::kMatmul;
-      } else if (Contains(base, "conv")) {
+      } else if (ContainsIgnoringCase(base, "conv")) {
         c.kind = OpKind::kConvolution;
-      } else if (Contains(base, "attention") || Contains(base, "flash_attn")) {
+      } else if (ContainsIgnoringCase(base, "attention") || ContainsIgnoringCase(base, "flash_attn")) {
         c.kind = OpKind::kAttention;
       }
     }
@@ -628,15 +612,15 @@ OpCost EstimateOpCost(std::string_view name, std::string_view shapes, std::strin
     ok = Matmul(base, in, &c);
     if (ok) c.precision = PrecisionOf(in[base == "addmm" || base == "baddbmm" ? 1 : 0], false);
     if (!ok) c.kind = OpKind::kMatmul;
-  } else if (Contains(base, "conv") && !Contains(base, "convert")) {
+  } else if (ContainsIgnoringCase(base, "conv") && !ContainsIgnoringCase(base, "convert")) {
     ok = Convolution(base, in, &c);
     if (!ok) c.kind = OpKind::kConvolution;
-  } else if (Contains(base, "attention") || Contains(base, "flash_attn")) {
+  } else if (ContainsIgnoringCase(base, "attention") || ContainsIgnoringCase(base, "flash_attn")) {
     ok = Attention(base, in, &c);
     if (!ok) c = OpCost{OpKind::kAttention};
-  } else if (Contains(base, "softmax")) {
+  } else if (ContainsIgnoringCase(base, "softmax")) {
     ok = Softmax(base, in, &c);
-  } else if (Contains(base, "norm") && !OneOf(base, {"norm", "linalg_vector_norm", "_foreach_norm",
+  } else if (ContainsIgnoringCase(base, "norm") && !OneOf(base, {"norm", "linalg_vector_norm", "_foreach_norm",
                                                       "renorm", "normal_"})) {
     ok = Normalization(base, in, &c);
   } else if (OneOf(base, {"embedding", "index_select", "embedding_dense_backward",
@@ -672,6 +656,30 @@ OpCost EstimateOpCost(std::string_view name, std::string_view shapes, std::strin
     c = OpCost{};
   }
   return c;
+}
+
+bool ContainsIgnoringCase(std::string_view s, std::string_view needle) {
+  if (needle.empty()) return true;
+  if (needle.size() > s.size()) return false;
+  const char first = needle[0];
+  const char first_upper = static_cast<char>(std::toupper(static_cast<unsigned char>(first)));
+  for (size_t i = 0; i + needle.size() <= s.size(); ++i) {
+    if (s[i] != first && s[i] != first_upper) continue;
+    size_t j = 1;
+    while (j < needle.size() &&
+           std::tolower(static_cast<unsigned char>(s[i + j])) == needle[j]) {
+      ++j;
+    }
+    if (j == needle.size()) return true;
+  }
+  return false;
+}
+
+bool ContainsAny(std::string_view s, std::initializer_list<std::string_view> needles) {
+  for (std::string_view needle : needles) {
+    if (ContainsIgnoringCase(s, needle)) return true;
+  }
+  return false;
 }
 
 }  // namespace dynaflow

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string_view>
 
 namespace dynaflow {
@@ -52,5 +53,11 @@ OpCost EstimateOpCost(std::string_view name, std::string_view input_shapes,
 // Bytes of one element of a profiler dtype name ("c10::BFloat16" -> 2, "float"
 // -> 4, "long int" -> 8); 0 for non-tensors ("Scalar", "", "TensorList").
 int ElementBytes(std::string_view dtype);
+
+// Whether `s` contains `needle`, ignoring ASCII case; `needle` is lowercase.
+// Kernel- and operator-name rules use it.
+bool ContainsIgnoringCase(std::string_view s, std::string_view needle);
+// Whether `s` contains any of `needles` (lowercase), ignoring ASCII case.
+bool ContainsAny(std::string_view s, std::initializer_list<std::string_view> needles);
 
 }  // namespace dynaflow

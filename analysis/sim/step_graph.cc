@@ -7,41 +7,25 @@
 namespace dynaflow {
 namespace {
 
-bool ContainsLower(std::string_view s, std::string_view needle) {
-  if (needle.size() > s.size()) return false;
-  for (size_t i = 0; i + needle.size() <= s.size(); ++i) {
-    size_t j = 0;
-    while (j < needle.size() &&
-           std::tolower(static_cast<unsigned char>(s[i + j])) == needle[j]) {
-      ++j;
-    }
-    if (j == needle.size()) return true;
-  }
-  return false;
-}
-
 // Per-step work that does not grow with the batch: optimizer updates and
 // gradient zeroing.
 bool PerStepName(std::string_view n) {
-  return ContainsLower(n, "optimizer") || ContainsLower(n, "zero_grad") ||
-         ContainsLower(n, "adam") || ContainsLower(n, "_foreach_") ||
-         ContainsLower(n, "multi_tensor_apply") || ContainsLower(n, "sgd");
+  return ContainsAny(n, {"optimizer", "zero_grad", "adam", "_foreach_", "multi_tensor_apply",
+                         "sgd"});
 }
 
 // Collectives whose result only the optimizer needs: data-parallel gradient
 // synchronisation (DDP's reducer hooks under AccumulateGrad, FSDP's
 // reduce-scatter).
 bool GradientSyncName(std::string_view n) {
-  return ContainsLower(n, "accumulategrad") || ContainsLower(n, "reducer") ||
-         ContainsLower(n, "distributeddataparallel") || ContainsLower(n, "ddp") ||
-         ContainsLower(n, "fsdp") || ContainsLower(n, "fullyshardeddataparallel") ||
-         ContainsLower(n, "reduce_scatter") || ContainsLower(n, "grad_sync") ||
-         ContainsLower(n, "allreduce_grads");
+  return ContainsAny(n, {"accumulategrad", "reducer", "distributeddataparallel", "ddp", "fsdp",
+                         "fullyshardeddataparallel", "reduce_scatter", "grad_sync",
+                         "allreduce_grads"});
 }
 
 // Calls that block the host until the GPU catches up.
 bool BlockingCall(std::string_view name, double dur_us) {
-  if (ContainsLower(name, "synchronize")) return true;
+  if (ContainsIgnoringCase(name, "synchronize")) return true;
   if (name == "cudaMemcpy" || name == "cuMemcpyDtoH_v2" || name == "cuMemcpyHtoD_v2") {
     return dur_us > 20;
   }
