@@ -13,6 +13,8 @@
 
 namespace dynaflow {
 
+class RecordSink;
+
 void AddImportCommand(CLI::App& app, int* exit_code);
 void AddInfoCommand(CLI::App& app, int* exit_code);
 void AddAdviseCommand(CLI::App& app, int* exit_code);
@@ -26,7 +28,9 @@ void AddApplyCommand(CLI::App& app, int* exit_code);
 int Fail(const Status& status);
 
 // Imports `inputs` into `trace`, with progress on stderr when it is a terminal.
-Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace);
+// With `sink`, readers may hand records to it while reading (see reader.h).
+Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace,
+                  RecordSink* sink = nullptr);
 
 // Writes `text` to `path` through a temporary file, so a failure leaves no
 // partial output; "-" or empty means stdout.

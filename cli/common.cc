@@ -41,8 +41,9 @@ ImportOptions ProgressOptions() {
 
 }  // namespace
 
-Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace) {
+Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace, RecordSink* sink) {
   ImportOptions options = ProgressOptions();
+  options.sink = sink;
   Status st = ImportFiles(inputs, options, trace);
   if (options.progress) std::fprintf(stderr, "\r%40s\r", "");
   return st;

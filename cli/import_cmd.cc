@@ -1,7 +1,8 @@
 #include <iostream>
 #include <memory>
 
-#include "analysis/store/store.h"
+#include "analysis/importers/reader.h"
+#include "analysis/store/trace_db_bulk_writer.h"
 #include "cli/commands.h"
 
 namespace dynaflow {
@@ -12,15 +13,34 @@ struct ImportArgs {
   std::string output;
 };
 
+// Hands the records of a single input to the writer while it is parsed, so
+// that parsing and writing overlap (the writer has its own thread).
+class WriterSink : public RecordSink {
+ public:
+  explicit WriterSink(TraceDbBulkWriter* writer) : writer_(writer) {}
+  void Take(Trace* part) override { writer_->Take(part); }
+  void SetRank(int32_t rank) override { rank_ = rank; }
+  int32_t rank() const { return rank_; }
+
+ private:
+  TraceDbBulkWriter* writer_;
+  int32_t rank_ = 0;
+};
+
 int RunImport(const ImportArgs& args) {
+  // Started first: a bad output path fails before the input is read. On any
+  // failure the writer, destroyed unfinished, removes its temporary file.
+  StatusOr<std::unique_ptr<TraceDbBulkWriter>> writer = TraceDbBulkWriter::Start(args.output);
+  if (!writer.ok()) return Fail(writer.status());
+  WriterSink sink(writer->get());
   Trace trace;
-  Status st = LoadInputs(args.inputs, &trace);
+  Status st = LoadInputs(args.inputs, &trace, args.inputs.size() == 1 ? &sink : nullptr);
   if (!st.ok()) return Fail(st);
-  st = WriteTraceDb(trace, args.output);
+  st = (*writer)->Finish(trace, sink.rank());
   if (!st.ok()) return Fail(st);
-  std::cerr << "dynaflow: wrote " << args.output << ": " << trace.gpu.size()
-            << " GPU activities, " << trace.ops.size() << " operators, " << trace.api.size()
-            << " API calls\n";
+  std::cerr << "dynaflow: wrote " << args.output << ": " << (*writer)->gpu_rows()
+            << " GPU activities, " << (*writer)->op_rows() << " operators, "
+            << (*writer)->api_rows() << " API calls\n";
   return 0;
 }
 

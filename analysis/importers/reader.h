@@ -14,10 +14,28 @@
 
 namespace dynaflow {
 
+// Takes records while a file is still being read, so that they can be
+// written out meanwhile (dynaflow import of a single file).
+class RecordSink {
+ public:
+  virtual ~RecordSink() = default;
+  // Moves out the GPU activities, API calls, operators and ranges that the
+  // file's own trace `part` holds so far; their rank is not set yet. `part`
+  // keeps its strings and devices and is appended to the output trace at the
+  // end as usual.
+  virtual void Take(Trace* part) = 0;
+  // The rank that every record of the file, taken or not, gets.
+  virtual void SetRank(int32_t rank) = 0;
+};
+
 struct ImportOptions {
   // Called now and then with the bytes consumed so far and the total (0 when
   // unknown). Must be cheap; may be empty.
   std::function<void(int64_t done, int64_t total)> progress;
+  // Readers that can hand records over while reading do so here; the others
+  // ignore it. Only for a single input file read into an empty trace, whose
+  // StringIds and device indices then stay those of the file's own trace.
+  RecordSink* sink = nullptr;
 };
 
 // What the registry learned about a file before choosing a reader.

@@ -8,7 +8,7 @@
 #include <filesystem>
 
 #include "analysis/store/store_enums.h"
-#include "analysis/store/trace_db_writer.h"
+#include "analysis/store/trace_db_bulk_writer.h"
 #include "schemas/trace_sql.h"
 
 namespace dynaflow {
@@ -199,30 +199,9 @@ void ReadAll(SQLite::Database& db, Trace* t) {
 }  // namespace
 
 Status WriteTraceDb(const Trace& trace, const std::string& path) {
-  // Renaming over /dev/null or a FIFO would replace it with a file (as root).
-  std::error_code probe;
-  const auto status = std::filesystem::status(path, probe);
-  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
-    return Status::BadInput(path + ": not a regular file; a trace.db must be one");
-  }
-  // No journal: atomicity comes from writing a temporary file and renaming it.
-  const std::string tmp = path + ".tmp-" + std::to_string(getpid());
-  StatusOr<std::unique_ptr<TraceDbWriter>> writer =
-      TraceDbWriter::Create(tmp, TraceDbDurability::kBulk);
-  Status st = writer.ok() ? (*writer)->Write(trace) : writer.status();
-  if (st.ok()) st = (*writer)->Close();
-  if (writer.ok()) writer->reset();
-  if (!st.ok()) {
-    std::remove(tmp.c_str());
-    return Status::Failure(path + ": cannot write trace store: " + st.message());
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    return Status::Failure(path + ": cannot write: " + ec.message());
-  }
-  return Status::Ok();
+  StatusOr<std::unique_ptr<TraceDbBulkWriter>> writer = TraceDbBulkWriter::Start(path);
+  if (!writer.ok()) return writer.status();
+  return (*writer)->Finish(trace);
 }
 
 Status ReadTraceDb(const std::string& path, Trace* trace) {

@@ -10,7 +10,7 @@
 namespace dynaflow {
 
 // Writes `trace` to a new trace.db at `path`, replacing any file there.
-// Rows go through TraceDbWriter (one transaction, no journal) into a
+// Rows go through TraceDbBulkWriter (one transaction, no journal) into a
 // temporary file beside `path` that is renamed into place only when complete,
 // so a failure never leaves a partial output file. Tracers that write while
 // the traced program runs use TraceDbWriter directly (trace_db_writer.h).

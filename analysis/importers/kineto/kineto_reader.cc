@@ -40,6 +40,7 @@ class KinetoReader : public TraceReader {
       if (chunk->empty()) break;
       Status st = tokenizer.Feed(*chunk);
       if (!st.ok()) return Status::BadInput(probe.path + ": " + st.message());
+      if (options.sink) options.sink->Take(&part);
       if (options.progress) options.progress((*stream)->file_bytes_read(), (*stream)->file_size());
     }
     Status st = tokenizer.Finish();
@@ -51,7 +52,9 @@ class KinetoReader : public TraceReader {
                      tokenizer.dropped_top_level_values());
     }
     part.metadata["source"] = probe.path;
-    trace->Append(std::move(part), parser.rank() >= 0 ? parser.rank() : ordinal);
+    const int32_t rank = parser.rank() >= 0 ? parser.rank() : ordinal;
+    if (options.sink) options.sink->SetRank(rank);
+    trace->Append(std::move(part), rank);
     return Status::Ok();
   }
 };
