@@ -263,6 +263,102 @@ std::string_view CopyKindFromName(std::string_view name) {
   return name.substr(0, name.find(' '));
 }
 
+constexpr const char* kFlowEventsDescription =
+    "flow events (ac2g, fwdbwd); launches are linked by correlation id instead";
+
+// Flow events (ph "s", "f", "t": a third of a typical trace) are only
+// counted, so the plainest of them skip simdjson. True only when `json` is an
+// object of plain fields whose last "ph" is "s", "f" or "t" and whose every
+// "cat" is a string, which the full parse would count as a flow event too:
+// keys and string values of printable ASCII without escapes, values that are
+// such strings or JSON numbers, nothing nested. Anything else (false) goes
+// through the full parse, so malformed events are judged exactly as before.
+// Kineto writes "ph" first; other first keys return false at once.
+bool IsPlainFlowEvent(std::string_view json) {
+  const char* p = json.data();
+  const char* const end = p + json.size();
+  auto space = [&] {
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) ++p;
+  };
+  // A string without escapes or control characters; its body in *out.
+  auto string = [&](std::string_view* out) {
+    if (p == end || *p != '"') return false;
+    const char* begin = ++p;
+    while (p < end && *p != '"') {
+      const auto c = static_cast<unsigned char>(*p);
+      if (c < 0x20 || c > 0x7E || c == '\\') return false;
+      ++p;
+    }
+    if (p == end) return false;
+    *out = std::string_view(begin, static_cast<size_t>(p - begin));
+    ++p;
+    return true;
+  };
+  auto digits = [&] {
+    const char* begin = p;
+    while (p < end && *p >= '0' && *p <= '9') ++p;
+    return p > begin;
+  };
+  // -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+  auto number = [&] {
+    if (p < end && *p == '-') ++p;
+    if (p == end) return false;
+    if (*p == '0') {
+      ++p;
+    } else if (!digits()) {
+      return false;
+    }
+    if (p < end && *p == '.') {
+      ++p;
+      if (!digits()) return false;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+      ++p;
+      if (p < end && (*p == '+' || *p == '-')) ++p;
+      if (!digits()) return false;
+    }
+    return true;
+  };
+
+  space();
+  if (p == end || *p != '{') return false;
+  ++p;
+  space();
+  // The cheap gate: the first key is "ph" and its value is "s", "f" or "t".
+  if (static_cast<size_t>(end - p) < 4 || std::string_view(p, 4) != "\"ph\"") return false;
+  std::string_view ph;
+  for (bool first = true;; first = false) {
+    if (!first) {
+      space();
+      if (p == end) return false;
+      if (*p == '}') {
+        ++p;
+        break;
+      }
+      if (*p != ',') return false;
+      ++p;
+      space();
+    }
+    std::string_view key;
+    if (!string(&key)) return false;
+    space();
+    if (p == end || *p != ':') return false;
+    ++p;
+    space();
+    if (p == end) return false;
+    if (*p == '"') {
+      std::string_view value;
+      if (!string(&value)) return false;
+      if (key == "ph") ph = value;
+    } else {
+      if (key == "ph" || key == "cat" || !number()) return false;
+    }
+    if (first && ph != "s" && ph != "f" && ph != "t") return false;
+  }
+  space();
+  return p == end && (ph == "s" || ph == "f" || ph == "t");
+}
+
 struct DeviceProps {
   std::string name;
   int32_t sm_count = 0;
@@ -376,6 +472,10 @@ void KinetoParser::OnTopLevel(std::string_view key, std::string_view json) {
 }
 
 void KinetoParser::OnEvent(std::string_view json) {
+  if (IsPlainFlowEvent(json)) {
+    part_->stats.Add("kineto_flow_events", "info", kFlowEventsDescription);
+    return;
+  }
   RawEvent e;
   try {
     od::document doc = impl_->parser.iterate(
@@ -398,8 +498,7 @@ void KinetoParser::OnEvent(std::string_view json) {
     return;
   }
   if (e.ph == "s" || e.ph == "f" || e.ph == "t") {
-    t.stats.Add("kineto_flow_events", "info",
-                "flow events (ac2g, fwdbwd); launches are linked by correlation id instead");
+    t.stats.Add("kineto_flow_events", "info", kFlowEventsDescription);
     return;
   }
   if (e.ph != "X") {
