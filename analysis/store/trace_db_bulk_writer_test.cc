@@ -170,6 +170,20 @@ TEST(TraceDbBulkWriterTest, TakenBatchesMatchTraceDbWriter) {
   }
 }
 
+TEST(TraceDbBulkWriterTest, SmallTablesKeepTheirChecks) {
+  const std::string path = TempPath("bulk-check");
+  std::filesystem::remove(path);
+  auto w = TraceDbBulkWriter::Start(path);
+  ASSERT_TRUE(w.ok());
+  Trace t;
+  AddEvents(&t, 0, 10);
+  t.stats.Add("odd", "bogus-severity", "not one of info, data_loss, error");
+  Status st = (*w)->Finish(t);
+  EXPECT_EQ(st.code(), StatusCode::kFailure);
+  EXPECT_NE(st.message().find("CHECK"), std::string::npos) << st.message();
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
 TEST(TraceDbBulkWriterTest, AbortLeavesNoFile) {
   const std::string path = TempPath("bulk-abort");
   std::filesystem::remove(path);
