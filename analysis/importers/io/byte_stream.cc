@@ -18,7 +18,6 @@
 namespace dynaflow {
 namespace {
 
-constexpr size_t kPlainChunk = 1 << 20;
 constexpr size_t kInflateChunk = 4 << 20;
 constexpr size_t kCompressedBlock = 1 << 20;
 constexpr int kInflateBuffers = 4;
@@ -50,35 +49,14 @@ ssize_t ReadFull(int fd, char* buf, size_t n) {
   return static_cast<ssize_t>(done);
 }
 
-class PlainStream : public ByteStream {
+// Reads, and inflates when gzip, on a producer thread into a small ring of
+// buffers; the consumer holds at most one buffer at a time, so memory stays at
+// a few megabytes. Plain files are read there too, so that the parsing thread
+// spends no time copying them out of the page cache.
+class BackgroundStream : public ByteStream {
  public:
-  PlainStream(std::string path, int fd, int64_t size)
-      : path_(std::move(path)), fd_(fd), size_(size), buf_(kPlainChunk + kChunkPadding, 0) {}
-
-  StatusOr<std::string_view> Next() override {
-    ssize_t n = ReadFull(fd_.get(), buf_.data(), kPlainChunk);
-    if (n < 0) return Status::BadInput(path_ + ": read failed: " + std::strerror(errno));
-    read_ += n;
-    std::memset(buf_.data() + n, 0, kChunkPadding);
-    return std::string_view(buf_.data(), static_cast<size_t>(n));
-  }
-  int64_t file_bytes_read() const override { return read_; }
-  int64_t file_size() const override { return size_; }
-  bool gzip() const override { return false; }
-
- private:
-  std::string path_;
-  Fd fd_;
-  int64_t size_;
-  int64_t read_ = 0;
-  std::vector<char> buf_;
-};
-
-// Inflates on a producer thread into a small ring of buffers; the consumer
-// holds at most one buffer at a time, so memory stays at a few megabytes.
-class GzipStream : public ByteStream {
- public:
-  GzipStream(std::string path, int fd, int64_t size) : path_(std::move(path)), fd_(fd), size_(size) {
+  BackgroundStream(std::string path, int fd, int64_t size, bool gzip)
+      : path_(std::move(path)), fd_(fd), size_(size), gzip_(gzip) {
     for (int i = 0; i < kInflateBuffers; ++i) {
       buffers_.emplace_back(kInflateChunk + kChunkPadding, 0);
       free_.push_back(i);
@@ -86,7 +64,7 @@ class GzipStream : public ByteStream {
     producer_ = std::thread([this] { Produce(); });
   }
 
-  ~GzipStream() override {
+  ~BackgroundStream() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
@@ -114,7 +92,7 @@ class GzipStream : public ByteStream {
   }
   int64_t file_bytes_read() const override { return read_.load(); }
   int64_t file_size() const override { return size_; }
-  bool gzip() const override { return true; }
+  bool gzip() const override { return gzip_; }
 
  private:
   int AcquireBuffer() {
@@ -141,6 +119,31 @@ class GzipStream : public ByteStream {
   }
 
   void Produce() {
+    if (gzip_) {
+      ProduceInflated();
+    } else {
+      ProducePlain();
+    }
+  }
+
+  void ProducePlain() {
+    Status status;
+    for (;;) {
+      const int out = AcquireBuffer();
+      if (out < 0) break;
+      ssize_t n = ReadFull(fd_.get(), buffers_[out].data(), kInflateChunk);
+      if (n < 0) {
+        status = Status::BadInput(path_ + ": read failed: " + std::strerror(errno));
+        break;
+      }
+      if (n == 0) break;
+      read_ += n;
+      Publish(out, static_cast<size_t>(n));
+    }
+    Finish(std::move(status));
+  }
+
+  void ProduceInflated() {
     z_stream zs{};
     // 15 + 32: accept gzip or zlib headers.
     if (inflateInit2(&zs, 15 + 32) != Z_OK) {
@@ -199,6 +202,7 @@ class GzipStream : public ByteStream {
   std::string path_;
   Fd fd_;
   int64_t size_;
+  bool gzip_;
   std::atomic<int64_t> read_{0};
   std::vector<std::vector<char>> buffers_;
 
@@ -226,9 +230,9 @@ StatusOr<std::unique_ptr<ByteStream>> ByteStream::Open(const std::string& path) 
   unsigned char magic[2] = {0, 0};
   ssize_t n = pread(fd, magic, 2, 0);
   if (n == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
-    return std::unique_ptr<ByteStream>(new GzipStream(path, fd, st.st_size));
+    return std::unique_ptr<ByteStream>(new BackgroundStream(path, fd, st.st_size, true));
   }
-  return std::unique_ptr<ByteStream>(new PlainStream(path, fd, st.st_size));
+  return std::unique_ptr<ByteStream>(new BackgroundStream(path, fd, st.st_size, false));
 }
 
 StatusOr<std::string> ReadHead(const std::string& path, size_t limit) {

@@ -1,5 +1,5 @@
-// Streams a file's bytes in chunks, inflating gzip on a background thread so
-// that decompression and parsing overlap on two cores.
+// Streams a file's bytes in chunks, read (and inflated when gzip) on a
+// background thread so that reading and parsing overlap on two cores.
 #pragma once
 
 #include <cstdint>
