@@ -40,6 +40,7 @@ for bad in "${bad_inputs[@]}"; do
   check "advise $name: no partial report" test ! -e "$work/report.txt"
   expect_code "import $name" 2 "$bin" import "$bad" -o "$work/bad.db"
   check "import $name: no partial trace.db" test ! -e "$work/bad.db"
+  check "import $name: no temporary file" test -z "$(find "$work" -maxdepth 1 -name 'bad.db.tmp-*')"
   expect_code "info $name" 2 "$bin" info "$bad"
 done
 
