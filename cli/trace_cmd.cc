@@ -3,7 +3,7 @@
 // Runs CMD with the tracer preloaded (libdynaflow_preload.so) and the Python
 // bootstrap first on PYTHONPATH; every traced process writes <pid>.db into a
 // fresh parts directory beside the output, and the parts are merged into the
-// output once CMD has exited (processes CMD left running are not waited for).
+// output once CMD has exited (processes CMD left running get 3 s to exit).
 // The exit code is CMD's (128+N when a signal N killed it; 127 or 126 when it
 // could not be run, as in a shell).
 #include <errno.h>
@@ -11,10 +11,13 @@
 #include <string.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <set>
+#include <thread>
 
 #include "analysis/store/store.h"
 #include "cli/child_process.h"
@@ -100,6 +103,43 @@ bool IsPart(const fs::path& p) {
          std::all_of(stem.begin(), stem.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// How many live processes were started with `entry` ("NAME=value") in their
+// environment. A zombie's environment reads empty, so it does not count.
+int ProcessesWithEnv(const std::string& entry) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& proc : fs::directory_iterator("/proc", ec)) {
+    const std::string name = proc.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream in(proc.path() / "environ", std::ios::binary);
+    std::string var;
+    while (std::getline(in, var, '\0')) {
+      if (var == entry) {
+        ++n;
+        break;
+      }
+    }
+  }
+  return n;
+}
+
+// Processes CMD started may outlive it by a moment (multiprocessing's resource
+// tracker exits once its parent's pipe closes), and a process's store may not
+// exist yet when CMD exits. Waits up to kStragglerWait for every process
+// traced into `parts_dir` (found by its DYNAFLOW_OUTPUT_DIR) to exit and
+// finish its store; returns how many still run then.
+constexpr auto kStragglerWait = std::chrono::seconds(3);
+
+int WaitForStragglers(const std::string& parts_dir) {
+  const std::string entry = "DYNAFLOW_OUTPUT_DIR=" + parts_dir;
+  const auto deadline = std::chrono::steady_clock::now() + kStragglerWait;
+  while (true) {
+    const int running = ProcessesWithEnv(entry);
+    if (running == 0 || std::chrono::steady_clock::now() >= deadline) return running;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 int64_t MetaInt(const Trace& t, const std::string& key) {
   auto it = t.metadata.find(key);
   if (it == t.metadata.end()) return 0;
@@ -175,6 +215,10 @@ int RunTrace(const TraceArgs& args) {
   }
   const int exit_code = child->exit_code;
 
+  if (const int running = WaitForStragglers(*parts_dir); running > 0) {
+    std::cerr << "dynaflow: " << running << " traced process" << (running == 1 ? " is" : "es are")
+              << " still running; the trace has their records up to their last flush\n";
+  }
   Trace trace;
   const MergeSummary summary = MergeParts(*parts_dir, &trace);
   const Status written = WriteTraceDb(trace, args.output);

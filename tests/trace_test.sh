@@ -42,6 +42,12 @@ check "echo: merged meta" \
   test "$(q "$work/echo.db" "SELECT value FROM meta WHERE key = 'processes'")" = 1
 check "echo: parts removed" no_parts_left
 
+# A process that outlives CMD: waited for (3 s at most), then said.
+expect_code "straggler" 0 "$bin" trace -o "$work/strag.db" -- sh -c 'sleep 6 & exit 0'
+check "straggler: said" has "$work/err" "1 traced process is still running"
+check "straggler: both processes merged" \
+  test "$(q "$work/strag.db" 'SELECT count(*) FROM processes')" = 2
+
 expect_code "stdin passes through" 0 sh -c "echo data | '$bin' trace -o '$work/cat.db' -- cat"
 check "stdin: cat echoes it" test "$(cat "$work/out")" = "data"
 
@@ -182,6 +188,29 @@ model(torch.ones(2, 4))'
     FROM operators_named WHERE pass = 'backward' AND name LIKE 'autograd::engine::%'")" -gt 0
   check "train: forward operators with module paths" test "$(q "$work/train.db" "SELECT count(*)
     FROM operators_named WHERE pass = 'forward' AND module_path LIKE '%.layers.0.mlp%'")" -gt 0
+
+  # multiprocessing workers started by spawn (as vLLM starts its workers): a new
+  # interpreter that inherits the tracer and the bootstrap, traced under its own pid.
+  cat >"$work/spawn.py" <<'PY'
+import multiprocessing as mp
+import torch
+
+def work(n):
+    return float(torch.nn.Linear(4, 4)(torch.ones(n, 4)).sum())
+
+if __name__ == "__main__":
+    with mp.get_context("spawn").Pool(2) as pool:
+        print(len(pool.map(work, [1, 2, 3, 4])))
+PY
+  expect_code "trace multiprocessing spawn" 0 "$bin" trace -o "$work/spawn.db" -- \
+    "$py" "$work/spawn.py"
+  check "spawn: program output" test "$(cat "$work/out")" = 4
+  check "spawn: workers' operators under their own pids" test "$(q "$work/spawn.db" "
+    SELECT count(DISTINCT pid) FROM operators_named WHERE name = 'aten::linear'")" -ge 1
+  check "spawn: parent and workers all traced" test "$(q "$work/spawn.db" "
+    SELECT count(DISTINCT pid) FROM processes")" -ge 3
+  check "spawn: every process finished its store" test "$(grep -c -e "cannot finish" \
+    -e "skipped" "$work/err")" = 0
 
   # Perfetto export, read back by the Kineto importer: the same operators.
   expect_code "export perfetto" 0 "$bin" export "$db" --format perfetto -o "$work/llama.json"
