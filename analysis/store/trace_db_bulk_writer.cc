@@ -35,22 +35,6 @@ constexpr const char* kPragmas =
     // for import_stats among others, before the small tables (WriteRest).
     "PRAGMA ignore_check_constraints = ON;";
 
-// The same statements as TraceDbWriter's, so that both write identical rows.
-constexpr const char* kUpsertDevice =
-    "INSERT INTO devices VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) "
-    "ON CONFLICT (rank, device) DO UPDATE SET "
-    "name = COALESCE(NULLIF(excluded.name, ''), name), "
-    "sm_count = COALESCE(NULLIF(excluded.sm_count, 0), sm_count), "
-    "cc_minor = CASE WHEN excluded.cc_major <> 0 THEN excluded.cc_minor ELSE cc_minor END, "
-    "cc_major = COALESCE(NULLIF(excluded.cc_major, 0), cc_major), "
-    "memory_bytes = COALESCE(NULLIF(excluded.memory_bytes, 0), memory_bytes), "
-    "clock_khz = COALESCE(NULLIF(excluded.clock_khz, 0), clock_khz), "
-    "memory_bandwidth_gbps = COALESCE(NULLIF(excluded.memory_bandwidth_gbps, 0), "
-    "memory_bandwidth_gbps), "
-    "peak_tflops_fp32 = COALESCE(NULLIF(excluded.peak_tflops_fp32, 0), peak_tflops_fp32), "
-    "peak_tflops_bf16 = COALESCE(NULLIF(excluded.peak_tflops_bf16, 0), peak_tflops_bf16), "
-    "peak_tflops_fp8 = COALESCE(NULLIF(excluded.peak_tflops_fp8, 0), peak_tflops_fp8)";
-
 class SqlError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
