@@ -84,6 +84,12 @@ expect_code "another device" 0 "$bin" apply "$work/h200.json" -- "${decode[@]}"
 check "device named" has "$work/err" "the plan is for NVIDIA H200, the model runs on cpu"
 expect_code "another device --strict" 2 "$bin" apply --strict "$work/h200.json" -- "${decode[@]}"
 
+# torch imported, but the plan's model never runs.
+expect_code "model never runs" 0 "$bin" apply "$work/plan.json" -- "$py" -c "import torch"
+check "model never runs: said" has "$work/err" "no module LlamaForCausalLM ran"
+expect_code "model never runs --strict" 2 "$bin" apply --strict "$work/plan.json" -- \
+  "$py" -c "import torch"
+
 expect_code "no torch" 0 "$bin" apply "$work/plan.json" -- /bin/echo hi
 check "no torch said" has "$work/err" "never imported torch"
 expect_code "no torch --strict" 2 "$bin" apply --strict "$work/plan.json" -- /bin/echo hi
