@@ -34,8 +34,10 @@ main() {
   mkdir -p "$out"
   unpack_carried "$device"
   echo "apply_bench: building in $build (log: $out/build.log)"
-  if ! device_build dynaflow dynaflow_preload dynaflow_apply -- -DDYNAFLOW_WITH_CUDA=ON \
-      -DDYNAFLOW_WITH_TORCH=OFF >"$out/build.log" 2>&1; then
+  # The torch extension records module paths: the plan's split units need them.
+  if ! device_build dynaflow dynaflow_preload dynaflow_torch dynaflow_apply -- \
+      -DDYNAFLOW_WITH_CUDA=ON -DDYNAFLOW_WITH_TORCH=ON -DDYNAFLOW_PYTHON="$python" \
+      >"$out/build.log" 2>&1; then
     tail -n 40 "$out/build.log" >&2
     die 1 "the build failed"
   fi
