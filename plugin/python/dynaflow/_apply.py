@@ -198,6 +198,7 @@ class _Runtime:
         lib.dynaflow_apply_policy_new.restype = vp
         lib.dynaflow_apply_policy_pick.argtypes = [vp, ctypes.c_int64]
         lib.dynaflow_apply_policy_pick.restype = ctypes.c_int
+        lib.dynaflow_apply_policy_free.argtypes = [vp]
         self.lib = lib
 
     @staticmethod
@@ -378,8 +379,12 @@ class _PlannedForward:
         module.forward = self
 
     def restore(self):
+        """Puts the original forward back and frees the schedules."""
         if self.module.__dict__.get("forward") is self:
             del self.module.forward
+        for handle, _, _ in self.schedules.values():
+            self.applier.runtime.lib.dynaflow_apply_schedule_free(handle)
+        self.schedules = {}
 
     def __call__(self, *args, **kwargs):
         a = self.applier
@@ -522,9 +527,17 @@ class Applier:
         return self
 
     def detach(self):
+        """Restores every module and frees the runtime's objects."""
         for f in self.forwards:
             f.restore()
         self.forwards = []
+        lib = self.runtime.lib
+        if self.executor:
+            lib.dynaflow_apply_executor_free(self.executor)
+            self.executor = None
+        if self.policy:
+            lib.dynaflow_apply_policy_free(self.policy)
+            self.policy = None
 
     def refuse(self, message):
         self.detach()
@@ -538,7 +551,11 @@ def apply(model, plan, verify=False, runtime_lib=None):
     if not isinstance(plan, dict):
         plan = load_plan(plan)
     applier = Applier(plan, runtime_lib or os.environ.get("DYNAFLOW_APPLY_LIB"), verify)
-    applier.attach(model)
+    try:
+        applier.attach(model)
+    except PlanMismatch:
+        applier.detach()
+        raise
     model._dynaflow_applier = applier
     return model
 
