@@ -4,12 +4,8 @@
 # ../shared/traces advised without error with recommendations that agree
 # with its timeline. Needs DYNAFLOW_BIN and DYNAFLOW_SOURCE_DIR (ctest sets both).
 set -u
-bin=${DYNAFLOW_BIN:?}
-src=${DYNAFLOW_SOURCE_DIR:?}
+. "$(dirname "$0")/lib.sh"
 shared="$src/../shared/traces"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-. "$src/tests/lib.sh"
 
 # Validates PLAN against the schema with Python's jsonschema when it is
 # installed (the C++ validator, plan_test, covers the same rules otherwise).

@@ -9,12 +9,8 @@
 # DYNAFLOW_PYTHON, a Python with torch (the checkout's .venv by default);
 # exits 77 (skipped) when that Python has no torch.
 set -u
-bin=${DYNAFLOW_BIN:?}
-src=${DYNAFLOW_SOURCE_DIR:?}
+. "$(dirname "$0")/lib.sh"
 py=${DYNAFLOW_PYTHON:-$src/.venv/bin/python}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-. "$src/tests/lib.sh"
 
 if ! "$py" -c "import torch" 2>/dev/null; then
   echo "SKIP: $py cannot import torch"

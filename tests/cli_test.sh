@@ -2,12 +2,8 @@
 # End-to-end tests of the dynaflow command: exit codes, outputs, bad input.
 # Needs DYNAFLOW_BIN and DYNAFLOW_SOURCE_DIR (ctest sets both).
 set -u
-bin=${DYNAFLOW_BIN:?}
-src=${DYNAFLOW_SOURCE_DIR:?}
+. "$(dirname "$0")/lib.sh"
 shared="$src/../shared/traces"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-. "$src/tests/lib.sh"
 
 json_get() {  # json_get FILE PYTHON_EXPR(j) -> prints the value
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"

@@ -3,18 +3,15 @@
 # from the bundled example traces, its DOM must hold both step timelines, and
 # its screenshot must be a picture, not a blank page, with the timelines'
 # compute (green) and memory (blue) bars on it.
-# Needs DYNAFLOW_BIN and DYNAFLOW_SOURCE_DIR (ctest sets both). Skips (exit 0,
-# with a message) when chromium is not installed: `apt-get install chromium`.
+# Needs DYNAFLOW_BIN and DYNAFLOW_SOURCE_DIR (ctest sets both). Skips (exit 77,
+# which ctest reports as skipped) when chromium is not installed: `apt-get install chromium`.
 set -u
-bin=${DYNAFLOW_BIN:?}
-src=${DYNAFLOW_SOURCE_DIR:?}
+. "$(dirname "$0")/lib.sh"
 browser=$(command -v chromium || command -v chromium-browser || true)
 if [ -z "$browser" ]; then
   echo "html_render_test: SKIPPED: chromium is not installed (Debian package chromium)"
-  exit 0
+  exit 77
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
 "$bin" advise "$src"/examples/traces/llama_tp2_rank0.json.gz "$src"/examples/traces/llama_tp2_rank1.json.gz \

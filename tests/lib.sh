@@ -1,5 +1,12 @@
-# Helpers of the end-to-end test scripts (sourced). The caller sets $work, a
-# scratch directory; failures and passes count the checks.
+# Helpers of the end-to-end test scripts, sourced right after `set -u`. Takes
+# DYNAFLOW_BIN and DYNAFLOW_SOURCE_DIR (ctest sets both) as $bin and $src, makes
+# $work, a scratch directory removed at exit; failures and passes count the
+# checks.
+bin=${DYNAFLOW_BIN:?}
+src=${DYNAFLOW_SOURCE_DIR:?}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
 failures=0
 passes=0
 

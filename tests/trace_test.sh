@@ -10,12 +10,8 @@
 # built). The torch part is skipped, saying so, only when that Python is
 # missing or the extension was configured off.
 set -u
-bin=${DYNAFLOW_BIN:?}
-src=${DYNAFLOW_SOURCE_DIR:?}
+. "$(dirname "$0")/lib.sh"
 py=${DYNAFLOW_PYTHON:-$src/.venv/bin/python}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-. "$src/tests/lib.sh"
 
 q() { sqlite3 "$1" "$2"; }  # q DB SQL
 

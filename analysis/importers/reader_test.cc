@@ -3,7 +3,6 @@
 #include "analysis/importers/reader.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cctype>
 #include <cmath>
@@ -14,6 +13,7 @@
 
 #include "analysis/store/store.h"
 #include "analysis/timeline/timeline.h"
+#include "tests/temp_path.h"
 
 namespace dynaflow {
 namespace {
@@ -31,10 +31,6 @@ std::vector<DeviceTimeline> Analyze(const std::vector<std::string>& paths, Trace
   Status st = ImportFiles(paths, ImportOptions(), trace);
   EXPECT_TRUE(st.ok()) << st.message();
   return AnalyzeTimelines(*trace, TimelineOptions());
-}
-
-std::string TempPath(const std::string& name) {
-  return (fs::temp_directory_path() / (name + "-" + std::to_string(getpid()))).string();
 }
 
 void ExpectConsistent(const TimelineBreakdown& t, const std::string& what) {

@@ -2,20 +2,14 @@
 
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 
 #include "schemas/trace_sql.h"
+#include "tests/temp_path.h"
 
 namespace dynaflow {
 namespace {
-
-std::string TempPath(const char* name) {
-  return (std::filesystem::temp_directory_path() /
-          (std::string(name) + "-" + std::to_string(getpid()) + ".db"))
-      .string();
-}
 
 Trace SampleTrace() {
   Trace t;
@@ -96,7 +90,7 @@ Trace SampleTrace() {
 }
 
 TEST(StoreTest, RoundTripKeepsEveryRecord) {
-  const std::string path = TempPath("store-roundtrip");
+  const std::string path = TempPath("store-roundtrip.db");
   Trace in = SampleTrace();
   ASSERT_TRUE(WriteTraceDb(in, path).ok());
   Trace out;
@@ -147,7 +141,7 @@ TEST(StoreTest, RoundTripKeepsEveryRecord) {
 }
 
 TEST(StoreTest, SchemaVersionAndViewsAreQueryable) {
-  const std::string path = TempPath("store-views");
+  const std::string path = TempPath("store-views.db");
   ASSERT_TRUE(WriteTraceDb(SampleTrace(), path).ok());
   SQLite::Database db(path, SQLite::OPEN_READONLY);
   EXPECT_EQ(db.execAndGet("PRAGMA user_version").getInt(), kTraceSchemaVersion);
@@ -170,7 +164,7 @@ TEST(StoreTest, FailedWriteLeavesNoFile) {
 }
 
 TEST(StoreTest, RejectsUnknownSchemaVersion) {
-  const std::string path = TempPath("store-version");
+  const std::string path = TempPath("store-version.db");
   ASSERT_TRUE(WriteTraceDb(SampleTrace(), path).ok());
   {
     SQLite::Database db(path, SQLite::OPEN_READWRITE);

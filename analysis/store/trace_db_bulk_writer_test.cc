@@ -2,21 +2,15 @@
 
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <string>
 
 #include "analysis/store/trace_db_writer.h"
+#include "tests/temp_path.h"
 
 namespace dynaflow {
 namespace {
-
-std::string TempPath(const char* name) {
-  return (std::filesystem::temp_directory_path() /
-          (std::string(name) + "-" + std::to_string(getpid()) + ".db"))
-      .string();
-}
 
 // Every row of every table, in rowid order, as text: equal dumps mean equal
 // stores.
@@ -117,7 +111,7 @@ std::string ReferenceDump(int32_t rank, int events) {
   AddEvents(&t, 0, events);
   SetRank(&t, rank);
   AddSmallTables(&t, rank);
-  const std::string path = TempPath("bulk-reference");
+  const std::string path = TempPath("bulk-reference.db");
   {
     auto w = TraceDbWriter::Create(path, TraceDbDurability::kBulk);
     EXPECT_TRUE(w.ok());
@@ -134,7 +128,7 @@ TEST(TraceDbBulkWriterTest, WholeTraceMatchesTraceDbWriter) {
   AddEvents(&t, 0, 500);
   SetRank(&t, 3);
   AddSmallTables(&t, 3);
-  const std::string path = TempPath("bulk-whole");
+  const std::string path = TempPath("bulk-whole.db");
   auto w = TraceDbBulkWriter::Start(path);
   ASSERT_TRUE(w.ok()) << w.status().message();
   ASSERT_TRUE((*w)->Finish(t, 3).ok());
@@ -148,7 +142,7 @@ TEST(TraceDbBulkWriterTest, WholeTraceMatchesTraceDbWriter) {
 TEST(TraceDbBulkWriterTest, TakenBatchesMatchTraceDbWriter) {
   for (int32_t rank : {0, 5}) {
     Trace part;
-    const std::string path = TempPath("bulk-taken");
+    const std::string path = TempPath("bulk-taken.db");
     auto w = TraceDbBulkWriter::Start(path, /*queue_batches=*/2);
     ASSERT_TRUE(w.ok());
     int done = 0;
@@ -171,7 +165,7 @@ TEST(TraceDbBulkWriterTest, TakenBatchesMatchTraceDbWriter) {
 }
 
 TEST(TraceDbBulkWriterTest, SmallTablesKeepTheirChecks) {
-  const std::string path = TempPath("bulk-check");
+  const std::string path = TempPath("bulk-check.db");
   std::filesystem::remove(path);
   auto w = TraceDbBulkWriter::Start(path);
   ASSERT_TRUE(w.ok());
@@ -185,7 +179,7 @@ TEST(TraceDbBulkWriterTest, SmallTablesKeepTheirChecks) {
 }
 
 TEST(TraceDbBulkWriterTest, AbortLeavesNoFile) {
-  const std::string path = TempPath("bulk-abort");
+  const std::string path = TempPath("bulk-abort.db");
   std::filesystem::remove(path);
   {
     auto w = TraceDbBulkWriter::Start(path);
@@ -203,7 +197,7 @@ TEST(TraceDbBulkWriterTest, AbortLeavesNoFile) {
 }
 
 TEST(TraceDbBulkWriterTest, ReplacesAnExistingFile) {
-  const std::string path = TempPath("bulk-replace");
+  const std::string path = TempPath("bulk-replace.db");
   { std::FILE* f = std::fopen(path.c_str(), "w"); std::fputs("not a database", f); std::fclose(f); }
   auto w = TraceDbBulkWriter::Start(path);
   ASSERT_TRUE(w.ok());

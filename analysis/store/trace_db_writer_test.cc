@@ -2,21 +2,15 @@
 
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "analysis/store/store.h"
+#include "tests/temp_path.h"
 
 namespace dynaflow {
 namespace {
-
-std::string TempPath(const char* name) {
-  return (std::filesystem::temp_directory_path() /
-          (std::string(name) + "-" + std::to_string(getpid()) + ".db"))
-      .string();
-}
 
 std::unique_ptr<TraceDbWriter> CreateOrDie(const std::string& path) {
   StatusOr<std::unique_ptr<TraceDbWriter>> writer = TraceDbWriter::Create(path);
@@ -71,7 +65,7 @@ Trace SecondBatch() {
 }
 
 TEST(TraceDbWriterTest, BatchesShareStringsAndDevices) {
-  const std::string path = TempPath("writer-batches");
+  const std::string path = TempPath("writer-batches.db");
   std::unique_ptr<TraceDbWriter> w = CreateOrDie(path);
   ASSERT_TRUE(w);
   ASSERT_TRUE(w->Write(FirstBatch()).ok());
@@ -114,7 +108,7 @@ TEST(TraceDbWriterTest, BatchesShareStringsAndDevices) {
 }
 
 TEST(TraceDbWriterTest, ReaderSeesCommittedBatchesWhileWriterIsOpen) {
-  const std::string path = TempPath("writer-concurrent");
+  const std::string path = TempPath("writer-concurrent.db");
   std::unique_ptr<TraceDbWriter> w = CreateOrDie(path);
   ASSERT_TRUE(w);
   ASSERT_TRUE(w->Write(FirstBatch()).ok());
@@ -143,7 +137,7 @@ TEST(TraceDbWriterTest, ReaderSeesCommittedBatchesWhileWriterIsOpen) {
 }
 
 TEST(TraceDbWriterTest, FailedBatchIsRolledBackAndWriterStaysUsable) {
-  const std::string path = TempPath("writer-rollback");
+  const std::string path = TempPath("writer-rollback.db");
   std::unique_ptr<TraceDbWriter> w = CreateOrDie(path);
   ASSERT_TRUE(w);
   Trace bad;
@@ -168,7 +162,7 @@ TEST(TraceDbWriterTest, FailedBatchIsRolledBackAndWriterStaysUsable) {
 }
 
 TEST(TraceDbWriterTest, CreateReplacesAnOldStoreAndItsWal) {
-  const std::string path = TempPath("writer-replace");
+  const std::string path = TempPath("writer-replace.db");
   std::ofstream(path) << "not a database";
   std::ofstream(path + "-wal") << "stale";
   std::unique_ptr<TraceDbWriter> w = CreateOrDie(path);

@@ -12,17 +12,12 @@
 #include "analysis/store/store.h"
 #include "plugin/preload/cupti_session.h"
 #include "plugin/preload/fake_cupti_api.h"
+#include "tests/temp_path.h"
 
 namespace dynaflow {
 namespace {
 
 using std::chrono::milliseconds;
-
-std::string TempPath(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("writer-" + name + "-" + std::to_string(getpid()) + ".db"))
-      .string();
-}
 
 WriterOptions Options(const std::string& path) {
   WriterOptions o;
@@ -86,7 +81,7 @@ CuptiSink SinkInto(WriterThread& writer) {
 }
 
 TEST(WriterThreadTest, OperatorsAndCuptiBuffersReachTheStore) {
-  const std::string path = TempPath("flow");
+  const std::string path = TempPath("writer-flow.db");
   FakeCuptiApi cupti;
   cupti.SetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, 211, "cudaLaunchKernel_v7000");
   WriterThread writer(Options(path));
@@ -136,7 +131,7 @@ TEST(WriterThreadTest, OperatorsAndCuptiBuffersReachTheStore) {
 }
 
 TEST(WriterThreadTest, FlushCommitsWhatIsQueuedWhileRunning) {
-  const std::string path = TempPath("flush");
+  const std::string path = TempPath("writer-flush.db");
   WriterOptions options = Options(path);
   options.flush_interval = milliseconds(3600 * 1000);  // only explicit flushes
   WriterThread writer(std::move(options));
@@ -153,7 +148,7 @@ TEST(WriterThreadTest, FlushCommitsWhatIsQueuedWhileRunning) {
 }
 
 TEST(WriterThreadTest, WritesPeriodicallyWithoutBeingAsked) {
-  const std::string path = TempPath("periodic");
+  const std::string path = TempPath("writer-periodic.db");
   WriterOptions options = Options(path);
   options.flush_interval = milliseconds(20);
   int hook_calls = 0;
@@ -184,7 +179,7 @@ void Burst(WriterThread& writer, int threads, int per_thread) {
 }
 
 TEST(WriterThreadTest, MillionOperatorsFromSeveralThreadsWithoutLoss) {
-  const std::string path = TempPath("million");
+  const std::string path = TempPath("writer-million.db");
   WriterOptions options = Options(path);
   options.max_queued_bytes = size_t{1} << 30;
   WriterThread writer(std::move(options));
@@ -203,7 +198,7 @@ TEST(WriterThreadTest, MillionOperatorsFromSeveralThreadsWithoutLoss) {
 }
 
 TEST(WriterThreadTest, SmallQueueStaysBoundedAndCountsEveryDrop) {
-  const std::string path = TempPath("bounded");
+  const std::string path = TempPath("writer-bounded.db");
   constexpr size_t kBound = 64 << 10;
   FakeCuptiApi cupti;
   WriterOptions options = Options(path);
@@ -234,7 +229,7 @@ TEST(WriterThreadTest, SmallQueueStaysBoundedAndCountsEveryDrop) {
 }
 
 TEST(WriterThreadTest, SigkillMidRecordingLeavesAValidStore) {
-  const std::string path = TempPath("sigkill");
+  const std::string path = TempPath("writer-sigkill.db");
   int committed[2];
   ASSERT_EQ(pipe(committed), 0);
   const pid_t child = fork();

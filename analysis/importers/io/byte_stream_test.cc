@@ -1,20 +1,15 @@
 #include "analysis/importers/io/byte_stream.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include "tests/temp_path.h"
 
 namespace dynaflow {
 namespace {
-
-std::string TempPath(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / (name + "-" + std::to_string(getpid())))
-      .string();
-}
 
 std::string Gzip(const std::string& data) {
   z_stream zs{};
