@@ -25,12 +25,7 @@ out="${OUT:-$build/apply-out}"
 device="${DEVICE:-cuda}"
 
 main() {
-  [ -n "$python" ] || die 2 "no python3"
-  "$python" -c 'import torch' 2>/dev/null || die 2 "$python cannot import torch"
-  if [ "$device" = cuda ]; then
-    "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' ||
-      die 2 "torch sees no GPU (DEVICE=cpu for a dry run)"
-  fi
+  check_machine "$device"
   mkdir -p "$out"
   unpack_carried "$device"
   echo "apply_bench: building in $build (log: $out/build.log)"

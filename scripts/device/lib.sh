@@ -66,3 +66,17 @@ unpack_carried() {
     die 2 "no $deps/*.deb: run 'bash scripts/device/$script.sh fetch' here and carry .device-deps"
   fi
 }
+
+# check_machine DEVICE: what building and running the torch parts need, and
+# for DEVICE=cuda a GPU that torch sees and nvcc; dies with code 2 otherwise.
+check_machine() {
+  [ -n "$python" ] || die 2 "no python3"
+  "$python" -c 'import torch' 2>/dev/null || die 2 "$python cannot import torch"
+  command -v cmake >/dev/null || die 2 "no cmake"
+  command -v ninja >/dev/null || die 2 "no ninja"
+  if [ "$1" = cuda ]; then
+    "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' ||
+      die 2 "torch sees no GPU (DEVICE=cpu for a dry run)"
+    command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || die 2 "no nvcc"
+  fi
+}

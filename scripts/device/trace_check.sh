@@ -39,20 +39,8 @@ script=trace_check
 out="${OUT:-$build/check-out}"
 device="${DEVICE:-cuda}"
 
-check_machine() {
-  [ -n "$python" ] || die 2 "no python3"
-  "$python" -c 'import torch' 2>/dev/null || die 2 "$python cannot import torch"
-  command -v cmake >/dev/null || die 2 "no cmake"
-  command -v ninja >/dev/null || die 2 "no ninja"
-  if [ "$device" = cuda ]; then
-    "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' ||
-      die 2 "torch sees no GPU (DEVICE=cpu for a dry run)"
-    command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || die 2 "no nvcc"
-  fi
-}
-
 main() {
-  check_machine
+  check_machine "$device"
   mkdir -p "$out"
   unpack_carried "$device"
   echo "trace_check: building in $build (log: $out/build.log)"
