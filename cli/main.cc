@@ -1,7 +1,21 @@
 // The dynaflow command: each verb lives in its own file (cli/*_cmd.cc).
 #include <iostream>
+#include <string>
 
 #include "cli/commands.h"
+
+namespace {
+
+// " import, info, ...": the verbs, for the message about an unknown one.
+std::string KnownCommands(CLI::App& app) {
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    names += (names.empty() ? " " : ", ") + sub->get_name();
+  }
+  return names;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -24,6 +38,15 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
+    if (argc == 1) {  // no verb at all: what there is to run
+      std::cerr << app.help();
+      return 2;
+    }
+    if (app.get_subcommands().empty() && argv[1][0] != '-') {
+      std::cerr << "dynaflow: unknown command '" << argv[1] << "'; the commands are"
+                << KnownCommands(app) << " (dynaflow --help)\n";
+      return 2;
+    }
     app.exit(e);
     return 2;
   } catch (const std::exception& e) {

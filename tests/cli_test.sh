@@ -15,6 +15,10 @@ check "help lists verbs" grep -q "advise" "$work/out"
 expect_code "advise help" 0 "$bin" advise --help
 check "advise help lists formats" grep -q "html" "$work/out"
 expect_code "no verb" 2 "$bin"
+check "no verb prints the help" has "$work/err" "Subcommands:"
+expect_code "unknown verb" 2 "$bin" adivse trace.json
+check "unknown verb named, with the verbs" \
+  has "$work/err" "dynaflow: unknown command 'adivse'; the commands are import, info, advise"
 expect_code "unknown option" 2 "$bin" advise --no-such-flag x
 expect_code "bad format" 2 "$bin" advise --format xml "$src/README.md"
 
