@@ -92,7 +92,7 @@ void AddAdviseCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("-o,--output", args->output, "Write the report here instead of stdout");
   cmd->add_option("--kernel-wait-us", args->kernel_wait_us,
                   "Idle gaps on a stream shorter than this count as kernel (launch) wait")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--top", args->top, "How many kernels to list per device")
       ->capture_default_str();

@@ -24,6 +24,11 @@ void AddApplyCommand(CLI::App& app, int* exit_code);
 
 // Shared by the verbs.
 
+// Option checks for numbers: "must be >= 0" and "must be > 0" (CLI11 2.1's
+// NonNegativeNumber and PositiveNumber print the largest double in full).
+extern const CLI::Validator kNonNegative;
+extern const CLI::Validator kPositive;
+
 // Prints "dynaflow: <message>" on stderr and returns the status's exit code.
 int Fail(const Status& status);
 

@@ -12,6 +12,26 @@
 
 namespace dynaflow {
 
+namespace {
+
+// A validator that parses the value as a number and checks it with `ok`.
+CLI::Validator NumberCheck(bool (*ok)(double), const char* rule) {
+  return CLI::Validator(
+      [ok, rule](std::string& value) -> std::string {
+        double number = 0;
+        if (!CLI::detail::lexical_cast(value, number) || !ok(number)) {
+          return "must be a number " + std::string(rule) + ", not " + value;
+        }
+        return {};
+      },
+      std::string("NUMBER ") + rule);
+}
+
+}  // namespace
+
+const CLI::Validator kNonNegative = NumberCheck([](double v) { return v >= 0; }, ">= 0");
+const CLI::Validator kPositive = NumberCheck([](double v) { return v > 0; }, "> 0");
+
 int Fail(const Status& status) {
   std::cerr << "dynaflow: " << status.message() << "\n";
   return status.exit_code();

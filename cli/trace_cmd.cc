@@ -247,15 +247,17 @@ void AddTraceCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("-o,--output", args->output, "The trace.db to write (replaced if present)")
       ->capture_default_str();
   cmd->add_option("--delay", args->delay_s, "Start recording this many seconds after CMD starts")
-      ->check(CLI::NonNegativeNumber);
+      ->type_name("SECONDS")
+      ->check(kNonNegative);
   cmd->add_option("--duration", args->duration_s, "Record for this many seconds, then stop")
-      ->check(CLI::PositiveNumber);
+      ->type_name("SECONDS")
+      ->check(kPositive);
   cmd->add_option("--ops", args->ops, "Record framework operators")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--flush-ms", args->flush_ms,
                   "How often traced processes write their records (default 1000)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   // After --, every word is CMD's, its options included.
   cmd->add_option("CMD", args->command,
                   "The program to trace and its arguments; after -- when they include options")

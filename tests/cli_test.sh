@@ -21,6 +21,10 @@ check "unknown verb named, with the verbs" \
   has "$work/err" "dynaflow: unknown command 'adivse'; the commands are import, info, advise"
 expect_code "unknown option" 2 "$bin" advise --no-such-flag x
 expect_code "bad format" 2 "$bin" advise --format xml "$src/README.md"
+expect_code "negative delay" 2 "$bin" trace --delay -1 -- true
+check "negative delay explained" has "$work/err" "--delay: must be a number >= 0, not -1"
+expect_code "zero duration" 2 "$bin" trace --duration 0 -- true
+check "zero duration explained" has "$work/err" "--duration: must be a number > 0, not 0"
 
 # --- bad input: exit 2, one line on stderr, no output file
 printf '' >"$work/empty.json"
