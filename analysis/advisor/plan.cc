@@ -13,9 +13,11 @@ const std::vector<std::string> kStreamRoles = {"compute", "memory", "communicati
 
 json Strings(const std::vector<std::string>& v) { return json(v); }
 
-// Small checking helpers: each returns an error naming `where`.
+// Small checking helpers: each returns an error naming `where`, the key path
+// ("" for the top level).
 Status Expect(bool ok, const std::string& where, const std::string& what) {
-  return ok ? Status::Ok() : Status::BadInput("plan: " + where + ": " + what);
+  if (ok) return Status::Ok();
+  return Status::BadInput("plan: " + (where.empty() ? what : where + ": " + what));
 }
 
 Status Object(const json& j, const std::string& where, const std::vector<std::string>& required,
@@ -35,7 +37,7 @@ Status Object(const json& j, const std::string& where, const std::vector<std::st
 
 Status Number(const json& j, const std::string& where, double minimum) {
   DF_RETURN_IF_ERROR(Expect(j.is_number(), where, "must be a number"));
-  return Expect(j.get<double>() >= minimum, where, "must be >= " + std::to_string(minimum));
+  return Expect(j.get<double>() >= minimum, where, "must be >= " + json(minimum).dump());
 }
 
 Status Integer(const json& j, const std::string& where, int64_t minimum) {
@@ -159,7 +161,7 @@ json PlanToJson(const Plan& p) {
 }
 
 Status ValidatePlanJson(const json& j) {
-  DF_RETURN_IF_ERROR(Object(j, "plan", PlanRequiredKeys(), {}));
+  DF_RETURN_IF_ERROR(Object(j, "", PlanRequiredKeys(), {}));
   DF_RETURN_IF_ERROR(Expect(j["schema"] == kPlanSchema, "schema", "must be \"" + std::string(kPlanSchema) + "\""));
   DF_RETURN_IF_ERROR(String(j["generator"], "generator"));
   const json& src = j["source"];
