@@ -37,6 +37,9 @@ int Fail(const Status& status);
 Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace,
                   RecordSink* sink = nullptr);
 
+// "PATH: cannot write: <errno's reason>", after a failed stream write.
+Status CannotWrite(const std::string& path);
+
 // Writes `text` to `path` through a temporary file, so a failure leaves no
 // partial output; "-" or empty means stdout.
 Status WriteOutput(const std::string& path, const std::string& text);

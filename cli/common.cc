@@ -1,7 +1,9 @@
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -69,6 +71,10 @@ Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace, RecordSi
   return st;
 }
 
+Status CannotWrite(const std::string& path) {
+  return Status::Failure(path + ": cannot write: " + std::strerror(errno));
+}
+
 Status WriteOutput(const std::string& path, const std::string& text) {
   if (path.empty() || path == "-") {
     std::cout << text;
@@ -81,16 +87,17 @@ Status WriteOutput(const std::string& path, const std::string& text) {
   const auto status = std::filesystem::status(path, probe);
   if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
     std::ofstream f(path, std::ios::binary);
-    f << text;
-    return f ? Status::Ok() : Status::Failure(path + ": cannot write");
+    if (f) f << text;
+    return f ? Status::Ok() : CannotWrite(path);
   }
   const std::string tmp = path + ".tmp-" + std::to_string(getpid());
   {
     std::ofstream f(tmp, std::ios::binary);
-    f << text;
+    if (f) f << text;
     if (!f) {
+      const Status st = CannotWrite(path);
       std::remove(tmp.c_str());
-      return Status::Failure(path + ": cannot write");
+      return st;
     }
   }
   std::error_code ec;

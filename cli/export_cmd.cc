@@ -34,11 +34,14 @@ std::string RankPath(const std::string& output, int32_t rank) {
   return (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(rank) + ext)).string();
 }
 
-Status WriteRank(const Trace& trace, int32_t rank, const std::string& path) {
-  std::ofstream f(path, std::ios::binary);
+// Writes rank's document to `tmp`, the temporary file of `path`.
+Status WriteRank(const Trace& trace, int32_t rank, const std::string& tmp,
+                 const std::string& path) {
+  std::ofstream f(tmp, std::ios::binary);
+  if (!f) return CannotWrite(path);
   WritePerfettoJson(trace, rank, f);
   f.close();
-  return f ? Status::Ok() : Status::Failure(path + ": cannot write");
+  return f ? Status::Ok() : CannotWrite(path);
 }
 
 int RunExport(const ExportArgs& args) {
@@ -61,7 +64,7 @@ int RunExport(const ExportArgs& args) {
   for (int32_t rank : ranks) {
     const std::string path = ranks.size() == 1 ? args.output : RankPath(args.output, rank);
     files.emplace_back(path + ".tmp-" + std::to_string(getpid()), path);
-    st = WriteRank(trace, rank, files.back().first);
+    st = WriteRank(trace, rank, files.back().first, path);
     if (!st.ok()) break;
   }
   for (const auto& [tmp, path] : files) {

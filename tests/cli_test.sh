@@ -97,4 +97,14 @@ assert [d['timeline'] for d in a] == [d['timeline'] for d in b]" "$work/db.json"
   check "cpu-only says so" grep -q "No GPU activity" "$work/out"
 fi
 
+# --- outputs that cannot be written: exit 1, the path and the reason
+ex="$src/examples/traces/llama_tp2_rank0.json.gz"
+expect_code "advise into a missing directory" 1 "$bin" advise "$ex" -o "$work/no/r.txt"
+check "advise says why" has "$work/err" "$work/no/r.txt: cannot write: No such file or directory"
+expect_code "export into a missing directory" 1 "$bin" export "$ex" --format perfetto \
+  -o "$work/no/t.json"
+check "export says why" has "$work/err" "$work/no/t.json: cannot write: No such file or directory"
+expect_code "import into a missing directory" 1 "$bin" import "$ex" -o "$work/no/t.db"
+check "import names the store" has "$work/err" "$work/no/t.db: cannot create trace store"
+
 finish

@@ -469,8 +469,7 @@ StatusOr<std::unique_ptr<TraceDbBulkWriter>> TraceDbBulkWriter::Start(const std:
   } catch (const std::exception& e) {
     impl->Close();
     RemoveStoreFiles(impl->tmp);
-    return Status::Failure(path + ": cannot write trace store: " + impl->tmp +
-                           ": cannot create trace store: " + e.what());
+    return Status::Failure(path + ": cannot create trace store: " + e.what());
   }
   return std::unique_ptr<TraceDbBulkWriter>(new TraceDbBulkWriter(std::move(impl)));
 }
@@ -529,8 +528,7 @@ Status TraceDbBulkWriter::Finish(const Trace& trace, int32_t taken_rank) {
     return Status::Failure(m.path + ": cannot write: " + ec.message());
   }
   RemoveStoreFiles(m.tmp);
-  return Status::Failure(m.path + ": cannot write trace store: " + m.tmp +
-                         ": cannot write a batch: " + error);
+  return Status::Failure(m.path + ": cannot write trace store: " + error);
 }
 
 void TraceDbBulkWriter::Abort() {
