@@ -2,6 +2,8 @@
 
 #include <SQLiteCpp/SQLiteCpp.h>
 
+#include <filesystem>
+
 #include "analysis/importers/dynaflow/dynaflow_reader.h"
 #include "analysis/importers/io/byte_stream.h"
 #include "analysis/importers/kineto/kineto_reader.h"
@@ -69,6 +71,12 @@ StatusOr<TraceReader*> FindReader(const FileProbe& probe) {
 Status ImportFiles(const std::vector<std::string>& paths, const ImportOptions& options,
                    Trace* trace) {
   for (size_t i = 0; i < paths.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      std::error_code ec;
+      if (std::filesystem::equivalent(paths[j], paths[i], ec)) {
+        return Status::BadInput(paths[i] + ": given twice (also as " + paths[j] + ")");
+      }
+    }
     auto probe = ProbeFile(paths[i]);
     if (!probe.ok()) return probe.status();
     auto reader = FindReader(*probe);

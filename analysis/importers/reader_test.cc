@@ -257,6 +257,42 @@ TEST(MalformedInputTest, MissingFileAndDirectory) {
             StatusCode::kBadInput);
 }
 
+// Inputs that would merge two runs into one timeline are refused.
+TEST(SeveralInputsTest, TheSameFileTwiceIsRefused) {
+  const std::string path = TempPath("twice.json");
+  std::ofstream(path) << "{\"traceEvents\": []}";
+  Trace trace;
+  Status st = ImportFiles({path, path}, ImportOptions(), &trace);
+  EXPECT_EQ(st.code(), StatusCode::kBadInput);
+  EXPECT_EQ(st.message(), path + ": given twice (also as " + path + ")");
+  fs::remove(path);
+}
+
+TEST(SeveralInputsTest, TwoFilesOfOneRankAreRefused) {
+  const std::string kernel =
+      "{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"k\", \"pid\": 0, \"tid\": 7, "
+      "\"ts\": 1, \"dur\": 2, \"args\": {\"device\": 0, \"stream\": 7}}";
+  auto rank_file = [&](const std::string& name, int rank) {
+    const std::string path = TempPath(name);
+    std::ofstream(path) << "{\"distributedInfo\": {\"rank\": " << rank
+                        << "}, \"traceEvents\": [" << kernel << "]}";
+    return path;
+  };
+  const std::string a = rank_file("rank3-a.json", 3);
+  const std::string b = rank_file("rank3-b.json", 3);
+  const std::string c = rank_file("rank4.json", 4);
+  Trace trace;
+  Status st = ImportFiles({a, b}, ImportOptions(), &trace);
+  EXPECT_EQ(st.code(), StatusCode::kBadInput);
+  EXPECT_EQ(st.message(), b + ": rank 3 is also in an earlier input: give each rank's trace once");
+  Trace ok;
+  ASSERT_TRUE(ImportFiles({a, c}, ImportOptions(), &ok).ok());
+  ASSERT_EQ(ok.devices.size(), 2u);
+  EXPECT_EQ(ok.devices[0].rank, 3);
+  EXPECT_EQ(ok.devices[1].rank, 4);
+  for (const std::string& p : {a, b, c}) fs::remove(p);
+}
+
 TEST(ReaderRegistryTest, DetectsFormatByContentNotName) {
   const std::string path = TempPath("misnamed.sqlite");  // JSON despite the name
   std::ofstream(path) << "{\"traceEvents\": [{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"k\","

@@ -1,5 +1,7 @@
 #include "analysis/model/trace.h"
 
+#include <algorithm>
+
 namespace dynaflow {
 
 StringTable::StringTable() { Intern(""); }
@@ -56,6 +58,14 @@ void SetRank(std::vector<Record>& records, int32_t rank) {
 }
 
 }  // namespace
+
+bool Trace::HasRank(int32_t rank) const {
+  auto in = [rank](const auto& records) {
+    return std::any_of(records.begin(), records.end(),
+                       [rank](const auto& r) { return r.rank == rank; });
+  };
+  return in(devices) || in(processes) || in(threads) || in(api) || in(ops) || in(ranges);
+}
 
 void Trace::Append(Trace&& part, int32_t rank) {
   const bool empty = devices.empty() && gpu.empty() && api.empty() && ops.empty() &&

@@ -177,6 +177,9 @@ struct Trace {
   // Index of the device (rank, device), created with defaults when new.
   uint32_t DeviceIndex(int32_t rank, int32_t device);
 
+  // Whether any device, process or record already belongs to `rank`.
+  bool HasRank(int32_t rank) const;
+
   // Moves the records of `part` (one imported file) into this trace, giving
   // every record the rank `rank`: strings are re-interned, devices merged by
   // (rank, device), statistics added and metadata values joined with ';'.

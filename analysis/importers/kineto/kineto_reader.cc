@@ -53,6 +53,11 @@ class KinetoReader : public TraceReader {
     }
     part.metadata["source"] = probe.path;
     const int32_t rank = parser.rank() >= 0 ? parser.rank() : ordinal;
+    // Two files of one rank would merge into one nonsensical timeline.
+    if (trace->HasRank(rank)) {
+      return Status::BadInput(probe.path + ": rank " + std::to_string(rank) +
+                              " is also in an earlier input: give each rank's trace once");
+    }
     if (options.sink) options.sink->SetRank(rank);
     trace->Append(std::move(part), rank);
     return Status::Ok();
