@@ -95,6 +95,7 @@ void AddAdviseCommand(CLI::App& app, int* exit_code) {
       ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--top", args->top, "How many kernels to list per device")
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--plan", args->plan,
                   "Write the plan (plan.json, schemas/plan.schema.json) for `dynaflow apply` here");

@@ -23,6 +23,8 @@ expect_code "unknown option" 2 "$bin" advise --no-such-flag x
 expect_code "bad format" 2 "$bin" advise --format xml "$src/README.md"
 expect_code "negative delay" 2 "$bin" trace --delay -1 -- true
 check "negative delay explained" has "$work/err" "--delay: must be a number >= 0, not -1"
+expect_code "negative top" 2 "$bin" advise --top -1 "$src/README.md"
+check "negative top explained" has "$work/err" "--top: must be a number >= 0, not -1"
 expect_code "zero duration" 2 "$bin" trace --duration 0 -- true
 check "zero duration explained" has "$work/err" "--duration: must be a number > 0, not 0"
 
