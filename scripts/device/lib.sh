@@ -16,8 +16,8 @@ die() {  # die CODE MESSAGE
   exit "$1"
 }
 
-# Here, once: downloads the packages into .device-deps (never committed:
-# echo /.device-deps/ >> .git/info/exclude).
+# Here, once: downloads the packages into .device-deps (git-ignored, so the
+# device tool carries it only when named in `carry`).
 fetch() {
   mkdir -p "$deps"
   (cd "$deps" && apt-get download "${PACKAGES[@]}")

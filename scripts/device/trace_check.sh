@@ -16,8 +16,7 @@
 # python). It has no package registry, so the libraries the build needs beyond
 # that travel with the working tree as Debian 12 packages, fetched here once:
 #
-#   bash scripts/device/trace_check.sh fetch      # here: .device-deps/*.deb
-#   echo /.device-deps/ >> .git/info/exclude      # here, once: never committed
+#   bash scripts/device/trace_check.sh fetch      # here: .device-deps/*.deb (git-ignored)
 #
 # and run there with the device tool:
 #   run(command="bash scripts/device/trace_check.sh", carry=[".device-deps"],
