@@ -213,6 +213,14 @@ Status ReadTraceDb(const std::string& path, Trace* trace) {
                               " is not supported (this build reads version " +
                               std::to_string(kTraceSchemaVersion) + ")");
     }
+    SQLite::Statement ranks(db, "SELECT rank FROM devices UNION SELECT rank FROM processes");
+    while (ranks.executeStep()) {
+      const int32_t rank = ranks.getColumn(0).getInt();
+      if (trace->HasRank(rank)) {
+        return Status::BadInput(path + ": rank " + std::to_string(rank) +
+                                " is also in an earlier input: give each rank's trace once");
+      }
+    }
     ReadAll(db, trace);
   } catch (const std::exception& e) {
     return Status::BadInput(path + ": not a readable dynaflow trace store: " + e.what());

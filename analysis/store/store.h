@@ -17,7 +17,8 @@ namespace dynaflow {
 Status WriteTraceDb(const Trace& trace, const std::string& path);
 
 // Appends the contents of the trace.db at `path` to `trace`. BadInput when the
-// file is not a dynaflow store or has a schema version this build does not know.
+// file is not a dynaflow store, has a schema version this build does not know,
+// or holds a rank that `trace` already has (two runs would merge into one).
 Status ReadTraceDb(const std::string& path, Trace* trace);
 
 // True when the named tables look like a dynaflow store.

@@ -177,6 +177,23 @@ TEST(StoreTest, RejectsUnknownSchemaVersion) {
   std::filesystem::remove(path);
 }
 
+TEST(StoreTest, RefusesARankTheTraceAlreadyHas) {
+  const std::string path = TempPath("store-rank.db");
+  ASSERT_TRUE(WriteTraceDb(SampleTrace(), path).ok());  // rank 1
+  Trace two;
+  ASSERT_TRUE(ReadTraceDb(path, &two).ok());
+  const size_t gpu = two.gpu.size();
+  Status st = ReadTraceDb(path, &two);
+  EXPECT_EQ(st.code(), StatusCode::kBadInput);
+  EXPECT_EQ(st.message(), path + ": rank 1 is also in an earlier input: give each rank's trace once");
+  EXPECT_EQ(two.gpu.size(), gpu);  // nothing appended
+  Trace other;
+  other.DeviceIndex(0, 0);
+  ASSERT_TRUE(ReadTraceDb(path, &other).ok());
+  EXPECT_EQ(other.devices.size(), 2u);
+  std::filesystem::remove(path);
+}
+
 TEST(StoreTest, LooksLikeTraceDb) {
   EXPECT_TRUE(LooksLikeTraceDb({"meta", "strings", "kernels", "operators", "devices"}));
   EXPECT_FALSE(LooksLikeTraceDb({"CUPTI_ACTIVITY_KIND_KERNEL", "StringIds"}));
