@@ -1,4 +1,7 @@
+#include <cstdio>
+#include <iostream>
 #include <memory>
+#include <string>
 
 #include "analysis/advisor/advisor.h"
 #include "analysis/advisor/plan.h"
@@ -8,6 +11,23 @@
 
 namespace dynaflow {
 namespace {
+
+// "0..1448 tokens: sequential; 1448.. tokens: nanobatch_overlap x2 (1.15x)".
+std::string PlanSummary(const Plan& plan) {
+  std::string out;
+  char buf[160];
+  for (const PlanBucket& b : plan.buckets) {
+    const std::string max = b.max_tokens ? std::to_string(static_cast<int64_t>(*b.max_tokens)) : "";
+    std::snprintf(buf, sizeof buf, "%s%lld..%s tokens: %s", out.empty() ? "" : "; ",
+                  static_cast<long long>(b.min_tokens), max.c_str(), StrategyName(b.strategy));
+    out += buf;
+    if (b.strategy != Strategy::kSequential) {
+      std::snprintf(buf, sizeof buf, " x%d (%.2fx)", b.splits, b.predicted_speedup);
+      out += buf;
+    }
+  }
+  return out;
+}
 
 struct AdviseArgs {
   std::vector<std::string> inputs;
@@ -71,6 +91,8 @@ int RunAdvise(const AdviseArgs& args) {
     st = WriteOutput(args.plan,
                      plan.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     if (!st.ok()) return Fail(st);
+    std::cerr << "dynaflow: wrote the plan " << args.plan << ": " << PlanSummary(advice.plan)
+              << "\n";
   }
   return 0;
 }

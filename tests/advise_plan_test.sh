@@ -86,12 +86,14 @@ check "plan is dynaflow.plan/1" grep -q '"schema": "dynaflow.plan/1"' "$work/pla
 check "recommendations agree" agrees "$work/r.json" "$work/plan.json"
 expect_code "forced nano-batches" 0 "$bin" advise "$ex0" --force-strategy nanobatch_overlap --splits 3 \
   --plan "$work/forced.json" -o "$work/forced.txt"
+check "the forced plan's line names its buckets" has "$work/err" "tokens: nanobatch_overlap x3 ("
 check "forced plan matches the schema" schema_ok "$work/forced.json"
 check "forced plan says so" python3 -c "
 import json,sys; p=json.load(open(sys.argv[1]))
 assert p['forced'] and p['strategy']=='nanobatch_overlap' and p['splits']==3, p
 assert all(b['strategy']=='nanobatch_overlap' for b in p['buckets'])" "$work/forced.json"
 expect_code "forced sequential" 0 "$bin" advise "$ex0" --force-strategy sequential --plan "$work/seq.json" -o /dev/null
+check "the plan's line on stderr" has "$work/err" "dynaflow: wrote the plan $work/seq.json: 0.. tokens: sequential"
 check "sequential plan" python3 -c "
 import json,sys; p=json.load(open(sys.argv[1])); assert p['strategy']=='sequential' and p['predicted']['speedup']==1" "$work/seq.json"
 expect_code "text report" 0 "$bin" advise "$ex0"
