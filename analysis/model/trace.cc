@@ -59,12 +59,16 @@ void SetRank(std::vector<Record>& records, int32_t rank) {
 
 }  // namespace
 
-bool Trace::HasRank(int32_t rank) const {
+Status Trace::CheckNewRank(int32_t rank, const std::string& source) const {
   auto in = [rank](const auto& records) {
     return std::any_of(records.begin(), records.end(),
                        [rank](const auto& r) { return r.rank == rank; });
   };
-  return in(devices) || in(processes) || in(threads) || in(api) || in(ops) || in(ranges);
+  if (!in(devices) && !in(processes) && !in(threads) && !in(api) && !in(ops) && !in(ranges)) {
+    return Status::Ok();
+  }
+  return Status::BadInput(source + ": rank " + std::to_string(rank) +
+                          " is also in an earlier input: give each rank's trace once");
 }
 
 void Trace::Append(Trace&& part, int32_t rank) {

@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "analysis/base/status.h"
+
 namespace dynaflow {
 
 using TimeNs = int64_t;
@@ -177,8 +179,11 @@ struct Trace {
   // Index of the device (rank, device), created with defaults when new.
   uint32_t DeviceIndex(int32_t rank, int32_t device);
 
-  // Whether any device, process or record already belongs to `rank`.
-  bool HasRank(int32_t rank) const;
+  // BadInput "<source>: rank N is also in an earlier input..." when a device,
+  // process or record already belongs to `rank`: importers call it before
+  // adding a file's rank, since two runs of one rank would merge into one
+  // meaningless timeline.
+  Status CheckNewRank(int32_t rank, const std::string& source) const;
 
   // Moves the records of `part` (one imported file) into this trace, giving
   // every record the rank `rank`: strings are re-interned, devices merged by

@@ -81,6 +81,21 @@ TEST(TraceTest, AppendAssignsRankAndRemapsStringsAndDevices) {
   EXPECT_EQ(t.DeviceIndex(0, 0), 0u);
 }
 
+TEST(TraceTest, CheckNewRankSeesRanksOfEveryKindOfRecord) {
+  Trace t;
+  EXPECT_TRUE(t.CheckNewRank(0, "a.json").ok());
+  t.DeviceIndex(2, 0);
+  Operator op;
+  op.rank = 5;  // a CPU-only rank: operators, no device or process
+  t.ops.push_back(op);
+  EXPECT_TRUE(t.CheckNewRank(0, "a.json").ok());
+  const Status device_rank = t.CheckNewRank(2, "b.json");
+  EXPECT_EQ(device_rank.code(), StatusCode::kBadInput);
+  EXPECT_EQ(device_rank.message(),
+            "b.json: rank 2 is also in an earlier input: give each rank's trace once");
+  EXPECT_FALSE(t.CheckNewRank(5, "c.json").ok());
+}
+
 TEST(TraceTest, AppendIntoEmptyTraceUsesGivenRank) {
   Trace t;
   t.Append(OneFile("gemm"), 7);

@@ -215,11 +215,7 @@ Status ReadTraceDb(const std::string& path, Trace* trace) {
     }
     SQLite::Statement ranks(db, "SELECT rank FROM devices UNION SELECT rank FROM processes");
     while (ranks.executeStep()) {
-      const int32_t rank = ranks.getColumn(0).getInt();
-      if (trace->HasRank(rank)) {
-        return Status::BadInput(path + ": rank " + std::to_string(rank) +
-                                " is also in an earlier input: give each rank's trace once");
-      }
+      DF_RETURN_IF_ERROR(trace->CheckNewRank(ranks.getColumn(0).getInt(), path));
     }
     ReadAll(db, trace);
   } catch (const std::exception& e) {

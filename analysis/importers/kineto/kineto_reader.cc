@@ -53,11 +53,7 @@ class KinetoReader : public TraceReader {
     }
     part.metadata["source"] = probe.path;
     const int32_t rank = parser.rank() >= 0 ? parser.rank() : ordinal;
-    // Two files of one rank would merge into one nonsensical timeline.
-    if (trace->HasRank(rank)) {
-      return Status::BadInput(probe.path + ": rank " + std::to_string(rank) +
-                              " is also in an earlier input: give each rank's trace once");
-    }
+    DF_RETURN_IF_ERROR(trace->CheckNewRank(rank, probe.path));
     if (options.sink) options.sink->SetRank(rank);
     trace->Append(std::move(part), rank);
     return Status::Ok();
