@@ -170,17 +170,56 @@ class ApplyTest(unittest.TestCase):
             _apply.apply(self.net, plan(["Net.blocks.*"], device="NVIDIA H200"),
                          runtime_lib=RUNTIME)
 
-    def test_incompatible_outputs_are_refused_at_the_call(self):
+    def test_an_output_without_rows_is_a_loud_error_and_runs_once(self):
+        # The micro-batches have run (and could have written state) when their
+        # outputs turn out unmergeable: running the original again would run
+        # the module twice, so the call fails loudly instead.
         net = SumNet()
-        x = torch.randn(4, 3)
+        calls = []
+        net.layers[0].register_forward_pre_hook(lambda m, a: calls.append(1))
         _apply.apply(net, plan(["SumNet.layers.*"]), runtime_lib=RUNTIME)
+        with self.assertRaisesRegex(RuntimeError,
+                                    r"SumNet\.layers\.0: output: micro-batch 0 returns \(\)"):
+            net(torch.randn(4, 3))
+        self.assertEqual(len(calls), 1)
+
+    def test_an_argument_that_cannot_be_split_refuses_before_anything_runs(self):
+        class Ctx:
+            pass
+
+        class CtxBlock(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.runs = 0
+
+            def forward(self, x, ctx):
+                self.runs += 1
+                return x * 2
+
+        class CtxNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([CtxBlock(), CtxBlock()])
+
+            def forward(self, x):
+                for layer in self.layers:
+                    x = layer(x, Ctx())
+                return x
+
+        net = CtxNet()
+        _apply.apply(net, plan(["CtxNet.layers.*"]), runtime_lib=RUNTIME)
+        report = net._dynaflow_applier.report
         err = io.StringIO()
         with redirect_stderr(err):
-            out = net(x)
-        torch.testing.assert_close(out, x.sum())
-        self.assertIn("incompatible shapes: SumNet.layers.0", err.getvalue())
+            out = net(torch.ones(4, 3))
+        torch.testing.assert_close(out, torch.full((4, 3), 4.0))
+        self.assertEqual([b.runs for b in net.layers], [1, 1])  # once each, original way
+        # The refused call ran the original; the plan is then detached.
+        self.assertEqual((report.planned_calls, report.original_calls), (0, 1))
+        self.assertEqual(err.getvalue().count("\n"), 1)
+        self.assertRegex(err.getvalue(), r"plan refused: CtxNet\.layers\.0: argument ctx of "
+                                         r"type \S*Ctx cannot be split or shared safely")
         self.assertNotIn("forward", net.layers[0].__dict__)  # restored
-
 
 if __name__ == "__main__":
     unittest.main()

@@ -5,14 +5,17 @@ names, per workload bucket (tokens per step), a strategy and the units it
 splits: module paths whose layer index is "*" ("LlamaForCausalLM.model.layers.*").
 Each matching module's forward is replaced by a planned forward that, for a
 call whose token count falls in a bucket that splits the batch:
-  - splits every tensor argument whose first dimension is the batch into
-    `splits` views (narrow: no copy), keyword arguments included, so caches
-    passed as tensors are written in place through their rows;
+  - proves the split safe before anything runs (`_split.split_call`): tensors
+    with the batch as first dimension and containers of them are split into
+    row views (narrow: no copy), shared inputs are checked unmodified, and
+    state objects (Hugging Face caches) are split and merged back through
+    adapters; any other argument refuses the call in one line naming the
+    module, the argument and its type, and the call runs once the original way;
   - runs micro-batch i as one task on stream i of the runtime (libdynaflow_apply:
     CPU workers, or CUDA streams forked from and joined into the caller's
     stream), so the micro-batches' kernels overlap;
-  - writes micro-batch i's output into its rows of one output allocated once
-    (no concatenation).
+  - merges the micro-batches' outputs by rows and their state into the
+    caller's state objects, so both equal the unsplit call's.
 Calls in a sequential bucket, or with fewer rows than splits, run the original
 forward after one policy lookup.
 
@@ -24,17 +27,22 @@ unmodified; with strict, the process exits with code 2 instead.
 
 Environment (set by `dynaflow apply`): DYNAFLOW_PLAN, DYNAFLOW_APPLY_LIB (the
 runtime library), DYNAFLOW_APPLY_STRICT=1, DYNAFLOW_APPLY_VERIFY=1 (run the
-original forward too on every planned call and compare), DYNAFLOW_APPLY_REPORT
+original forward on a snapshot of each planned call's arguments and state, and
+compare outputs and state), DYNAFLOW_APPLY_REPORT
 (a JSON summary written at exit, which the CLI prints).
 """
 
 import atexit
 import contextlib
+import copy
 import ctypes
+import inspect
 import json
 import os
 import sys
 import threading
+
+from ._split import MergeError, Refusal, merge_outputs, split_call
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -286,14 +294,6 @@ def tokens_of(x):
     return x.shape[0]
 
 
-def _narrow(value, batch, begin, count):
-    import torch
-
-    if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == batch:
-        return value.narrow(0, begin, count)
-    return value
-
-
 def _tolerance(dtype):
     if dtype.is_floating_point:
         return _TOLERANCES.get(str(dtype), _TOLERANCES["torch.float32"])
@@ -316,37 +316,49 @@ class Report:
         self.verify_ok = True
         self.worst = ""
 
-    def compare(self, path, expected, actual):
-        import torch
-
-        pairs = []
-        if isinstance(expected, torch.Tensor):
-            pairs = [(expected, actual)]
-        elif isinstance(expected, (tuple, list)):
-            pairs = [(e, a) for e, a in zip(expected, actual) if isinstance(e, torch.Tensor)]
+    def compare_call(self, path, baseline, planned):
+        """Compares a planned call with its baseline (`_Baseline`): outputs,
+        and every tensor reachable from the arguments (in-place writes and
+        state objects such as KV caches)."""
+        args, kwargs, out = planned
+        pairs = list(_tensor_pairs(baseline.out, out, f"{path}: output"))
+        pairs += _tensor_pairs(baseline.args, args, f"{path}: args")
+        pairs += _tensor_pairs(baseline.kwargs, kwargs, f"{path}: kwargs")
         with self.lock:
             self.verified_calls += 1
-        for e, a in pairs:
-            if e.shape != a.shape:
-                with self.lock:
-                    self.verify_ok = False
-                    self.worst = f"{path}: shape {tuple(a.shape)} != {tuple(e.shape)}"
-                continue
-            e64, a64 = e.detach().double(), a.detach().double()
-            diff = (e64 - a64).abs()
-            rtol, atol = _tolerance(e.dtype)
-            bad = bool((diff > atol + rtol * e64.abs()).any()) if diff.numel() else False
-            abs_max = float(diff.max()) if diff.numel() else 0.0
-            rel = diff / e64.abs().clamp_min(max(atol, 1e-30))
-            rel_max = float(rel.max()) if rel.numel() else 0.0
-            with self.lock:
-                if abs_max > self.max_abs_diff:
-                    self.max_abs_diff = abs_max
-                self.max_rel_diff = max(self.max_rel_diff, rel_max)
-                if bad and self.verify_ok:
-                    self.verify_ok = False
-                    self.worst = (f"{path}: {e.dtype} differs beyond rtol={rtol} atol={atol} "
-                                  f"(max abs {abs_max:.3g})")
+        for where, e, a in pairs:
+            self._compare_tensor(where, e, a)
+
+    def _fail(self, message):
+        with self.lock:
+            if self.verify_ok:
+                self.verify_ok = False
+                self.worst = message
+
+    def _compare_tensor(self, where, e, a):
+        if e is None:
+            self._fail(f"{where}: {a}")
+            return
+        if e.shape != a.shape:
+            self._fail(f"{where}: shape {tuple(a.shape)} != {tuple(e.shape)}")
+            return
+        if e.dtype != a.dtype:
+            self._fail(f"{where}: dtype {a.dtype} != {e.dtype}")
+            return
+        e64, a64 = e.detach().double().cpu(), a.detach().double().cpu()
+        diff = (e64 - a64).abs()
+        if not diff.numel():
+            return
+        rtol, atol = _tolerance(e.dtype)
+        bad = bool((diff > atol + rtol * e64.abs()).any())
+        abs_max = float(diff.max())
+        rel_max = float((diff / e64.abs().clamp_min(max(atol, 1e-30))).max())
+        with self.lock:
+            self.max_abs_diff = max(self.max_abs_diff, abs_max)
+            self.max_rel_diff = max(self.max_rel_diff, rel_max)
+        if bad:
+            self._fail(f"{where}: {e.dtype} differs beyond rtol={rtol} atol={atol} "
+                       f"(max abs {abs_max:.3g})")
 
     def as_json(self, verify):
         out = {
@@ -368,19 +380,37 @@ class Report:
 
 
 class _PlannedForward:
-    """Replaces one module's forward: the plan's schedule for the call's bucket."""
+    """Replaces one module's forward: the plan's schedule for the call's bucket.
+
+    A planned call first proves its split safe (`_split.split_call`, which
+    runs nothing); a call it cannot prove refuses the plan before any of it
+    runs, and runs once the original way. The micro-batches then run once,
+    their outputs and state are merged, and nothing runs twice: --verify runs
+    the original on a snapshot of what the call may mutate, before the planned
+    run, and compares outputs and state afterwards."""
 
     def __init__(self, path, module, applier):
         self.path = path
         self.module = module
         self.original = module.forward
         self.applier = applier
+        try:
+            self.signature = inspect.signature(self.original)
+        except (TypeError, ValueError):
+            self.signature = None
         self.schedules = {}  # splits -> (schedule handle, task function, state)
-        module.forward = self
+        # Under torch.compile the planned call is a graph break: the split,
+        # the runtime's threads and streams, and the merge run as they do
+        # eagerly, never traced into a graph that would bake in one call's
+        # split (the compiled parts around it stay compiled).
+        import torch
+
+        self.installed = torch.compiler.disable(self)
+        module.forward = self.installed
 
     def restore(self):
         """Puts the original forward back and frees the schedules."""
-        if self.module.__dict__.get("forward") is self:
+        if self.module.__dict__.get("forward") is self.installed:
             del self.module.forward
         for handle, _, _ in self.schedules.values():
             self.applier.runtime.lib.dynaflow_apply_schedule_free(handle)
@@ -389,51 +419,63 @@ class _PlannedForward:
     def __call__(self, *args, **kwargs):
         a = self.applier
         x = first_tensor(args)
-        index = -1 if x is None else a.runtime.pick(a.policy, tokens_of(x))
+        index = -1 if x is None or a.policy is None else a.runtime.pick(a.policy, tokens_of(x))
         if index < 0 or x.shape[0] < a.splits_of[index]:
             a.report.original_calls += 1
             return self.original(*args, **kwargs)
-        expected = self.original(*args, **kwargs) if a.verify else None
+        batch = x.shape[0]
         try:
-            with a.lock:  # one call at a time per executor
-                out = self._run(a.splits_of[index], x.shape[0], args, kwargs)
-        except PlanMismatch as e:
+            split = split_call(self.path, self.signature, args, kwargs, batch,
+                               even_bounds(batch, a.splits_of[index]))
+        except Refusal as e:
             a.refuse(str(e))
-            return expected if a.verify else self.original(*args, **kwargs)
+            a.report.original_calls += 1
+            return self.original(*args, **kwargs)
+        baseline = _Baseline(self.original, args, kwargs) if a.verify else None
+        with a.lock:  # one call at a time per executor
+            out = self._run(split)
         a.report.planned_calls += 1
-        if a.verify:
-            a.report.compare(self.path, expected, out)
+        if baseline is not None:
+            a.report.compare_call(self.path, baseline, (args, kwargs, out))
         return out
 
-    def _run(self, splits, batch, args, kwargs):
+    def _run(self, split):
         import torch
 
         a = self.applier
-        bounds = even_bounds(batch, splits)
         state = {
-            "args": [tuple(_narrow(x, batch, bounds[i], bounds[i + 1] - bounds[i]) for x in args)
-                     for i in range(splits)],
-            "kwargs": [{k: _narrow(v, batch, bounds[i], bounds[i + 1] - bounds[i])
-                        for k, v in kwargs.items()} for i in range(splits)],
-            "bounds": bounds,
-            "batch": batch,
-            "out": None,
+            "split": split,
+            "results": [None] * split.parts,
             "error": None,
             "grad": torch.is_grad_enabled(),
             "inference": torch.is_inference_mode_enabled(),
             "caller": torch.cuda.current_stream() if a.cuda else None,
         }
-        handle, _, shared = self._schedule(splits)
+        handle, _, shared = self._schedule(split.parts)
         shared.update(state)  # what the schedule's task function reads
         caller = state["caller"].cuda_stream if a.cuda else 0
-        rc, message = a.runtime.run(a.executor, handle, caller, wait=not a.cuda)
-        error = shared["error"]
-        out = shared["out"]
-        shared.clear()  # drops the views and the output reference
+        try:
+            rc, message = a.runtime.run(a.executor, handle, caller, wait=not a.cuda)
+            error = shared["error"]
+            results = shared["results"]
+        finally:
+            shared.clear()  # drops the views and results
         if error is not None:
             raise error
         if rc != 0:
             raise RuntimeError(f"dynaflow apply: {self.path}: {message}")
+        if a.cuda:
+            _record_on(results, state["caller"])
+            _record_on([v for _, _, views in split.states for v in views], state["caller"])
+        try:
+            split.check_shared_unmodified()
+            out = merge_outputs(split, results, split.states)
+            split.merge_state()
+        except MergeError as e:
+            # The micro-batches ran and may have written through their views:
+            # running the original now would run the module twice. Loud, not
+            # silently wrong.
+            raise RuntimeError(f"dynaflow apply: {self.path}: {e}") from None
         return out
 
     def _schedule(self, splits):
@@ -448,6 +490,7 @@ class _PlannedForward:
         import torch
 
         try:
+            split = state["split"]
             # Grad and inference mode are per thread: the caller's hold here.
             modes = contextlib.ExitStack()
             with modes:
@@ -457,39 +500,100 @@ class _PlannedForward:
                     modes.enter_context(torch.set_grad_enabled(state["grad"]))
                 if stream:
                     modes.enter_context(torch.cuda.stream(torch.cuda.ExternalStream(stream)))
-                result = self.original(*state["args"][mb], **state["kwargs"][mb])
-                self._merge(state, mb, result)
+                state["results"][mb] = self.original(*split.args[mb], **split.kwargs[mb])
             return 0
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
             if state.get("error") is None:
                 state["error"] = e
             return 1
 
-    def _merge(self, state, mb, result):
+
+def _record_on(values, stream):
+    """Tells the caching allocator that the tensors in `values` (made on the
+    micro-batches' streams) are used on `stream`, so their memory is not
+    reused before the caller's stream has read them (torch's cross-stream
+    rule)."""
+    import torch
+
+    for t in _tensors_in(values):
+        if t.is_cuda:
+            t.record_stream(stream)
+
+
+def _tensors_in(value, seen=None):
+    import torch
+
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _tensors_in(v, seen)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors_in(v, seen)
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        for v in vars(value).values():
+            yield from _tensors_in(v, seen)
+
+
+class _Baseline:
+    """The original forward run on a snapshot of the call's arguments (tensors
+    cloned, state objects deep-copied), so what the call mutates can be
+    compared after the planned run without running the module twice on the
+    program's own state."""
+
+    def __init__(self, original, args, kwargs):
         import torch
 
-        begin = state["bounds"][mb]
-        count = state["bounds"][mb + 1] - begin
-        parts = result if isinstance(result, (tuple, list)) else (result,)
-        if not all(isinstance(p, torch.Tensor) and p.dim() >= 1 and p.shape[0] == count
-                   for p in parts):
-            raise PlanMismatch(f"incompatible shapes: {self.path} returns something other than "
-                               f"tensors with the batch as first dimension")
-        with self.applier.merge_lock:
-            if state["out"] is None:
-                # Allocated on the caller's stream, which every task follows.
-                ctx = (torch.cuda.stream(state["caller"]) if state["caller"] is not None
-                       else contextlib.nullcontext())
-                with ctx:
-                    merged = [torch.empty((state["batch"],) + tuple(p.shape[1:]), dtype=p.dtype,
-                                          device=p.device) for p in parts]
-                state["out"] = merged[0] if isinstance(result, torch.Tensor) else type(result)(merged)
-            # Under the lock: autograd rebases the output's history on every
-            # in-place write through a view, which is not thread-safe.
-            out = state["out"]
-            targets = (out,) if isinstance(out, torch.Tensor) else out
-            for target, part in zip(targets, parts):
-                target.narrow(0, begin, count).copy_(part)
+        self.args = _snapshot(args)
+        self.kwargs = _snapshot(kwargs)
+        with torch.no_grad():
+            self.out = original(*self.args, **self.kwargs)
+
+
+def _snapshot(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+        return type(value)(_snapshot(v) for v in value)
+    if type(value) is dict:
+        return {k: _snapshot(v) for k, v in value.items()}
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        return copy.deepcopy(value)
+    return value
+
+
+def _tensor_pairs(expected, actual, where):
+    """(where, expected tensor, actual tensor) for every tensor reachable in
+    both, walked side by side; a structure that differs is yielded as
+    (where, None, reason)."""
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        if isinstance(actual, torch.Tensor):
+            yield where, expected, actual
+        else:
+            yield where, None, f"a tensor became {type(actual).__qualname__}"
+    elif isinstance(expected, (tuple, list)):
+        if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
+            yield where, None, "a sequence changed length"
+            return
+        for k, (e, a) in enumerate(zip(expected, actual)):
+            yield from _tensor_pairs(e, a, f"{where}[{k}]")
+    elif isinstance(expected, dict):
+        for k, e in expected.items():
+            yield from _tensor_pairs(e, actual.get(k) if isinstance(actual, dict) else None,
+                                     f"{where}[{k!r}]")
+    elif hasattr(expected, "__dict__") and not isinstance(expected, type) \
+            and type(expected) is type(actual):
+        for k, e in vars(expected).items():
+            yield from _tensor_pairs(e, vars(actual).get(k), f"{where}.{k}")
 
 
 class Applier:

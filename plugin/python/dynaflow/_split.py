@@ -1,0 +1,411 @@
+"""Splits one module call into micro-batches, and merges them back, only where
+that is provably the same as the unsplit call.
+
+Contract: `split_call(...)` either returns a `CallSplit` whose micro-batch
+arguments, run one after the other or concurrently, produce (after
+`merge_outputs` and `merge_state`) the outputs and the state the unsplit call
+would have produced, or raises `Refusal` naming the argument it cannot prove
+safe. It runs nothing and mutates nothing, so a refusal leaves the call free to
+run the original way, once.
+
+What is proved safe:
+  - immutable values (None, bools, numbers, strings, dtypes, devices): shared;
+  - tensors whose first dimension is the batch (and that have at least two
+    dimensions, or a name known to be per row): split into row views (narrow,
+    no copy), so in-place writes land in the caller's rows;
+  - tensors that are not per row (first dimension 1, scalars, or known shared
+    names such as `cache_position`): shared, and checked unmodified after the
+    call (their version counter), since a write to a shared input by several
+    micro-batches would be a wrong answer;
+  - tuples, lists, dicts and dataclasses of the above, rebuilt with their type;
+  - state objects through the adapters of `STATE_ADAPTERS` (the Hugging Face
+    Cache classes): each micro-batch gets its own view of the state and the
+    views are merged back after the call, so the state afterwards equals the
+    unsplit call's.
+Anything else (another object, an ambiguous 1-D tensor as long as the batch,
+a cache class or layer with attributes its adapter does not know) refuses.
+"""
+
+import copy
+import dataclasses
+import enum
+
+# Tensor arguments that are never per row, whatever their shape: positions in
+# the sequence shared by every row (Hugging Face's `cache_position`).
+SHARED_TENSOR_NAMES = frozenset({"cache_position"})
+
+
+class Refusal(Exception):
+    """The call cannot be split safely; the message names the argument."""
+
+
+class MergeError(Exception):
+    """Micro-batch outputs that cannot be put back together."""
+
+
+def _is_immutable(value):
+    import torch
+
+    return value is None or isinstance(
+        value, (bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device,
+                torch.Size, type(Ellipsis)))
+
+
+class CallSplit:
+    """One call's arguments per micro-batch, and what must be merged or
+    checked afterwards."""
+
+    def __init__(self, bounds):
+        self.bounds = bounds
+        self.parts = len(bounds) - 1
+        self.states = []  # (adapter, original, [per micro-batch view])
+        self.shared = []  # (name, tensor, version before the call)
+        self.args = None  # [tuple] per micro-batch
+        self.kwargs = None  # [dict] per micro-batch
+
+    def rows(self, i):
+        return self.bounds[i], self.bounds[i + 1] - self.bounds[i]
+
+    def check_shared_unmodified(self):
+        """Raises MergeError when a micro-batch wrote to a shared input."""
+        for name, tensor, version in self.shared:
+            if tensor._version != version:
+                raise MergeError(f"argument {name} is shared by the micro-batches and was "
+                                 f"modified in place: the split result would be wrong")
+
+    def merge_state(self):
+        for adapter, original, views in self.states:
+            adapter.merge(original, views, self.bounds)
+
+    def state_originals(self):
+        return [original for _, original, _ in self.states]
+
+
+class _Splitter:
+    def __init__(self, module_path, batch, split):
+        self.module_path = module_path
+        self.batch = batch
+        self.split = split
+
+    def refuse(self, name, value, why=""):
+        raise Refusal(f"{self.module_path}: argument {name} of type {type(value).__qualname__} "
+                      f"{why or 'cannot be split or shared safely'}")
+
+    def parts(self, name, value):
+        """The value for each micro-batch (a list of `split.parts` values)."""
+        import torch
+
+        n = self.split.parts
+        if _is_immutable(value):
+            return [value] * n
+        if isinstance(value, torch.Tensor):
+            return self.tensor_parts(name, value)
+        adapter = state_adapter(value)
+        if adapter is not None:
+            return self.state_parts(name, value, adapter)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return self.dataclass_parts(name, value)
+        if isinstance(value, (tuple, list)):
+            items = [self.parts(f"{name}[{k}]", v) for k, v in enumerate(value)]
+            rebuild = _sequence_builder(value)
+            return [rebuild([item[i] for item in items]) for i in range(n)]
+        if isinstance(value, dict) and type(value) is dict:
+            items = {k: self.parts(f"{name}[{k!r}]", v) for k, v in value.items()}
+            return [{k: v[i] for k, v in items.items()} for i in range(n)]
+        self.refuse(name, value)
+
+    def tensor_parts(self, name, t):
+        n = self.split.parts
+        per_row = t.dim() >= 1 and t.shape[0] == self.batch and name not in SHARED_TENSOR_NAMES
+        if per_row and t.dim() == 1 and self.batch > 1:
+            self.refuse(name, t, f"is 1-D with {self.batch} elements: it cannot be told "
+                                 f"apart from a per-row value and a position")
+        if per_row:
+            return [t.narrow(0, *self.split.rows(i)) for i in range(n)]
+        if t.dim() >= 1 and t.shape[0] not in (1, self.batch) and t.dim() >= 2 \
+                and name not in SHARED_TENSOR_NAMES:
+            self.refuse(name, t, f"has first dimension {t.shape[0]}, not the batch "
+                                 f"({self.batch}) or 1")
+        self.split.shared.append((name, t, t._version))
+        return [t] * n
+
+    def state_parts(self, name, value, adapter):
+        why = adapter.refusal(value, self.batch)
+        if why:
+            self.refuse(name, value, why)
+        views = [adapter.view(value, *self.split.rows(i)) for i in range(self.split.parts)]
+        self.split.states.append((adapter, value, views))
+        return views
+
+    def dataclass_parts(self, name, value):
+        fields = {f.name: self.parts(f"{name}.{f.name}", getattr(value, f.name))
+                  for f in dataclasses.fields(value) if f.init}
+        return [dataclasses.replace(value, **{k: v[i] for k, v in fields.items()})
+                for i in range(self.split.parts)]
+
+
+def _sequence_builder(value):
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return lambda items: type(value)(*items)
+    if type(value) in (tuple, list):
+        return type(value)
+    return lambda items: type(value)(items)
+
+
+def split_call(module_path, signature, args, kwargs, batch, bounds):
+    """The micro-batch arguments of one call, or Refusal. `signature` (of the
+    original forward, may be None) names positional arguments in messages and
+    in the shared-name rules."""
+    split = CallSplit(bounds)
+    names = _positional_names(signature, len(args))
+    s = _Splitter(module_path, batch, split)
+    arg_parts = [s.parts(names[k], a) for k, a in enumerate(args)]
+    kwarg_parts = {k: s.parts(k, v) for k, v in kwargs.items()}
+    split.args = [tuple(p[i] for p in arg_parts) for i in range(split.parts)]
+    split.kwargs = [{k: v[i] for k, v in kwarg_parts.items()} for i in range(split.parts)]
+    return split
+
+
+def _positional_names(signature, count):
+    names = []
+    if signature is not None:
+        for p in signature.parameters.values():
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                names.append(p.name)
+            elif p.kind == p.VAR_POSITIONAL:
+                break
+    names = names[:count]
+    return names + [f"args[{k}]" for k in range(len(names), count)]
+
+
+def merge_outputs(split, results, states):
+    """The unsplit call's output from the micro-batches' `results`. A state
+    view returned by a micro-batch is replaced by its original."""
+    view_owner = {}
+    for adapter, original, views in split.states:
+        for v in views:
+            view_owner[id(v)] = original
+    return _merge(split, results, "output", view_owner)
+
+
+def _merge(split, parts, where, view_owner):
+    import torch
+
+    first = parts[0]
+    if id(first) in view_owner:
+        if any(view_owner.get(id(p)) is not view_owner[id(first)] for p in parts):
+            raise MergeError(f"{where}: micro-batches return different state objects")
+        return view_owner[id(first)]
+    if isinstance(first, torch.Tensor):
+        return _merge_tensors(split, parts, where)
+    if _is_immutable(first):
+        if any(p != first for p in parts):
+            raise MergeError(f"{where}: micro-batches return different values")
+        return first
+    if dataclasses.is_dataclass(first) and not isinstance(first, type):
+        fields = {f.name: _merge(split, [getattr(p, f.name) for p in parts], f"{where}.{f.name}",
+                                 view_owner)
+                  for f in dataclasses.fields(first) if f.init}
+        return type(first)(**fields)
+    if isinstance(first, (tuple, list)):
+        if any(not isinstance(p, type(first)) or len(p) != len(first) for p in parts):
+            raise MergeError(f"{where}: micro-batches return sequences of different lengths")
+        items = [_merge(split, [p[k] for p in parts], f"{where}[{k}]", view_owner)
+                 for k in range(len(first))]
+        return _sequence_builder(first)(items)
+    if type(first) is dict:
+        if any(type(p) is not dict or p.keys() != first.keys() for p in parts):
+            raise MergeError(f"{where}: micro-batches return dicts with different keys")
+        return {k: _merge(split, [p[k] for p in parts], f"{where}[{k!r}]", view_owner)
+                for k in first}
+    raise MergeError(f"{where}: cannot merge a {type(first).__qualname__}")
+
+
+def _merge_tensors(split, parts, where):
+    import torch
+
+    for i, p in enumerate(parts):
+        _, count = split.rows(i)
+        if not isinstance(p, torch.Tensor) or p.dim() < 1 or p.shape[0] != count:
+            raise MergeError(f"{where}: micro-batch {i} returns "
+                             f"{tuple(p.shape) if isinstance(p, torch.Tensor) else type(p)}, "
+                             f"not {count} rows")
+    return torch.cat(parts, 0)
+
+
+# --- state adapters -----------------------------------------------------------
+
+
+class _CacheAdapter:
+    """Hugging Face `transformers.cache_utils` caches made of per-layer objects
+    (DynamicCache, StaticCache and what `generate()` builds from them). A
+    micro-batch gets a shallow copy of the cache whose layers are views of its
+    rows; after the call the views' updates are merged into the original layers
+    with the layer's adapter."""
+
+    # Cache attributes this adapter knows; any other refuses (another
+    # transformers version may keep state it would not merge).
+    KNOWN = frozenset({"layers", "layer_class_to_replicate", "offloading"})
+
+    def __init__(self, layer_adapters):
+        self.layer_adapters = layer_adapters
+
+    def refusal(self, cache, batch):
+        unknown = sorted(set(vars(cache)) - self.KNOWN)
+        if unknown:
+            return f"keeps state this version of dynaflow cannot split ({', '.join(unknown)})"
+        if getattr(cache, "offloading", False):
+            return "is offloaded to the host"
+        for k, layer in enumerate(cache.layers):
+            adapter = self.layer_adapters.get(type(layer))
+            if adapter is None:
+                return f"has a layer of type {type(layer).__qualname__} (layer {k})"
+            why = adapter.refusal(layer, batch)
+            if why:
+                return f"layer {k}: {why}"
+        if cache.layer_class_to_replicate is not None and \
+                cache.layer_class_to_replicate not in self.layer_adapters:
+            return f"grows layers of type {cache.layer_class_to_replicate.__qualname__}"
+        return ""
+
+    def view(self, cache, begin, count):
+        v = copy.copy(cache)
+        v.layers = [self.layer_adapters[type(layer)].view(layer, begin, count)
+                    for layer in cache.layers]
+        return v
+
+    def merge(self, cache, views, bounds):
+        for k, layer in enumerate(cache.layers):
+            self.layer_adapters[type(layer)].merge(layer, [v.layers[k] for v in views], bounds)
+        grown = {len(v.layers) for v in views}
+        if len(grown) != 1:
+            raise MergeError("micro-batches grew the cache by different numbers of layers")
+        for k in range(len(cache.layers), grown.pop()):
+            new = cache.layer_class_to_replicate()
+            self.layer_adapters[type(new)].merge(new, [v.layers[k] for v in views], bounds)
+            cache.layers.append(new)
+
+
+class _DynamicLayerAdapter:
+    """transformers.cache_utils.DynamicLayer: keys and values grow by
+    concatenation along the sequence, so a micro-batch's layer starts from
+    its rows and the merged layer is the micro-batches' results stacked by
+    row."""
+
+    KNOWN = frozenset({"keys", "values", "is_initialized", "dtype", "device"})
+
+    def refusal(self, layer, batch):
+        unknown = sorted(set(vars(layer)) - self.KNOWN)
+        if unknown:
+            return f"{type(layer).__qualname__} keeps {', '.join(unknown)}"
+        if layer.is_initialized and layer.keys is not None and layer.keys.numel() and \
+                (layer.keys.shape[0] != batch or layer.values.shape[0] != batch):
+            return f"holds {layer.keys.shape[0]} rows for a batch of {batch}"
+        return ""
+
+    def view(self, layer, begin, count):
+        v = copy.copy(layer)
+        if layer.is_initialized and layer.keys is not None and layer.keys.numel():
+            v.keys = layer.keys.narrow(0, begin, count)
+            v.values = layer.values.narrow(0, begin, count)
+        return v
+
+    def merge(self, layer, views, bounds):
+        import torch
+
+        if not any(v.is_initialized for v in views):
+            return
+        if not all(v.is_initialized for v in views):
+            raise MergeError("some micro-batches initialised a cache layer and others not")
+        if all(v.keys is layer.keys for v in views):
+            return  # nothing appended
+        layer.dtype, layer.device = views[0].dtype, views[0].device
+        layer.keys = torch.cat([v.keys for v in views], 0)
+        layer.values = torch.cat([v.values for v in views], 0)
+        layer.is_initialized = True
+
+
+class _StaticLayerAdapter:
+    """transformers.cache_utils.StaticLayer: keys and values are preallocated
+    to the full batch and written in place (index_copy_) at the positions
+    counted by `cumulative_length`. A micro-batch writes through a view of its
+    rows and counts on its own copy of the length; the merged length must be
+    the same for every micro-batch and is written back in place (its address
+    is static for torch.compile and CUDA graphs)."""
+
+    KNOWN = frozenset({"keys", "values", "is_initialized", "max_cache_len", "cumulative_length",
+                       "dtype", "device", "batch_size", "num_heads", "k_head_dim", "v_head_dim"})
+
+    def refusal(self, layer, batch):
+        unknown = sorted(set(vars(layer)) - self.KNOWN)
+        if unknown:
+            return f"{type(layer).__qualname__} keeps {', '.join(unknown)}"
+        if layer.is_initialized and layer.keys.shape[0] != batch:
+            return f"holds {layer.keys.shape[0]} rows for a batch of {batch}"
+        return ""
+
+    def view(self, layer, begin, count):
+        v = copy.copy(layer)
+        v.cumulative_length = layer.cumulative_length.clone()
+        if layer.is_initialized:
+            v.keys = layer.keys.narrow(0, begin, count)
+            v.values = layer.values.narrow(0, begin, count)
+            v.batch_size = count
+        return v
+
+    def merge(self, layer, views, bounds):
+        import torch
+
+        if not any(v.is_initialized for v in views):
+            return
+        lengths = {int(v.cumulative_length) for v in views}
+        if len(lengths) != 1:
+            raise MergeError(f"micro-batches wrote different lengths {sorted(lengths)} "
+                             f"into a static cache layer")
+        if not layer.is_initialized:
+            # First write: allocate the full batch the way the layer would,
+            # then take the micro-batches' rows.
+            k, v0 = views[0].keys, views[0].values
+            batch = bounds[-1]
+            layer.lazy_initialization(k.new_empty((batch,) + tuple(k.shape[1:2]) + (0,) + (k.shape[-1],)),
+                                      v0.new_empty((batch,) + tuple(v0.shape[1:2]) + (0,) + (v0.shape[-1],)))
+            for i, v in enumerate(views):
+                layer.keys.narrow(0, bounds[i], bounds[i + 1] - bounds[i]).copy_(v.keys)
+                layer.values.narrow(0, bounds[i], bounds[i + 1] - bounds[i]).copy_(v.values)
+        with torch.no_grad():
+            layer.cumulative_length.copy_(views[0].cumulative_length)
+
+
+def _state_adapters():
+    """{class: adapter} for the state classes the installed libraries have."""
+    adapters = {}
+    try:
+        from transformers import cache_utils as cu
+    except Exception:  # noqa: BLE001 - transformers absent or broken: no adapters
+        return adapters
+    layers = {}
+    if hasattr(cu, "DynamicLayer"):
+        layers[cu.DynamicLayer] = _DynamicLayerAdapter()
+    if hasattr(cu, "StaticLayer"):
+        layers[cu.StaticLayer] = _StaticLayerAdapter()
+    cache = _CacheAdapter(layers)
+    for name in ("DynamicCache", "StaticCache"):
+        if hasattr(cu, name):
+            adapters[getattr(cu, name)] = cache
+    return adapters
+
+
+_ADAPTERS = None
+
+
+def state_adapter(value):
+    """The adapter of `value`'s exact class, or None. Subclasses are not
+    trusted: they may keep state their base's adapter does not merge."""
+    global _ADAPTERS
+    import sys
+
+    if "transformers" not in sys.modules:
+        return None
+    if _ADAPTERS is None:
+        _ADAPTERS = _state_adapters()
+    return _ADAPTERS.get(type(value))

@@ -1,0 +1,192 @@
+"""Tests of dynaflow._split: what a planned call may split, share or must
+refuse, and that merged outputs and state equal the unsplit call's. The cache
+cases use the installed transformers' own Cache classes (skipped without it)."""
+
+import collections
+import dataclasses
+import importlib.util
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from dynaflow import _split  # noqa: E402 - after the path is set
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_TRANSFORMERS = HAS_TORCH and importlib.util.find_spec("transformers") is not None
+if HAS_TORCH:
+    import torch
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+@dataclasses.dataclass
+class Inputs:
+    hidden: object
+    mask: object
+    note: str = "x"
+
+
+class Opaque:
+    pass
+
+
+def split(args=(), kwargs=None, batch=4, parts=2):
+    bounds = [batch * i // parts for i in range(parts + 1)]
+    return _split.split_call("M.layers.3", None, args, kwargs or {}, batch, bounds)
+
+
+@unittest.skipUnless(HAS_TORCH, "needs torch")
+class SplitTest(unittest.TestCase):
+    def test_batch_tensors_become_row_views_and_the_rest_is_shared(self):
+        x = torch.arange(4 * 3.0).reshape(4, 3)
+        one = torch.ones(1, 3)
+        s = split((x, 2.5), {"one": one, "cache_position": torch.arange(4), "flag": True})
+        self.assertEqual(s.parts, 2)
+        self.assertEqual(s.args[1][0].data_ptr(), x[2].data_ptr())  # a view, not a copy
+        torch.testing.assert_close(s.args[1][0], x[2:])
+        self.assertEqual(s.args[0][1], 2.5)
+        self.assertIs(s.kwargs[1]["one"], one)
+        self.assertEqual(s.kwargs[0]["cache_position"].tolist(), [0, 1, 2, 3])
+        self.assertIs(s.kwargs[1]["flag"], True)
+
+    def test_containers_are_rebuilt_with_their_types(self):
+        x, cos = torch.randn(4, 5), torch.randn(4, 2, 3)
+        s = split((Pair(x, 1), [cos, (cos,)], Inputs(x, {"m": cos})))
+        pair, lst, inputs = s.args[1]
+        self.assertIsInstance(pair, Pair)
+        torch.testing.assert_close(pair.a, x[2:])
+        self.assertIsInstance(lst, list)
+        torch.testing.assert_close(lst[1][0], cos[2:])
+        self.assertIsInstance(inputs, Inputs)
+        torch.testing.assert_close(inputs.mask["m"], cos[2:])
+        self.assertEqual(inputs.note, "x")
+
+    def test_an_unknown_object_refuses_naming_module_argument_and_type(self):
+        with self.assertRaisesRegex(_split.Refusal,
+                                    r"^M\.layers\.3: argument extra\['k'\] of type Opaque "):
+            split((torch.randn(4, 2),), {"extra": {"k": Opaque()}})
+
+    def test_positional_arguments_are_named_from_the_signature(self):
+        import inspect
+
+        def forward(hidden_states, helper):
+            pass
+
+        with self.assertRaisesRegex(_split.Refusal, "argument helper of type Opaque"):
+            _split.split_call("M", inspect.signature(forward), (torch.randn(4, 2), Opaque()),
+                              {}, 4, [0, 2, 4])
+
+    def test_a_1d_tensor_as_long_as_the_batch_is_ambiguous(self):
+        with self.assertRaisesRegex(_split.Refusal, "argument ids of type Tensor is 1-D"):
+            split((torch.randn(4, 2),), {"ids": torch.arange(4)})
+
+    def test_a_tensor_of_another_length_is_refused(self):
+        with self.assertRaisesRegex(_split.Refusal, "first dimension 3, not the batch"):
+            split((torch.randn(4, 2), torch.randn(3, 2)))
+
+    def test_a_write_to_a_shared_tensor_is_detected(self):
+        shared = torch.zeros(1, 3)
+        s = split((torch.randn(4, 3), shared))
+        s.check_shared_unmodified()
+        s.args[0][1].add_(1)
+        with self.assertRaisesRegex(_split.MergeError, "args\\[1\\] is shared .* modified"):
+            s.check_shared_unmodified()
+
+    def test_outputs_merge_by_rows_and_immutables_must_agree(self):
+        s = split((torch.randn(4, 3),), parts=2)
+        out = _split.merge_outputs(s, [(torch.ones(2, 3), 7), (torch.zeros(2, 3), 7)], [])
+        self.assertEqual(out[0].tolist(), [[1.0] * 3] * 2 + [[0.0] * 3] * 2)
+        self.assertEqual(out[1], 7)
+        with self.assertRaisesRegex(_split.MergeError, r"output\[1\]: .* different values"):
+            _split.merge_outputs(s, [(torch.ones(2, 3), 7), (torch.ones(2, 3), 8)], [])
+        with self.assertRaisesRegex(_split.MergeError, "micro-batch 0 returns \\(\\), not 2 rows"):
+            _split.merge_outputs(s, [torch.tensor(1.0), torch.tensor(2.0)], [])
+
+
+@unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
+class CacheTest(unittest.TestCase):
+    """Each micro-batch updates its view of a cache; after the merge the cache
+    equals one updated by the unsplit call."""
+
+    HEADS, DIM = 2, 4
+
+    def kv(self, batch, length, seed):
+        g = torch.Generator().manual_seed(seed)
+        shape = (batch, self.HEADS, length, self.DIM)
+        return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+
+    def update_split(self, cache, step_seed, length, parts=2, batch=4):
+        s = split((torch.randn(batch, length),), {"past_key_values": cache}, batch, parts)
+        k, v = self.kv(batch, length, step_seed)
+        for i in range(parts):
+            begin, count = s.rows(i)
+            view = s.kwargs[i]["past_key_values"]
+            self.assertIsNot(view, cache)
+            view.update(k.narrow(0, begin, count), v.narrow(0, begin, count), 0,
+                        {"cache_position": torch.arange(self.offset, self.offset + length)})
+        self.assertIs(_split.merge_outputs(s, [s.kwargs[i]["past_key_values"]
+                                               for i in range(parts)], s.states), cache)
+        s.merge_state()
+        self.offset += length
+
+    def update_whole(self, cache, step_seed, length, batch=4):
+        k, v = self.kv(batch, length, step_seed)
+        cache.update(k, v, 0, {"cache_position": torch.arange(self.offset, self.offset + length)})
+        self.offset += length
+
+    def check_same(self, make):
+        """Prefill 5 positions, then decode 2, split and unsplit."""
+        split_cache, whole_cache = make(), make()
+        self.offset = 0
+        for seed, length in ((1, 5), (2, 1), (3, 1)):
+            self.update_split(split_cache, seed, length)
+        self.offset = 0
+        for seed, length in ((1, 5), (2, 1), (3, 1)):
+            self.update_whole(whole_cache, seed, length)
+        a, b = split_cache.layers[0], whole_cache.layers[0]
+        torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=0)
+        torch.testing.assert_close(a.values, b.values, rtol=0, atol=0)
+        self.assertEqual(split_cache.get_seq_length(), whole_cache.get_seq_length())
+        return split_cache
+
+    def test_dynamic_cache(self):
+        from transformers import DynamicCache
+
+        cache = self.check_same(DynamicCache)
+        self.assertEqual(tuple(cache.layers[0].keys.shape), (4, self.HEADS, 7, self.DIM))
+
+    def test_static_cache(self):
+        from transformers import LlamaConfig, StaticCache
+
+        config = LlamaConfig(hidden_size=self.HEADS * self.DIM, num_attention_heads=self.HEADS,
+                             num_key_value_heads=self.HEADS, num_hidden_layers=1,
+                             head_dim=self.DIM)
+        cache = self.check_same(lambda: StaticCache(config=config, max_cache_len=16))
+        self.assertEqual(tuple(cache.layers[0].keys.shape), (4, self.HEADS, 16, self.DIM))
+
+    def test_a_cache_subclass_or_a_foreign_layer_refuses(self):
+        from transformers import DynamicCache
+
+        class MyCache(DynamicCache):
+            pass
+
+        with self.assertRaisesRegex(_split.Refusal, "past_key_values of type .*MyCache"):
+            split((torch.randn(4, 2),), {"past_key_values": MyCache()})
+        cache = DynamicCache()
+        cache.layers.append(Opaque())
+        with self.assertRaisesRegex(_split.Refusal, "has a layer of type Opaque"):
+            split((torch.randn(4, 2),), {"past_key_values": cache})
+
+    def test_a_cache_for_another_batch_refuses(self):
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        cache.update(*self.kv(3, 2, 0), 0)
+        with self.assertRaisesRegex(_split.Refusal, "holds 3 rows for a batch of 4"):
+            split((torch.randn(4, 2),), {"past_key_values": cache})
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,138 @@
+"""Tiny Hugging Face Transformers models built from configs (random weights,
+nothing downloaded), used the ways people use them, for dynaflow apply's
+end-to-end tests (tests/hf_apply_test.py).
+
+  python hf_models.py --family llama --patterns all --out result.pt
+
+runs each usage pattern and saves {pattern: {"tokens": LongTensor,
+"logits": [Tensor]}} to --out, so two runs (unmodified and under
+`dynaflow apply`) can be compared. --apply PLAN applies the plan in process
+with `dynaflow.apply(model, PLAN)` instead of through the bootstrap.
+"""
+
+import argparse
+import sys
+
+import torch
+import transformers as tf
+
+BATCH = 4
+PROMPT = 12
+NEW_TOKENS = 3
+VOCAB = 128
+
+
+def tiny_config(family):
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=64, pad_token_id=0, eos_token_id=None,
+                  bos_token_id=1)
+    if family == "llama":
+        return tf.LlamaConfig(intermediate_size=128, num_key_value_heads=2, **common)
+    if family == "qwen2":
+        return tf.Qwen2Config(intermediate_size=128, num_key_value_heads=2, **common)
+    if family == "mixtral":
+        return tf.MixtralConfig(intermediate_size=96, num_key_value_heads=2, num_local_experts=4,
+                                num_experts_per_tok=2, **common)
+    if family == "gpt2":
+        return tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                             pad_token_id=0, eos_token_id=None, bos_token_id=1)
+    raise SystemExit(f"unknown family {family}")
+
+
+def build(family):
+    torch.manual_seed(0)
+    config = tiny_config(family)
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
+    return model
+
+
+def prompts():
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(2, VOCAB, (BATCH, PROMPT), generator=g)
+
+
+def greedy(model, **kwargs):
+    out = model.generate(**kwargs, max_new_tokens=NEW_TOKENS, do_sample=False,
+                         output_logits=True, return_dict_in_generate=True)
+    return {"tokens": out.sequences, "logits": [t.float() for t in out.logits]}
+
+
+def pattern_forward(model, ids):
+    """model(ids) with the library's defaults (a DynamicCache is made)."""
+    logits = model(ids).logits
+    return {"tokens": logits.argmax(-1), "logits": [logits.float()]}
+
+
+def pattern_decode_loop(model, ids):
+    """A manual greedy decode loop that passes past_key_values back in."""
+    out = model(ids, use_cache=True)
+    logits, cache = [out.logits[:, -1]], out.past_key_values
+    tokens = [ids]
+    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    for _ in range(NEW_TOKENS):
+        tokens.append(nxt)
+        out = model(nxt, past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        logits.append(out.logits[:, -1])
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    return {"tokens": torch.cat(tokens, 1), "logits": [t.float() for t in logits]}
+
+
+def pattern_generate(model, ids):
+    return greedy(model, input_ids=ids, attention_mask=torch.ones_like(ids))
+
+
+def pattern_static_cache(model, ids):
+    return greedy(model, input_ids=ids, attention_mask=torch.ones_like(ids),
+                  cache_implementation="static")
+
+
+def pattern_left_padding(model, ids):
+    ids = ids.clone()
+    mask = torch.ones_like(ids)
+    for row in range(BATCH):  # row r has r padding tokens on the left
+        ids[row, :row] = 0
+        mask[row, :row] = 0
+    return greedy(model, input_ids=ids, attention_mask=mask)
+
+
+PATTERNS = {
+    "forward": pattern_forward,
+    "decode_loop": pattern_decode_loop,
+    "generate": pattern_generate,
+    "static_cache": pattern_static_cache,
+    "left_padding": pattern_left_padding,
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--family", required=True)
+    ap.add_argument("--patterns", default="all")
+    ap.add_argument("--out")
+    ap.add_argument("--apply", help="a plan to apply in process with dynaflow.apply")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    args = ap.parse_args()
+    model = build(args.family)
+    if args.apply:
+        import dynaflow
+        model = dynaflow.apply(model, args.apply)
+    if args.compile:
+        model = torch.compile(model, backend="eager")
+    names = list(PATTERNS) if args.patterns == "all" else args.patterns.split(",")
+    results = {}
+    with torch.no_grad():
+        for name in names:
+            results[name] = PATTERNS[name](model, prompts())
+            print(f"{name}: tokens {results[name]['tokens'][:, -NEW_TOKENS:].tolist()}",
+                  flush=True)
+    if args.apply:
+        a = model._dynaflow_applier.report
+        print(f"in-process: {a.planned_calls} planned and {a.original_calls} original calls",
+              flush=True)
+    if args.out:
+        torch.save(results, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
