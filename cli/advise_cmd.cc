@@ -71,6 +71,15 @@ int RunAdvise(const AdviseArgs& args) {
   if (!args.no_advice) {
     advice = Advise(trace, args.inputs, advise);
     report.advice = &advice;
+    if (advise.force && (*advise.force == Strategy::kNanobatchOverlap ||
+                         *advise.force == Strategy::kDualBatchOverlap) &&
+        !SplitsModules(advice.plan)) {
+      return Fail(Status::BadInput(
+          "--force-strategy " + args.force_strategy +
+          ": nothing to split: no repeated module (a layer of a stack, \"Model.layers.*\") "
+          "was found in the trace; trace the program with `dynaflow trace`, which records "
+          "module paths"));
+    }
   }
   std::string text;
   if (args.format == "json") {

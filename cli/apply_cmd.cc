@@ -98,7 +98,7 @@ int Summarize(const ApplyArgs& args, const std::string& report_path, int exit_co
   }
   const std::string refused = r.value("refused", "");
   if (!refused.empty()) {
-    std::cerr << "dynaflow apply: plan not applied: " << refused << "\n";
+    // The program said it in one line when it refused; not repeated here.
     // A refusal found at exit (the plan's model never ran) ends a run that
     // itself succeeded; the others already ended it with 2.
     if (args.strict && exit_code == 0) return 2;

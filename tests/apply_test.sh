@@ -90,9 +90,11 @@ expect_code "no torch" 0 "$bin" apply "$work/plan.json" -- /bin/echo hi
 check "no torch said" has "$work/err" "never imported torch"
 expect_code "no torch --strict" 2 "$bin" apply --strict "$work/plan.json" -- /bin/echo hi
 
-# --- verify catches a module whose output depends on the batch split:
-# BatchNorm in training mode normalises by each micro-batch's statistics.
+# --- modules that compute across the rows of the batch
+# BatchNorm in training mode normalises by the batch's statistics: refused
+# before anything runs, the program runs unmodified.
 cat >"$work/bn.py" <<'PY'
+import sys
 import torch
 from torch import nn
 
@@ -108,11 +110,64 @@ class Net(nn.Module):
         return x
 
 torch.manual_seed(0)
-Net()(torch.randn(16, 8) * torch.arange(1, 17).unsqueeze(1))
+print("sum", round(float(Net()(torch.randn(16, 8) * torch.arange(1, 17).unsqueeze(1)).sum()), 3))
 PY
-edit_plan "$work/plan.json" "$work/bn.json" \
-  'p["partition_rules"][0]["modules"] = ["Net.blocks.*"]'
-expect_code "verify fails" 1 "$bin" apply --verify "$work/bn.json" -- "$py" "$work/bn.py"
-check "verify failure named" has "$work/err" "verify: FAILED: Net.blocks.0"
+edit_plan "$work/plan.json" "$work/bn.json" '
+p["partition_rules"][0]["modules"] = ["Net.blocks.*"]
+del p["model"]["module_fingerprint"]'
+"$py" "$work/bn.py" >"$work/bn_base.out"
+expect_code "batch norm refused" 0 "$bin" apply "$work/bn.json" -- "$py" "$work/bn.py"
+check "batch norm named" has "$work/err" \
+  "plan refused: Net.blocks.0.1: BatchNorm1d normalises by the statistics of the whole batch"
+check "refusal said once" test "$(grep -c "plan refused" "$work/err")" -eq 1
+check "batch norm: unmodified result" has "$work/out" "$(cat "$work/bn_base.out")"
+expect_code "batch norm --strict" 2 "$bin" apply --strict "$work/bn.json" -- "$py" "$work/bn.py"
+
+# A module that mixes rows in its own code cannot be seen before it runs:
+# --verify catches it.
+cat >"$work/mix.py" <<'PY'
+import torch
+from torch import nn
+
+class Center(nn.Module):
+    def forward(self, x):
+        return x - x.mean(0, keepdim=True)
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Center() for _ in range(2))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+Net()(torch.arange(16.0).reshape(8, 2))
+PY
+expect_code "verify fails" 1 "$bin" apply --verify "$work/bn.json" -- "$py" "$work/mix.py"
+check "verify failure named" has "$work/err" "verify: FAILED: Net.blocks.0: output"
+
+# --- the plan's model: module fingerprint recorded by the tracer
+check "plan has the module fingerprint" grep -qE '"module_fingerprint": "[0-9a-f]{16}"' "$work/plan.json"
+edit_plan "$work/plan.json" "$work/other.json" 'p["model"]["module_fingerprint"] = "0" * 16'
+expect_code "another model" 0 "$bin" apply "$work/other.json" -- "${decode[@]}"
+check "another model: warned" has "$work/err" \
+  "warning: the plan was made for another model: module fingerprint 0000000000000000"
+check "another model: applied" has "$work/err" "8 planned and 0 original calls"
+expect_code "another model --strict" 2 "$bin" apply --strict "$work/other.json" -- "${decode[@]}"
+check "another model --strict: refused" has "$work/err" "plan refused: the plan was made for another model"
+edit_plan "$work/plan.json" "$work/nofp.json" 'del p["model"]["module_fingerprint"]'
+expect_code "no fingerprint --strict" 2 "$bin" apply --strict "$work/nofp.json" -- "${decode[@]}"
+check "no fingerprint said" has "$work/err" "the plan records no module fingerprint"
+expect_code "no fingerprint" 0 "$bin" apply "$work/nofp.json" -- "${decode[@]}"
+
+# --- a forced split that finds nothing to split is an error, not an empty plan
+expect_code "trace one layer" 0 "$bin" trace -o "$work/lin.db" -- "$py" -c \
+  "import torch; torch.nn.Linear(4, 4)(torch.randn(2, 4))"
+expect_code "nothing to split" 2 "$bin" advise "$work/lin.db" --plan "$work/lin.json" \
+  --force-strategy nanobatch_overlap
+check "nothing to split said" has "$work/err" "--force-strategy nanobatch_overlap: nothing to split"
+check "no plan written" test ! -e "$work/lin.json"
 
 finish

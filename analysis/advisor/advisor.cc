@@ -309,10 +309,30 @@ StepPicture Picture(const Trace& trace, const StepGraph& g, const Schedule& s, c
   return pic;
 }
 
-}  // namespace
+// The structure fingerprint `dynaflow trace` recorded for the root module
+// that the plan's split units start with ("LlamaForCausalLM" of
+// "LlamaForCausalLM.model.layers.*"); empty when the trace has none, or when
+// its processes recorded different ones (merged metadata joins them by ';').
+std::string ModuleFingerprintOf(const Trace& trace, const Plan& plan) {
+  for (const PlanRule& rule : plan.partition_rules) {
+    if (rule.role != "split" || rule.modules.empty()) continue;
+    const std::string& unit = rule.modules.front();
+    const auto it = trace.metadata.find("module_fingerprint." + unit.substr(0, unit.find('.')));
+    if (it == trace.metadata.end()) return "";
+    const std::string_view all = it->second;
+    const std::string_view first = all.substr(0, all.find(';'));
+    for (size_t at = 0; at <= all.size();) {
+      const size_t end = std::min(all.find(';', at), all.size());
+      if (all.substr(at, end - at) != first) return "";
+      at = end + 1;
+    }
+    return std::string(first);
+  }
+  return "";
+}
 
-AdviceResult Advise(const Trace& trace, const std::vector<std::string>& inputs,
-                    const AdviseOptions& opt) {
+AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inputs,
+                         const AdviseOptions& opt) {
   AdviceResult out;
   const OperatorLinks links = LinkOperators(trace);
   std::vector<DeviceResources> resources = ClassifyResources(trace, links, opt.bound);
@@ -555,6 +575,15 @@ AdviceResult Advise(const Trace& trace, const std::vector<std::string>& inputs,
     b.end_us *= scale_to_measured;
   }
   out.predicted.span_us *= scale_to_measured;
+  return out;
+}
+
+}  // namespace
+
+AdviceResult Advise(const Trace& trace, const std::vector<std::string>& inputs,
+                    const AdviseOptions& opt) {
+  AdviceResult out = AdviseSteps(trace, inputs, opt);
+  out.plan.module_fingerprint = ModuleFingerprintOf(trace, out.plan);
   return out;
 }
 

@@ -162,12 +162,23 @@ TEST(AdvisorTest, ForcedSplitWithoutGpuActivityNamesRepeatedBlocks) {
   EXPECT_EQ(a.plan.buckets[0].splits, 3);
   EXPECT_EQ(a.plan.buckets[0].rules, (std::vector<std::string>{"nanobatch_overlap.split"}));
   EXPECT_TRUE(ValidatePlanJson(PlanToJson(a.plan)).ok());
+  EXPECT_TRUE(SplitsModules(a.plan));
+  EXPECT_EQ(a.plan.module_fingerprint, "");  // the trace recorded none
+
+  // The fingerprint the tracer recorded for the split units' root class;
+  // none when merged processes recorded different ones.
+  trace.metadata["module_fingerprint.Other"] = "1111111111111111";
+  trace.metadata["module_fingerprint.Lm"] = "0123456789abcdef;0123456789abcdef";
+  EXPECT_EQ(Advise(trace, {"cpu.db"}, opt).plan.module_fingerprint, "0123456789abcdef");
+  trace.metadata["module_fingerprint.Lm"] = "0123456789abcdef;fedcba9876543210";
+  EXPECT_EQ(Advise(trace, {"cpu.db"}, opt).plan.module_fingerprint, "");
 
   // Strategies that do not split the batch get no split rule.
   opt.force = Strategy::kCommOverlap;
   const AdviceResult c = Advise(trace, {"cpu.db"}, opt);
   EXPECT_TRUE(c.plan.partition_rules.empty());
   EXPECT_EQ(c.plan.splits, 1);
+  EXPECT_FALSE(SplitsModules(c.plan));
 }
 
 }  // namespace

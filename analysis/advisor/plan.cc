@@ -110,6 +110,18 @@ std::vector<PlanStream> StreamsFor(Strategy s) {
   return {{0, "compute"}};
 }
 
+bool SplitsModules(const Plan& plan) {
+  for (const PlanBucket& b : plan.buckets) {
+    if (b.strategy != Strategy::kNanobatchOverlap && b.strategy != Strategy::kDualBatchOverlap) continue;
+    for (const std::string& name : b.rules) {
+      for (const PlanRule& r : plan.partition_rules) {
+        if (r.name == name && r.role == "split" && !r.modules.empty()) return true;
+      }
+    }
+  }
+  return false;
+}
+
 json PlanToJson(const Plan& p) {
   json rules = json::array();
   for (const PlanRule& r : p.partition_rules) {
@@ -133,31 +145,33 @@ json PlanToJson(const Plan& p) {
                        {"predicted_step_us", b.predicted_step_us},
                        {"extra_memory_bytes", b.extra_memory_bytes}});
   }
-  return {{"schema", p.schema},
-          {"generator", p.generator},
-          {"source", {{"traces", Strings(p.traces)}, {"fingerprint", p.trace_fingerprint}}},
-          {"device",
-           {{"name", p.device_name},
-            {"rank", p.rank},
-            {"device", p.device},
-            {"sm_count", p.sm_count},
-            {"memory_bandwidth_gbps", p.memory_bandwidth_gbps},
-            {"peak_tflops_bf16", p.peak_tflops_bf16},
-            {"peaks_known", p.peaks_known}}},
-          {"model",
-           {{"fingerprint", p.model_fingerprint},
-            {"tokens_per_step", p.tokens_per_step > 0 ? json(p.tokens_per_step) : json(nullptr)},
-            {"kernels_per_step", p.kernels_per_step}}},
-          {"forced", p.forced},
-          {"strategy", StrategyName(p.strategy)},
-          {"splits", p.splits},
-          {"partition_rules", rules},
-          {"buckets", buckets},
-          {"predicted",
-           {{"baseline_step_us", p.baseline_step_us},
-            {"predicted_step_us", p.predicted_step_us},
-            {"speedup", p.predicted_speedup},
-            {"extra_memory_bytes", p.extra_memory_bytes}}}};
+  json out = {{"schema", p.schema},
+              {"generator", p.generator},
+              {"source", {{"traces", Strings(p.traces)}, {"fingerprint", p.trace_fingerprint}}},
+              {"device",
+               {{"name", p.device_name},
+                {"rank", p.rank},
+                {"device", p.device},
+                {"sm_count", p.sm_count},
+                {"memory_bandwidth_gbps", p.memory_bandwidth_gbps},
+                {"peak_tflops_bf16", p.peak_tflops_bf16},
+                {"peaks_known", p.peaks_known}}},
+              {"model",
+               {{"fingerprint", p.model_fingerprint},
+                {"tokens_per_step", p.tokens_per_step > 0 ? json(p.tokens_per_step) : json(nullptr)},
+                {"kernels_per_step", p.kernels_per_step}}},
+              {"forced", p.forced},
+              {"strategy", StrategyName(p.strategy)},
+              {"splits", p.splits},
+              {"partition_rules", rules},
+              {"buckets", buckets},
+              {"predicted",
+               {{"baseline_step_us", p.baseline_step_us},
+                {"predicted_step_us", p.predicted_step_us},
+                {"speedup", p.predicted_speedup},
+                {"extra_memory_bytes", p.extra_memory_bytes}}}};
+  if (!p.module_fingerprint.empty()) out["model"]["module_fingerprint"] = p.module_fingerprint;
+  return out;
 }
 
 Status ValidatePlanJson(const json& j) {
@@ -181,8 +195,12 @@ Status ValidatePlanJson(const json& j) {
   DF_RETURN_IF_ERROR(Number(dev["peak_tflops_bf16"], "device.peak_tflops_bf16", 0));
   DF_RETURN_IF_ERROR(Expect(dev["peaks_known"].is_boolean(), "device.peaks_known", "must be a boolean"));
   const json& model = j["model"];
-  DF_RETURN_IF_ERROR(Object(model, "model", {"fingerprint", "tokens_per_step", "kernels_per_step"}, {}));
+  DF_RETURN_IF_ERROR(Object(model, "model", {"fingerprint", "tokens_per_step", "kernels_per_step"},
+                            {"module_fingerprint"}));
   DF_RETURN_IF_ERROR(String(model["fingerprint"], "model.fingerprint"));
+  if (model.contains("module_fingerprint")) {
+    DF_RETURN_IF_ERROR(String(model["module_fingerprint"], "model.module_fingerprint"));
+  }
   if (!model["tokens_per_step"].is_null()) {
     DF_RETURN_IF_ERROR(Number(model["tokens_per_step"], "model.tokens_per_step", 0));
   }
@@ -269,6 +287,7 @@ StatusOr<Plan> PlanFromJson(const json& j) {
   p.peaks_known = d["peaks_known"].get<bool>();
   const json& m = j["model"];
   p.model_fingerprint = m["fingerprint"].get<std::string>();
+  if (m.contains("module_fingerprint")) p.module_fingerprint = m["module_fingerprint"].get<std::string>();
   p.tokens_per_step = m["tokens_per_step"].is_null() ? 0 : m["tokens_per_step"].get<double>();
   p.kernels_per_step = m["kernels_per_step"].get<int64_t>();
   p.forced = j["forced"].get<bool>();

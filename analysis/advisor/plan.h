@@ -61,6 +61,10 @@ struct Plan {
   bool peaks_known = false;
   // Model.
   std::string model_fingerprint;
+  // The split units' root module's structure as `dynaflow trace` recorded it
+  // (metadata module_fingerprint.<root class>); empty when the trace has none.
+  // `dynaflow apply` compares it with the program's model.
+  std::string module_fingerprint;
   double tokens_per_step = 0;  // 0: unknown
   int64_t kernels_per_step = 0;
   // Decision.
@@ -92,5 +96,9 @@ const std::vector<std::string>& PlanBucketRequiredKeys();
 
 // The streams a strategy uses.
 std::vector<PlanStream> StreamsFor(Strategy s);
+
+// Whether some bucket that splits the batch (nanobatch or dual-batch overlap)
+// names a split rule with modules: what `dynaflow apply` can run split.
+bool SplitsModules(const Plan& plan);
 
 }  // namespace dynaflow

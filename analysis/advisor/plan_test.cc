@@ -61,9 +61,33 @@ TEST(PlanTest, RoundTripsThroughJson) {
   EXPECT_EQ(PlanToJson(back.value()), j);
   EXPECT_TRUE(j["buckets"][1]["max_tokens"].is_null());
   EXPECT_EQ(j["buckets"][1]["strategy"], "nanobatch_overlap");
+  EXPECT_FALSE(j["model"].contains("module_fingerprint"));  // unknown: absent
+
+  Plan q = Sample();
+  q.module_fingerprint = "1b225ad95c61f3fb";
+  const nlohmann::json k = PlanToJson(q);
+  EXPECT_EQ(k["model"]["module_fingerprint"], "1b225ad95c61f3fb");
+  StatusOr<Plan> q_back = PlanFromJson(k);
+  ASSERT_TRUE(q_back.ok()) << q_back.status().message();
+  EXPECT_EQ(q_back.value(), q);
+}
+
+TEST(PlanTest, SplitsModulesOnlyThroughASplitBucketsSplitRule) {
+  Plan p = Sample();
+  EXPECT_TRUE(SplitsModules(p));
+  p.buckets[1].strategy = Strategy::kFusion;  // the rule is named, not by a split bucket
+  EXPECT_FALSE(SplitsModules(p));
+  p = Sample();
+  p.partition_rules[2].modules.clear();
+  EXPECT_FALSE(SplitsModules(p));
 }
 
 TEST(PlanTest, RejectsWhatTheSchemaRejects) {
+  {
+    nlohmann::json j = PlanToJson(Sample());
+    j["model"]["module_fingerprint"] = 7;
+    EXPECT_EQ(ValidatePlanJson(j).message(), "plan: model.module_fingerprint: must be a string");
+  }
   const nlohmann::json good = PlanToJson(Sample());
   auto broken = [&](const std::function<void(nlohmann::json&)>& f) {
     nlohmann::json j = good;

@@ -58,6 +58,14 @@ void dynaflow_pop_operator(void);
 /* Queues a finished operator for the writer thread. */
 void dynaflow_record_operator(const DynaflowOperatorRecord* record);
 
+/* Records the structure fingerprint of a root module of class `root_class`
+ * (dynaflow._module_paths.module_fingerprint) as the process metadata
+ * "module_fingerprint.<root_class>", which `dynaflow advise` copies into the
+ * plan and `dynaflow apply` compares with the program's model. The Python
+ * side records each class once per process. Added within ABI version 1: the Python side looks
+ * it up by name and does without it. */
+void dynaflow_record_module_fingerprint(const char* root_class, const char* fingerprint);
+
 #ifdef __cplusplus
 }
 #endif

@@ -235,6 +235,17 @@ DYNAFLOW_EXPORT void dynaflow_record_operator(const DynaflowOperatorRecord* reco
   }
 }
 
+DYNAFLOW_EXPORT void dynaflow_record_module_fingerprint(const char* root_class,
+                                                        const char* fingerprint) {
+  try {
+    if (g_tracer != nullptr && root_class != nullptr && fingerprint != nullptr) {
+      g_tracer->RecordModuleFingerprint(root_class, fingerprint);
+    }
+  } catch (...) {
+    // Out of memory: the trace has no fingerprint and plans from it none.
+  }
+}
+
 DYNAFLOW_EXPORT void _exit(int status) noexcept { dynaflow::FinishAndExit(status); }
 DYNAFLOW_EXPORT void _Exit(int status) noexcept { dynaflow::FinishAndExit(status); }
 

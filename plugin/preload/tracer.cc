@@ -74,6 +74,13 @@ void Tracer::RecordOperator(const DynaflowOperatorRecord& record) {
   if (WriterThread* writer = EnsureWriter()) writer->EnqueueOperator(record);
 }
 
+void Tracer::RecordModuleFingerprint(const std::string& root_class,
+                                     const std::string& fingerprint) {
+  if (WriterThread* writer = EnsureWriter()) {
+    writer->SetMeta("module_fingerprint." + root_class, fingerprint);
+  }
+}
+
 void Tracer::PushOperator(uint64_t id) {
   CuptiSession* session = session_for_abi_.load();
   const bool to_cupti = session != nullptr && session->enabled();

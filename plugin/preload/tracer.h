@@ -60,6 +60,9 @@ class Tracer {
   void RecordOperator(const DynaflowOperatorRecord& record);
   void PushOperator(uint64_t id);
   void PopOperator();
+  // Metadata "module_fingerprint.<root_class>" (a later value replaces it;
+  // the Python side records each class once).
+  void RecordModuleFingerprint(const std::string& root_class, const std::string& fingerprint);
 
   // The driver's CUDA_INJECTION64_PATH entry point: starts CUPTI once per
   // process, and enables it when the window is open.

@@ -123,6 +123,43 @@ class ApplyTest(unittest.TestCase):
         self.net(self.x, cache=cache)
         torch.testing.assert_close(cache, expected)
 
+    def test_a_module_that_writes_its_own_buffers_is_a_loud_error(self):
+        # Each micro-batch would count once where the unsplit call counts
+        # once in all: a wrong state, so the call fails, loudly.
+        class Counting(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("calls", torch.zeros(()))
+
+            def forward(self, x):
+                self.calls.add_(1)
+                return x * 2
+
+        class CountNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([Counting()])
+
+            def forward(self, x):
+                return self.layers[0](x)
+
+        net = CountNet()
+        _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
+        with self.assertRaisesRegex(RuntimeError, r"CountNet\.layers\.0: buffer calls is shared "
+                                                  r"by the micro-batches and was modified"):
+            net(torch.ones(4, 3))
+
+    def test_verify_puts_the_module_buffers_back_after_the_baseline(self):
+        torch.manual_seed(0)
+        block = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))  # training: updates its stats
+        block[1].running_mean.normal_()
+        before = block[1].running_mean.clone()
+        base = _apply._Baseline(block, block.forward, (torch.randn(4, 3),), {})
+        torch.testing.assert_close(block[1].running_mean, before, rtol=0, atol=0)
+        self.assertFalse(torch.equal(base.buffers["1.running_mean"], before))
+        self.assertEqual(set(base.buffers), {"1.running_mean", "1.running_var",
+                                             "1.num_batches_tracked"})
+
     def test_small_steps_and_small_batches_run_the_original_forward(self):
         _apply.apply(self.net, plan(["Net.blocks.*"], splits=2, min_split_tokens=64),
                      runtime_lib=RUNTIME)

@@ -105,6 +105,41 @@ class SplitTest(unittest.TestCase):
             _split.merge_outputs(s, [torch.tensor(1.0), torch.tensor(2.0)], [])
 
 
+@unittest.skipUnless(HAS_TORCH, "needs torch")
+class ModuleTest(unittest.TestCase):
+    def test_batch_norm_with_batch_statistics_refuses(self):
+        from torch import nn
+
+        block = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+        with self.assertRaisesRegex(_split.Refusal, r"^L\.0\.1: BatchNorm1d normalises"):
+            _split.check_rows_independent("L.0", block)
+        block.eval()  # running statistics: per row
+        _split.check_rows_independent("L.0", block)
+        block[1].running_mean = None  # no running statistics: the batch's, also in eval
+        with self.assertRaises(_split.Refusal):
+            _split.check_rows_independent("L.0", block)
+
+    def test_module_fingerprint_follows_structure_not_values(self):
+        from torch import nn
+
+        from dynaflow._module_paths import module_fingerprint
+
+        def net(width, layers, dtype=torch.float32):
+            torch.manual_seed(width * layers)
+            return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]).to(dtype)
+
+        base = module_fingerprint(net(8, 2))
+        self.assertRegex(base, "^[0-9a-f]{16}$")
+        self.assertEqual(module_fingerprint(net(8, 2)), base)
+        other_weights = net(8, 2)
+        with torch.no_grad():
+            other_weights[0].weight.add_(1)
+        self.assertEqual(module_fingerprint(other_weights), base)
+        self.assertNotEqual(module_fingerprint(net(8, 3)), base)
+        self.assertNotEqual(module_fingerprint(net(16, 2)), base)
+        self.assertNotEqual(module_fingerprint(net(8, 2, torch.bfloat16)), base)
+
+
 @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
 class CacheTest(unittest.TestCase):
     """Each micro-batch updates its view of a cache; after the merge the cache

@@ -15,18 +15,21 @@ from dynaflow._apply import PlanMismatch
 __all__ = ["apply", "enable_module_paths", "PlanMismatch"]
 
 
-def apply(model, plan, verify=False, runtime_lib=None):
+def apply(model, plan, verify=False, runtime_lib=None, strict=False):
     """Runs the modules of `model` that `plan` (plan.json from `dynaflow advise
     --plan`, or its loaded dict) splits through dynaflow's overlap runtime
     (`runtime_lib`, default env DYNAFLOW_APPLY_LIB: libdynaflow_apply.so).
     Changes `model` in place and returns it. Raises PlanMismatch, naming what
     differs, when the plan does not fit the model; `model` is then unchanged.
+    With strict, a plan made for another model (model.module_fingerprint)
+    or one that records no fingerprint raises too; without, a different
+    model is said in one line on stderr and the plan applied.
     With verify, every planned call also runs the original forward and the
     differences are kept in model._dynaflow_applier.report.
     """
     from dynaflow import _apply
 
-    return _apply.apply(model, plan, verify=verify, runtime_lib=runtime_lib)
+    return _apply.apply(model, plan, verify=verify, runtime_lib=runtime_lib, strict=strict)
 
 
 def enable_module_paths(model, extension=None):

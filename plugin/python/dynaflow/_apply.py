@@ -42,7 +42,7 @@ import os
 import sys
 import threading
 
-from ._split import MergeError, Refusal, merge_outputs, split_call
+from ._split import MergeError, Refusal, check_rows_independent, merge_outputs, split_call
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -167,6 +167,33 @@ def check_device(model, plan):
     running = torch.cuda.get_device_name(device)
     if running != name:
         raise PlanMismatch(f"the plan is for {name}, the model runs on {running}")
+
+
+def check_model(model, plan, strict):
+    """Compares the plan's model.module_fingerprint (the traced program's
+    root module structure) with `model`'s. A different model raises
+    PlanMismatch with strict, else is said in one line: the split stays
+    correct on another model, the plan's predictions and buckets do not hold.
+    With strict, a plan that records no fingerprint cannot be checked and
+    raises too."""
+    from ._module_paths import module_fingerprint
+
+    expected = (plan.get("model") or {}).get("module_fingerprint")
+    name = type(model).__name__
+    if not expected:
+        if strict:
+            raise PlanMismatch("the plan records no module fingerprint (its trace was not made "
+                               "by `dynaflow trace` of a torch program), so --strict cannot check "
+                               f"that it was made for this {name}")
+        return
+    running = module_fingerprint(model)
+    if running == expected:
+        return
+    message = (f"the plan was made for another model: module fingerprint {expected}, this "
+               f"program's {name} has {running} (other layers, sizes or dtypes)")
+    if strict:
+        raise PlanMismatch(message)
+    _say(f"warning: {message}; the split holds, its predictions may not")
 
 
 def check_strategies(plan):
@@ -318,10 +345,11 @@ class Report:
 
     def compare_call(self, path, baseline, planned):
         """Compares a planned call with its baseline (`_Baseline`): outputs,
-        and every tensor reachable from the arguments (in-place writes and
-        state objects such as KV caches)."""
-        args, kwargs, out = planned
+        the module's buffers, and every tensor reachable from the arguments
+        (in-place writes and state objects such as KV caches)."""
+        module, args, kwargs, out = planned
         pairs = list(_tensor_pairs(baseline.out, out, f"{path}: output"))
+        pairs += _tensor_pairs(baseline.buffers, dict(module.named_buffers()), f"{path}: buffers")
         pairs += _tensor_pairs(baseline.args, args, f"{path}: args")
         pairs += _tensor_pairs(baseline.kwargs, kwargs, f"{path}: kwargs")
         with self.lock:
@@ -425,18 +453,20 @@ class _PlannedForward:
             return self.original(*args, **kwargs)
         batch = x.shape[0]
         try:
+            check_rows_independent(self.path, self.module)
             split = split_call(self.path, self.signature, args, kwargs, batch,
                                even_bounds(batch, a.splits_of[index]))
         except Refusal as e:
             a.refuse(str(e))
             a.report.original_calls += 1
             return self.original(*args, **kwargs)
-        baseline = _Baseline(self.original, args, kwargs) if a.verify else None
+        baseline = _Baseline(self.module, self.original, args, kwargs) if a.verify else None
+        split.share_buffers(self.module)  # after the baseline, which writes them back
         with a.lock:  # one call at a time per executor
             out = self._run(split)
         a.report.planned_calls += 1
         if baseline is not None:
-            a.report.compare_call(self.path, baseline, (args, kwargs, out))
+            a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
         return out
 
     def _run(self, split):
@@ -546,13 +576,20 @@ class _Baseline:
     compared after the planned run without running the module twice on the
     program's own state."""
 
-    def __init__(self, original, args, kwargs):
+    def __init__(self, module, original, args, kwargs):
         import torch
 
         self.args = _snapshot(args)
         self.kwargs = _snapshot(kwargs)
+        buffers = dict(module.named_buffers())
+        before = {k: b.detach().clone() for k, b in buffers.items()}
         with torch.no_grad():
             self.out = original(*self.args, **self.kwargs)
+            # The module's own state (running statistics, counters) as the
+            # unsplit call leaves it; then put back for the planned run.
+            self.buffers = {k: b.detach().clone() for k, b in buffers.items()}
+            for k, b in buffers.items():
+                b.copy_(before[k])
 
 
 def _snapshot(value):
@@ -616,9 +653,10 @@ class Applier:
         self.executor = None
         self.forwards = []
 
-    def attach(self, model):
+    def attach(self, model, strict=False):
         check_strategies(self.plan)
         check_device(model, self.plan)
+        check_model(model, self.plan, strict)
         units = resolve_units(model, self.plan)
         if not units or not self.splits_of:
             return self
@@ -648,15 +686,16 @@ class Applier:
         self.on_refuse(message)
 
 
-def apply(model, plan, verify=False, runtime_lib=None):
+def apply(model, plan, verify=False, runtime_lib=None, strict=False):
     """Applies `plan` (a path or a loaded dict) to `model` in place and returns
-    model. Raises PlanMismatch when the plan does not fit; nothing is changed
+    model. Raises PlanMismatch when the plan does not fit (with strict, also
+    when it was made for another model or cannot say); nothing is changed
     then."""
     if not isinstance(plan, dict):
         plan = load_plan(plan)
     applier = Applier(plan, runtime_lib or os.environ.get("DYNAFLOW_APPLY_LIB"), verify)
     try:
-        applier.attach(model)
+        applier.attach(model, strict)
     except PlanMismatch:
         applier.detach()
         raise
@@ -703,7 +742,7 @@ class _FromEnvironment:
             self.applier = Applier(self.plan, os.environ.get("DYNAFLOW_APPLY_LIB"), self.verify,
                                    self.report)
             self.applier.on_refuse = self.refuse
-            self.applier.attach(module)
+            self.applier.attach(module, self.strict)
             _say(f"{len(self.applier.forwards)} modules of {self.root} run the plan")
         except PlanMismatch as e:
             if self.applier is not None:

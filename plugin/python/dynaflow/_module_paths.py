@@ -13,6 +13,7 @@ its class name.
 """
 
 import ctypes
+import hashlib
 import os
 import sys
 import threading
@@ -70,6 +71,34 @@ def install_recorder(lib):
     return status
 
 
+def module_fingerprint(root):
+    """A digest of `root`'s structure: every submodule's path and class, and
+    the names, shapes and dtypes of its own parameters. The tracer records it
+    per root class, `dynaflow advise` copies it into the plan
+    (model.module_fingerprint), and `dynaflow apply` compares it with the
+    program's model: one function on both sides, so they cannot disagree.
+    Weights' values, devices and buffers are left out: a plan holds for any
+    checkpoint of the same architecture."""
+    h = hashlib.sha256()
+    for name, module in root.named_modules():
+        h.update(f"{name}\t{type(module).__qualname__}\n".encode())
+        for pname, p in module.named_parameters(recurse=False):
+            h.update(f"  {pname} {tuple(p.shape)} {p.dtype}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _tracer_fingerprint_recorder():
+    """The tracer's dynaflow_record_module_fingerprint, or None when this
+    process has no tracer (LD_PRELOAD) or an older one."""
+    try:
+        fn = ctypes.CDLL(None).dynaflow_record_module_fingerprint
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    fn.restype = None
+    return fn
+
+
 class ModuleTracker:
     """Forward pre- and post-hooks that mirror each thread's module stack
     into the extension. Never raises into the model: a failure is reported
@@ -89,6 +118,8 @@ class ModuleTracker:
         self._children = weakref.WeakKeyDictionary()  # module -> {child: attribute name}
         self._interned = {}  # path -> the extension's pointer for it
         self._warned = False
+        self._record_fingerprint = _tracer_fingerprint_recorder()
+        self._fingerprinted = set()  # root classes recorded
 
     def pre_hook(self, module, args):
         if self._is_compiling():
@@ -141,6 +172,9 @@ class ModuleTracker:
             prefix = type(root).__name__
             names = {m: f"{prefix}.{n}" if n else prefix for n, m in root.named_modules()}
             self._root_names[root] = names
+            if self._record_fingerprint is not None and prefix not in self._fingerprinted:
+                self._fingerprinted.add(prefix)
+                self._record_fingerprint(prefix.encode(), module_fingerprint(root).encode())
         return names
 
     def _pointer(self, path):

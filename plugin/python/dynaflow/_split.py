@@ -23,7 +23,8 @@ What is proved safe:
     views are merged back after the call, so the state afterwards equals the
     unsplit call's.
 Anything else (another object, an ambiguous 1-D tensor as long as the batch,
-a cache class or layer with attributes its adapter does not know) refuses.
+a cache class or layer with attributes its adapter does not know) refuses, as
+does a module that computes across rows (`check_rows_independent`).
 """
 
 import copy
@@ -66,11 +67,19 @@ class CallSplit:
     def rows(self, i):
         return self.bounds[i], self.bounds[i + 1] - self.bounds[i]
 
+    def share_buffers(self, module):
+        """The module's own buffers are read by every micro-batch: one that
+        the call writes (a counter, running statistics) would be written once
+        per micro-batch, so they are checked unmodified like shared inputs."""
+        for name, b in module.named_buffers():
+            self.shared.append((f"buffer {name}", b, b._version))
+
     def check_shared_unmodified(self):
         """Raises MergeError when a micro-batch wrote to a shared input."""
         for name, tensor, version in self.shared:
             if tensor._version != version:
-                raise MergeError(f"argument {name} is shared by the micro-batches and was "
+                what = name if name.startswith("buffer ") else f"argument {name}"
+                raise MergeError(f"{what} is shared by the micro-batches and was "
                                  f"modified in place: the split result would be wrong")
 
     def merge_state(self):
@@ -142,6 +151,20 @@ class _Splitter:
                   for f in dataclasses.fields(value) if f.init}
         return [dataclasses.replace(value, **{k: v[i] for k, v in fields.items()})
                 for i in range(self.split.parts)]
+
+
+def check_rows_independent(module_path, module):
+    """Raises Refusal when `module` computes across the rows of its batch, so
+    that micro-batches would not give the unsplit result whatever their
+    arguments: a batch norm that normalises by the batch's statistics
+    (training mode, or no running statistics)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    for name, m in module.named_modules():
+        if isinstance(m, _BatchNorm) and (m.training or m.running_mean is None):
+            where = f"{module_path}.{name}" if name else module_path
+            raise Refusal(f"{where}: {type(m).__name__} normalises by the statistics of the "
+                          f"whole batch: micro-batches would change its output")
 
 
 def _sequence_builder(value):
