@@ -1,9 +1,12 @@
 """What `dynaflow apply` adds to a module call on the CPU, in one run:
 the original forward, the planned forward in a sequential bucket (the policy
 lookup alone), and a planned call split in 2 and 4 micro-batches through the
-runtime (its dispatch: views, two worker threads, the merge), on a module so
-small that the overhead dominates; and the runtime alone, running no-op
-Python tasks (ctypes, worker threads, the GIL) per call.
+runtime (its dispatch: the split proved safe, views, two worker threads, the
+merge), on a module so small that the overhead dominates; the same split with
+the arguments a Hugging Face decoder layer gets (a (cos, sin) tuple, a mask,
+a DynamicCache, cache_position: what the split and merge walk), when
+transformers is installed; and the runtime alone, running no-op Python tasks
+(ctypes, worker threads, the GIL) per call.
 
     .venv/bin/python bench/apply_overhead.py build/plugin/apply/libdynaflow_apply.so
 """
@@ -33,6 +36,39 @@ class Net(nn.Module):
         return self.blocks[0](x)
 
 
+class HfLikeNet(nn.Module):
+    """Calls its layer the way a transformers decoder calls a decoder layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([HfLikeLayer()])
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        g = torch.Generator().manual_seed(0)
+        for layer in range(2):  # a cache already holding 16 positions
+            self.cache.update(torch.randn(8, 2, 16, 4, generator=g),
+                              torch.randn(8, 2, 16, 4, generator=g), layer)
+
+    def forward(self, x):
+        rows = x.shape[0]
+        cos_sin = (torch.ones(rows, 1, 4), torch.zeros(rows, 1, 4))
+        mask = torch.ones(rows, 1, 1, 17, dtype=torch.bool)
+        return self.blocks[0](x, attention_mask=mask, position_embeddings=cos_sin,
+                              past_key_values=self.cache, cache_position=torch.tensor([16]),
+                              use_cache=True)
+
+
+class HfLikeLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x, attention_mask=None, position_embeddings=None, past_key_values=None,
+                cache_position=None, use_cache=False):
+        return self.proj(x)
+
+
 def plan(splits, sequential):
     strategy = "sequential" if sequential else "nanobatch_overlap"
     return {"schema": _apply.PLAN_SCHEMA, "device": {"name": ""},
@@ -60,13 +96,23 @@ def main():
     for name, p in [("sequential bucket", plan(2, True)), ("split 2", plan(2, False)),
                     ("split 4", plan(4, False))]:
         nets[name] = _apply.apply(Net(), p, runtime_lib=lib)
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("transformers is not installed: no HF-argument variants")
+    else:
+        nets["HF args, original"] = HfLikeNet()
+        hf_plan = plan(2, False)
+        hf_plan["partition_rules"][0]["modules"] = ["HfLikeNet.blocks.*"]
+        nets["HF args, split 2"] = _apply.apply(HfLikeNet(), hf_plan, runtime_lib=lib)
     samples = {name: [] for name in nets}
     for _ in range(RUNS):  # alternating, so load changes hit every variant alike
         for name, net in nets.items():
             samples[name].append(per_call_us(net, x))
-    base = statistics.median(samples["original"])
-    print(f"{CALLS} calls x {RUNS} runs, median us per module call (added over original):")
+    print(f"{CALLS} calls x {RUNS} runs, median us per module call (added over its original):")
     for name, s in samples.items():
+        base = statistics.median(samples["HF args, original" if name.startswith("HF") else
+                                        "original"])
         m = statistics.median(s)
         print(f"  {name:18s} {m:8.2f} us  (+{m - base:.2f} us)")
     print("the runtime alone, no-op Python tasks, median us per call:")

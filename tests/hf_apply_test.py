@@ -8,7 +8,7 @@ with `dynaflow trace`, force a 2-way split with `dynaflow advise
 left padding) unmodified and under `dynaflow apply --verify`: every layer call
 planned, --verify passing, the same tokens and logits within float32's
 tolerance. Llama also runs in process (`dynaflow.apply(model, plan)`), with
-and without torch.compile.
+and without torch.compile; and once under torch.inference_mode().
 
 Env (ctest sets them): DYNAFLOW_BIN, DYNAFLOW_SOURCE_DIR, DYNAFLOW_PYTHON (a
 Python with torch and transformers) and DYNAFLOW_APPLY_LIB_BUILT. Exits 77
@@ -99,11 +99,11 @@ class HfApplyTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
         return out
 
-    def check_family(self, family):
+    def check_family(self, family, *extra):
         plan, base = self.plan_for(family), self.base_for(family)
         out = self.path(f"{family}_applied.pt")
         r = run(BIN, "apply", "--verify", "--strict", plan, "--", PY, MODELS, "--family", family,
-                "--out", out)
+                "--out", out, *extra)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn(f"dynaflow apply: {LAYER_CALLS} planned and 0 original calls of 2 modules",
                       r.stderr)
@@ -126,6 +126,11 @@ class HfApplyTest(unittest.TestCase):
 
     def test_gpt2(self):
         self.check_family("gpt2")
+
+    def test_llama_under_inference_mode(self):
+        # Inference tensors have no version counters: shared inputs are
+        # checked by their bytes instead.
+        self.check_family("llama", "--inference-mode")
 
     def in_process(self, *extra):
         env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(BIN), "..", "plugin",

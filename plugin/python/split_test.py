@@ -94,6 +94,16 @@ class SplitTest(unittest.TestCase):
         with self.assertRaisesRegex(_split.MergeError, "args\\[1\\] is shared .* modified"):
             s.check_shared_unmodified()
 
+    def test_a_write_to_a_shared_inference_tensor_is_detected(self):
+        # Inference tensors have no version counter: compared by their bytes.
+        with torch.inference_mode():
+            shared = torch.tensor([[float("nan"), 1.0]])
+            s = split((torch.randn(4, 2), shared))
+            s.check_shared_unmodified()  # NaN equals itself, byte for byte
+            s.args[1][1][0, 1] = 2.0
+        with self.assertRaisesRegex(_split.MergeError, "args\\[1\\] is shared"):
+            s.check_shared_unmodified()
+
     def test_outputs_merge_by_rows_and_immutables_must_agree(self):
         s = split((torch.randn(4, 3),), parts=2)
         out = _split.merge_outputs(s, [(torch.ones(2, 3), 7), (torch.zeros(2, 3), 7)], [])

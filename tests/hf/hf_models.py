@@ -112,6 +112,8 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--apply", help="a plan to apply in process with dynaflow.apply")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--inference-mode", action="store_true",
+                    help="run under torch.inference_mode() instead of torch.no_grad()")
     args = ap.parse_args()
     model = build(args.family)
     if args.apply:
@@ -121,7 +123,7 @@ def main():
         model = torch.compile(model, backend="eager")
     names = list(PATTERNS) if args.patterns == "all" else args.patterns.split(",")
     results = {}
-    with torch.no_grad():
+    with torch.inference_mode() if args.inference_mode else torch.no_grad():
         for name in names:
             results[name] = PATTERNS[name](model, prompts())
             print(f"{name}: tokens {results[name]['tokens'][:, -NEW_TOKENS:].tolist()}",

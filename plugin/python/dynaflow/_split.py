@@ -60,7 +60,7 @@ class CallSplit:
         self.bounds = bounds
         self.parts = len(bounds) - 1
         self.states = []  # (adapter, original, [per micro-batch view])
-        self.shared = []  # (name, tensor, version before the call)
+        self.shared = []  # (name, tensor, _Unchanged)
         self.args = None  # [tuple] per micro-batch
         self.kwargs = None  # [dict] per micro-batch
 
@@ -72,12 +72,15 @@ class CallSplit:
         the call writes (a counter, running statistics) would be written once
         per micro-batch, so they are checked unmodified like shared inputs."""
         for name, b in module.named_buffers():
-            self.shared.append((f"buffer {name}", b, b._version))
+            self.share(f"buffer {name}", b)
+
+    def share(self, name, tensor):
+        self.shared.append((name, tensor, _Unchanged(tensor)))
 
     def check_shared_unmodified(self):
         """Raises MergeError when a micro-batch wrote to a shared input."""
-        for name, tensor, version in self.shared:
-            if tensor._version != version:
+        for name, tensor, unchanged in self.shared:
+            if not unchanged(tensor):
                 what = name if name.startswith("buffer ") else f"argument {name}"
                 raise MergeError(f"{what} is shared by the micro-batches and was "
                                  f"modified in place: the split result would be wrong")
@@ -88,6 +91,35 @@ class CallSplit:
 
     def state_originals(self):
         return [original for _, original, _ in self.states]
+
+
+class _Unchanged:
+    """Whether a tensor is as it was when this was made: by its version
+    counter, which every in-place write bumps; an inference tensor has none,
+    so its bytes are kept and compared (shared inputs are small: positions,
+    one-row masks)."""
+
+    def __init__(self, t):
+        if t.is_inference():
+            self.version = None
+            self.bytes = _as_bytes(t).clone()
+        else:
+            self.version = t._version
+
+    def __call__(self, t):
+        if self.version is not None:
+            return t._version == self.version
+        import torch
+
+        return torch.equal(_as_bytes(t), self.bytes)
+
+
+def _as_bytes(t):
+    """The tensor's elements as raw bytes (NaN compares equal to itself)."""
+    import torch
+
+    t = t.detach().contiguous()
+    return t.reshape(-1).view(torch.uint8) if t.numel() else t.reshape(-1)
 
 
 class _Splitter:
@@ -135,7 +167,7 @@ class _Splitter:
                 and name not in SHARED_TENSOR_NAMES:
             self.refuse(name, t, f"has first dimension {t.shape[0]}, not the batch "
                                  f"({self.batch}) or 1")
-        self.split.shared.append((name, t, t._version))
+        self.split.share(name, t)
         return [t] * n
 
     def state_parts(self, name, value, adapter):
