@@ -56,6 +56,21 @@ expect_code "advise dual batch" 0 "$bin" advise "$work/run.db" --plan "$work/dbo
 expect_code "apply dual batch" 0 "$bin" apply --verify "$work/dbo.json" -- "${decode[@]}"
 check "dual batch: same tokens" has "$work/out" "$base"
 
+# Training (examples/train_step.py): forward split, backward through the
+# merged outputs, same losses; --verify's baseline leaves the tensors autograd
+# saved untouched.
+train=("$py" "$src/examples/train_step.py")
+expect_code "trace training" 0 "$bin" trace -o "$work/train.db" -- "${train[@]}"
+expect_code "advise training" 0 "$bin" advise "$work/train.db" --plan "$work/train.json" \
+  --force-strategy nanobatch_overlap --splits 2
+"${train[@]}" >"$work/train_base.out" 2>&1
+losses=$(grep -o "loss .*" "$work/train_base.out")
+expect_code "apply --verify training" 0 "$bin" apply --verify --strict "$work/train.json" -- \
+  "${train[@]}"
+check "training: same losses" has "$work/out" "$losses"
+check "training: every layer call planned" has "$work/err" "6 planned and 0 original calls"
+check "training: verify line" grep -qE '^verify: .* \(6 calls\)' "$work/out"
+
 # Sequential below 8 tokens: decode steps (4 tokens) run the original path,
 # the prefill (4 x 32 tokens) the plan.
 edit_plan "$work/plan.json" "$work/bucketed.json" '

@@ -42,7 +42,8 @@ import os
 import sys
 import threading
 
-from ._split import MergeError, Refusal, check_rows_independent, merge_outputs, split_call
+from ._split import (MergeError, Refusal, Unchanged, check_rows_independent, merge_outputs,
+                     split_call)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -582,14 +583,18 @@ class _Baseline:
         self.args = _snapshot(args)
         self.kwargs = _snapshot(kwargs)
         buffers = dict(module.named_buffers())
-        before = {k: b.detach().clone() for k, b in buffers.items()}
+        before = {k: (b.detach().clone(), Unchanged(b)) for k, b in buffers.items()}
         with torch.no_grad():
             self.out = original(*self.args, **self.kwargs)
             # The module's own state (running statistics, counters) as the
-            # unsplit call leaves it; then put back for the planned run.
+            # unsplit call leaves it; then put back for the planned run. Only
+            # what changed: a write bumps the version that autograd checks
+            # for the tensors an earlier call saved for its backward.
             self.buffers = {k: b.detach().clone() for k, b in buffers.items()}
             for k, b in buffers.items():
-                b.copy_(before[k])
+                saved, unchanged = before[k]
+                if not unchanged(b):
+                    b.copy_(saved)
 
 
 def _snapshot(value):

@@ -60,7 +60,7 @@ class CallSplit:
         self.bounds = bounds
         self.parts = len(bounds) - 1
         self.states = []  # (adapter, original, [per micro-batch view])
-        self.shared = []  # (name, tensor, _Unchanged)
+        self.shared = []  # (name, tensor, Unchanged)
         self.args = None  # [tuple] per micro-batch
         self.kwargs = None  # [dict] per micro-batch
 
@@ -75,7 +75,7 @@ class CallSplit:
             self.share(f"buffer {name}", b)
 
     def share(self, name, tensor):
-        self.shared.append((name, tensor, _Unchanged(tensor)))
+        self.shared.append((name, tensor, Unchanged(tensor)))
 
     def check_shared_unmodified(self):
         """Raises MergeError when a micro-batch wrote to a shared input."""
@@ -93,7 +93,7 @@ class CallSplit:
         return [original for _, original, _ in self.states]
 
 
-class _Unchanged:
+class Unchanged:
     """Whether a tensor is as it was when this was made: by its version
     counter, which every in-place write bumps; an inference tensor has none,
     so its bytes are kept and compared (shared inputs are small: positions,
