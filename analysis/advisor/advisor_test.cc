@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "analysis/sim/synthetic_trace.h"
 
 namespace dynaflow {
@@ -123,6 +125,8 @@ TEST(AdvisorTest, MemoryDominatedStepGainsNoMoreThanItsBound) {
   for (const Recommendation& r : a.recommendations) {
     const BoundCheck* c = CheckOf(a, r);
     ASSERT_NE(c, nullptr) << StrategyName(r.strategy);
+    std::printf("%s x%d: %.3fx, simulated %.3fx, bound allows %.3fx\n", StrategyName(r.strategy),
+                r.splits, r.predicted_speedup, r.baseline_step_us / c->simulated_step_us, most);
     EXPECT_GE(r.predicted_step_us, c->bound_step_us * (1 - 1e-9)) << StrategyName(r.strategy);
     EXPECT_LE(r.predicted_speedup, most * 1.01) << StrategyName(r.strategy) << " x" << r.splits;
   }
