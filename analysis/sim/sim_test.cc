@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
+#include <vector>
 
 #include "analysis/roofline/device_table.h"
 #include "analysis/sim/candidates.h"
@@ -409,6 +411,39 @@ TEST(CandidatesTest, TensorParallelForward) {
   // Eight 400 us all-reduces per step are exposed; one micro-batch's hide
   // under the other's compute.
   EXPECT_LT(d.makespan_us, seq * 0.95);
+}
+
+// Every candidate of every synthetic trace, at workloads from 1/16 to 4x the
+// observed one, simulates at or above its schedule's physical bound.
+TEST(CandidatesTest, NoneFinishesBelowItsBound) {
+  std::vector<Built> built;
+  built.push_back(Build(testing::DdpSerializedAllReduce(8, 150)));
+  built.push_back(Build(testing::LlamaDecode(512, 1024)));
+  built.push_back(Build(testing::TensorParallelForward(4096, 400)));
+  built.push_back(Build(testing::MemoryDominatedForward(2048)));
+  for (size_t b = 0; b < built.size(); ++b) {
+    CandidateContext ctx;
+    ctx.trace = &built[b].trace;
+    ctx.graph = &built[b].graph;
+    ctx.peaks = built[b].res[0].peaks;
+    for (double scale : {1.0 / 16, 1.0, 4.0}) {
+      ctx.scale = scale;
+      std::vector<std::optional<Candidate>> cands = {MakeSequential(ctx), MakeCommOverlap(ctx),
+                                                     MakeFusion(ctx), MakeDualBatchOverlap(ctx)};
+      for (int k : {2, 4}) {
+        ctx.splits = k;
+        cands.push_back(MakeNanobatchOverlap(ctx));
+      }
+      for (const std::optional<Candidate>& c : cands) {
+        if (!c) continue;
+        const SimResult r = Simulate(c->schedule, ctx.params);
+        ASSERT_TRUE(r.ok);
+        EXPECT_GE(r.makespan_us, BoundOf(c->schedule).bound_us * (1 - 1e-9))
+            << "trace " << b << ", " << StrategyName(c->strategy) << " x" << c->splits << " at scale "
+            << scale;
+      }
+    }
+  }
 }
 
 }  // namespace
