@@ -61,8 +61,26 @@ std::string First(const std::vector<std::string>& v, const char* fallback) {
 struct Eval {
   Candidate cand;
   SimResult result;
+  PhysicalBound bound;
+  double makespan_us = 0;  // simulated, clamped to bound.bound_us
+  bool clamped = false;    // the simulation finished below the bound
   double speedup = 1;
 };
+
+// Relative slack before a simulated makespan counts as below its bound: the
+// fluid simulation accumulates rounding over thousands of events.
+constexpr double kBoundTolerance = 1e-9;
+
+// A simulation below its physical bound is a defect of the sharing model
+// (physical_bound.h): the candidate is held to the bound and marked.
+void HoldToBound(Eval& e) {
+  e.bound = BoundOf(e.cand.schedule);
+  e.makespan_us = e.result.makespan_us;
+  if (e.makespan_us < e.bound.bound_us * (1.0 - kBoundTolerance)) {
+    e.clamped = true;
+    e.makespan_us = e.bound.bound_us;
+  }
+}
 
 // Every applicable candidate at `scale`; element 0 is sequential.
 std::vector<Eval> EvaluateAt(CandidateContext ctx, double scale, const AdviseOptions& opt) {
@@ -74,6 +92,7 @@ std::vector<Eval> EvaluateAt(CandidateContext ctx, double scale, const AdviseOpt
     e.result = Simulate(c->schedule, ctx.params);
     if (!e.result.ok || e.result.makespan_us <= 0) return;
     e.cand = std::move(*c);
+    HoldToBound(e);
     out.push_back(std::move(e));
   };
   run(MakeSequential(ctx));
@@ -86,8 +105,8 @@ std::vector<Eval> EvaluateAt(CandidateContext ctx, double scale, const AdviseOpt
     ctx.splits = k;
     run(MakeNanobatchOverlap(ctx));
   }
-  const double base = out.front().result.makespan_us;
-  for (Eval& e : out) e.speedup = base / e.result.makespan_us;
+  const double base = out.front().makespan_us;
+  for (Eval& e : out) e.speedup = base / e.makespan_us;
   return out;
 }
 
@@ -291,6 +310,22 @@ std::vector<PlanRule> RulesFor(const Candidate& c) {
   return rules;
 }
 
+// Every candidate evaluated at every workload point, against its physical
+// bound, in the report's terms: simulated microseconds times `to_step`
+// (measured mean step / simulated sequential step at the observed point).
+std::vector<BoundCheck> BoundChecks(const std::vector<std::vector<Eval>>& evals,
+                                    const std::vector<double>& tokens, double to_step) {
+  std::vector<BoundCheck> out;
+  for (size_t i = 0; i < evals.size(); ++i) {
+    for (const Eval& e : evals[i]) {
+      out.push_back({tokens[i], e.cand.strategy, e.cand.splits, e.makespan_us * to_step,
+                     e.result.makespan_us * to_step, e.bound.bound_us * to_step, e.bound.binding,
+                     e.clamped});
+    }
+  }
+  return out;
+}
+
 StepPicture Picture(const Trace& trace, const StepGraph& g, const Schedule& s, const SimResult& r,
                     std::string title, size_t max_bars) {
   StepPicture pic;
@@ -455,9 +490,10 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
     tokens.push_back(t);
     if (evals.back().empty()) return out;
   }
-  const double seq_observed = evals[observed].front().result.makespan_us;
+  const double seq_observed = evals[observed].front().makespan_us;
   out.replay_error_pct = graph.measured_us > 0 ? 100.0 * (seq_observed - graph.measured_us) / graph.measured_us : 0;
   const double baseline = dev.step_mean_us;
+  out.bound_checks = BoundChecks(evals, tokens, baseline / seq_observed);
 
   // Per-point choice, merged into buckets. A forced strategy holds in every
   // bucket, predicted as sequential where it does not apply.
@@ -491,7 +527,7 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
     b.splits = splits_at(rep);
     b.streams = StreamsFor(b.strategy);
     b.predicted_speedup = e.speedup;
-    b.baseline_step_us = baseline * evals[rep].front().result.makespan_us / seq_observed;
+    b.baseline_step_us = baseline * evals[rep].front().makespan_us / seq_observed;
     b.predicted_step_us = b.baseline_step_us / e.speedup;
     b.extra_memory_bytes = e.cand.extra_memory_bytes;
     for (PlanRule& r : RulesFor(e.cand)) {

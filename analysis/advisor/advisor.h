@@ -13,6 +13,12 @@
 // simulator's error on the measured schedule; `replay_error_pct` reports that
 // error.
 //
+// The physical bound (analysis/sim/physical_bound.h): every candidate's
+// simulated step is held to at least its schedule's bound. One that finishes
+// below it exposes a defect of the sharing model; it is clamped to the bound
+// (never rejected, so the comparison between strategies stays complete) and
+// marked `clamped` in AdviceResult::bound_checks, which tests read.
+//
 // Workload buckets: the step is simulated at tokens T0 * {1/16, ..., 4} (T0:
 // tokens per step observed, the most common GEMM row count). At each point the
 // best candidate wins if it beats sequential by `min_gain`; neighbouring
@@ -29,6 +35,7 @@
 #include "analysis/model/trace.h"
 #include "analysis/roofline/bound.h"
 #include "analysis/sim/candidates.h"
+#include "analysis/sim/physical_bound.h"
 #include "analysis/sim/step_graph.h"
 #include "analysis/steps/steps.h"
 #include "analysis/windows/windows.h"
@@ -100,6 +107,19 @@ struct StepPicture {
   double span_us = 0;
 };
 
+// One candidate at one workload point against its physical bound, both in
+// microseconds of the reported step (the measured mean step's scale).
+struct BoundCheck {
+  double tokens = 0;  // the workload point (0: no token count)
+  Strategy strategy = Strategy::kSequential;
+  int splits = 1;
+  double predicted_step_us = 0;  // as reported: never below bound_step_us
+  double simulated_step_us = 0;  // before holding to the bound
+  double bound_step_us = 0;
+  Resource binding = Resource::kCompute;  // the class that sets the bound
+  bool clamped = false;  // simulated below the bound: a model defect, held to it
+};
+
 struct AdviceResult {
   std::vector<DeviceAdvice> devices;  // in Trace::devices order, devices with GPU activity
   std::vector<Recommendation> recommendations;  // observed bucket, best first
@@ -107,6 +127,7 @@ struct AdviceResult {
   bool has_graph = false;
   uint32_t critical_device = 0;  // Trace::devices index
   double replay_error_pct = 0;   // simulated sequential vs measured representative step
+  std::vector<BoundCheck> bound_checks;  // every candidate at every workload point
   StepPicture measured;
   StepPicture predicted;
 };

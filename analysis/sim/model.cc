@@ -51,10 +51,8 @@ double HbmDemand(const SimTask& t, const PeakRates& peaks, const SimParams& p) {
   }
   if (t.bytes > 0 && t.dur_us > 0 && peaks.bytes_per_s > 0) {
     const double achieved = t.bytes / (t.dur_us * 1e-6) / peaks.bytes_per_s;
-    // A memory-bound kernel that reached less than the default still saturates
-    // what it can: keep it at least half the default.
-    const double lo = t.resource == Resource::kMemory ? 0.5 * p.hbm_memory : 0.02;
-    return std::clamp(achieved, lo, 0.95);
+    const double lo = t.resource == Resource::kMemory ? p.hbm_memory_min : p.hbm_min;
+    return std::clamp(achieved, lo, p.hbm_max);
   }
   return fallback;
 }

@@ -19,17 +19,24 @@
 //    (optimizer, gradient zeroing) is not split and does not scale.
 //
 // 2. Sharing. Running tasks progress at speeds in [0, 1] (1 = as measured
-//    alone), recomputed at every start and finish:
-//    a. SMs: communication, memory and latency tasks first get the SM share
-//       they need to run at full speed (sm_comm, sm_memory, sm_latency; scaled
-//       down together if they ask for more than the GPU), compute tasks share
-//       the rest equally and run in proportion to their share. Copies use copy
-//       engines, no SMs.
+//    alone), recomputed at every start and finish. A task's class (bound.h)
+//    is the unit it saturates alone, so tasks of one class share that unit:
+//    the speeds of a class sum to at most its capacity (physical_bound.h),
+//    which keeps every simulation at or above BoundOf(schedule).
+//    a. SMs: communication and latency tasks, and the memory class as a whole,
+//       first get the SM share they need to run at full speed (sm_comm and
+//       sm_latency each, sm_memory for all memory tasks together; scaled down
+//       together if they ask for more than 1 - sm_compute_min), compute tasks
+//       share the rest equally and run in proportion to their share. Memory
+//       tasks split the memory class's speed equally (n of them: 1/n each):
+//       two kernels that each saturate HBM alone take twice as long side by
+//       side. Copies use copy engines, no SMs.
 //    b. HBM: each task asks `hbm` of the bandwidth at full speed (its measured
-//       bytes / time when known, else a per-class default); if the sum of
-//       speed * hbm exceeds 1, every bandwidth user slows by that factor.
-//    c. Interconnect: concurrent collectives share the link; more than two
-//       concurrent copies share the two copy engines.
+//       bytes / time when known, within [hbm_min, hbm_max], else a per-class
+//       default); if the sum of speed * hbm exceeds 1, every bandwidth user
+//       slows by that factor.
+//    c. Interconnect: concurrent collectives share the link; more than
+//       kCopyEngines concurrent copies share the copy engines.
 //    d. Interference: every co-runner costs each task a further
 //       1 / (1 + interference) (L2 thrashing, block scheduling).
 //    A task alone runs at speed 1, so replaying a trace whose kernels never
@@ -60,16 +67,32 @@ struct SimParams {
   double kernel_fixed_us = 2.0;
   double comm_fixed_us = 8.0;
   double copy_fixed_us = 2.0;
-  // Sharing: SM fraction needed for full speed.
+  // Sharing: SM fraction needed for full speed. sm_memory is for the memory
+  // class as a whole: the SMs that keep enough loads in flight to saturate
+  // HBM, which more memory kernels do not raise.
   double sm_memory = 0.40;
   double sm_latency = 0.25;
   double sm_comm = 0.12;  // 16 NCCL channels on 132 SMs
+  // The SM fraction compute tasks keep however much the other classes ask:
+  // thread blocks already resident finish their waves (kept from the model's
+  // first calibration, not measured).
+  double sm_compute_min = 0.10;
   // Sharing: HBM fraction used at full speed when the bytes are unknown.
   double hbm_compute = 0.30;
   double hbm_memory = 0.90;
   double hbm_comm = 0.10;
   double hbm_copy = 0.05;
   double hbm_latency = 0.20;
+  // Bounds on a fraction measured from bytes / time. No kernel reaches more
+  // than hbm_max of peak (DESIGN.md: memory-bound attention ~90%); hbm_min
+  // keeps a task with costed bytes a bandwidth user. A memory-bound task is
+  // held to at least hbm_memory_min (half of hbm_memory, from the model's
+  // first calibration, not measured): costed bytes may understate what a
+  // memory-bound kernel moves. The floors only slow co-runners of other
+  // classes; tasks of the memory class share it whatever their fractions.
+  double hbm_min = 0.02;
+  double hbm_max = 0.95;
+  double hbm_memory_min = 0.45;
   double interference = 0.05;
 };
 

@@ -2,7 +2,8 @@
 // nano-batches run as k chains. Exclusive groups keep two nano-batches off the
 // same unit: one compute-bound task (GEMMs), one heavy memory-bound task
 // (attention over the KV cache, weight-bound GEMVs), one collective, one copy
-// at a time; light elementwise and normalisation kernels join whatever runs.
+// at a time; light elementwise and normalisation kernels join whatever runs
+// (sharing the memory class's bandwidth with it, model.h).
 // So a GEMM of one nano-batch runs beside the decode attention of another and
 // the collective of a third. Every extra nano-batch reads the weights again
 // and launches its own kernels (model.h).

@@ -1,9 +1,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
+#include <vector>
 
 #include "analysis/roofline/device_table.h"
 #include "analysis/sim/candidates.h"
+#include "analysis/sim/physical_bound.h"
 #include "analysis/sim/simulator.h"
 #include "analysis/sim/synthetic_trace.h"
 
@@ -115,6 +118,79 @@ TEST(SimulatorTest, SharingFollowsTheDocumentedModel) {
   two.Add(Node(Resource::kCompute, 100), {});
   two.Add(Node(Resource::kCompute, 100), {});
   EXPECT_GT(Simulate(two, p).makespan_us, 200);
+}
+
+// Issue 10: kernels of one bound resource side by side share it.
+TEST(SimulatorTest, OneClassSharesItsResource) {
+  SimParams p;
+  // Two memory-bound kernels that each fill the device (hbm 0.9 alone): the
+  // memory class runs at speed 1 in all, 1/2 each; HBM 2 * 0.5 * 0.9 = 0.9
+  // fits; one co-runner costs 1/1.05. Both end at 100 / (0.5 / 1.05) = 210 us:
+  // no gain over the 200 us back to back.
+  Schedule mem;
+  mem.Add(Node(Resource::kMemory, 100, 0.9), {});
+  mem.Add(Node(Resource::kMemory, 100, 0.9), {});
+  const SimResult m = Simulate(mem, p);
+  EXPECT_NEAR(m.end_us[0], 210, 1e-6);
+  EXPECT_NEAR(m.makespan_us, 210, 1e-6);
+  EXPECT_DOUBLE_EQ(BoundOf(mem).bound_us, 200);
+  EXPECT_EQ(BoundOf(mem).binding, Resource::kMemory);
+  // Also when the bytes showed a low fraction (the floor, hbm_memory_min): the
+  // class is shared whatever the fractions.
+  Schedule low;
+  low.Add(Node(Resource::kMemory, 100, 0.45), {});
+  low.Add(Node(Resource::kMemory, 100, 0.45), {});
+  EXPECT_NEAR(Simulate(low, p).makespan_us, 210, 1e-6);
+
+  // A GEMM (200 us, hbm 0.3) beside two memory kernels (100 us each, hbm 0.9)
+  // may gain up to the bound max(200, 200) = 200 us, from 400 us back to back.
+  // While all three run: SMs 0.4 to the memory class (0.2 each), 0.6 to the
+  // GEMM; HBM 0.6 * 0.3 + 2 * 0.5 * 0.9 = 1.08 > 1; two co-runners: 1/1.1.
+  // The memory kernels end at 100 / (0.5 / 1.08 / 1.1) = 237.6 us, the GEMM
+  // has done 0.6 / 0.5 * 100 = 120 us of its work and runs the last 80 alone.
+  Schedule mix;
+  mix.Add(Node(Resource::kCompute, 200, 0.3), {});
+  mix.Add(Node(Resource::kMemory, 100, 0.9), {});
+  mix.Add(Node(Resource::kMemory, 100, 0.9), {});
+  const SimResult x = Simulate(mix, p);
+  const double t_mem = 100 / (0.5 / 1.08 / 1.1);
+  EXPECT_NEAR(x.end_us[1], t_mem, 1e-6);
+  EXPECT_NEAR(x.end_us[0], t_mem + (200 - 0.6 / 0.5 * 100), 1e-6);
+  EXPECT_DOUBLE_EQ(BoundOf(mix).bound_us, 200);
+  EXPECT_GE(x.makespan_us, BoundOf(mix).bound_us);
+  EXPECT_LT(400 / x.makespan_us, 400 / BoundOf(mix).bound_us);  // 1.26x of at most 2x
+
+  // Copies: kCopyEngines run side by side at full speed, a third shares them;
+  // latency-bound kernels bound nothing.
+  Schedule copies;
+  for (int i = 0; i < 3; ++i) copies.Add(Node(Resource::kCopy, 100, 0), {});
+  copies.Add(Node(Resource::kLatency, 50, 0), {});
+  const PhysicalBound cb = BoundOf(copies);
+  EXPECT_DOUBLE_EQ(cb.class_work_us[static_cast<int>(Resource::kCopy)], 300);
+  EXPECT_DOUBLE_EQ(cb.class_work_us[static_cast<int>(Resource::kLatency)], 50);
+  EXPECT_DOUBLE_EQ(cb.bound_us, 150);
+  EXPECT_EQ(cb.binding, Resource::kCopy);
+  EXPECT_GE(Simulate(copies, p).makespan_us, cb.bound_us);
+}
+
+// Splits cost their extra weight reads in the nodes' work, so the bound of a
+// split schedule grows with them: four nano-batches of a weight-bound GEMV
+// bound the step at four weight reads, not one.
+TEST(SimulatorTest, BoundCountsTheSplitsWeightReads) {
+  SimParams p;
+  const PeakRates h200 = PeakRatesFor(DeviceInfo{0, 0, "NVIDIA H200"});
+  SimTask gemv;
+  gemv.resource = Resource::kMemory;
+  gemv.dur_us = 40;
+  gemv.flops = 2.0 * 8 * 8192 * 8192;
+  gemv.weight_bytes = 2.0 * 8192 * 8192;
+  gemv.bytes = gemv.weight_bytes + 2.0 * 2 * 8 * 8192;
+  const double quarter = PartDuration(gemv, 0.25, h200, p);
+  EXPECT_GT(4 * quarter, 0.99 * 4 * (gemv.dur_us - p.kernel_fixed_us));  // each part reads all weights
+  Schedule split;
+  for (int c = 0; c < 4; ++c) split.Add(Node(Resource::kMemory, quarter, 0.9), {});
+  EXPECT_NEAR(BoundOf(split).bound_us, 4 * quarter, 1e-9);
+  EXPECT_GE(Simulate(split, p).makespan_us, 4 * quarter);
 }
 
 TEST(ModelTest, SplitCosts) {
@@ -335,6 +411,39 @@ TEST(CandidatesTest, TensorParallelForward) {
   // Eight 400 us all-reduces per step are exposed; one micro-batch's hide
   // under the other's compute.
   EXPECT_LT(d.makespan_us, seq * 0.95);
+}
+
+// Every candidate of every synthetic trace, at workloads from 1/16 to 4x the
+// observed one, simulates at or above its schedule's physical bound.
+TEST(CandidatesTest, NoneFinishesBelowItsBound) {
+  std::vector<Built> built;
+  built.push_back(Build(testing::DdpSerializedAllReduce(8, 150)));
+  built.push_back(Build(testing::LlamaDecode(512, 1024)));
+  built.push_back(Build(testing::TensorParallelForward(4096, 400)));
+  built.push_back(Build(testing::MemoryDominatedForward(2048)));
+  for (size_t b = 0; b < built.size(); ++b) {
+    CandidateContext ctx;
+    ctx.trace = &built[b].trace;
+    ctx.graph = &built[b].graph;
+    ctx.peaks = built[b].res[0].peaks;
+    for (double scale : {1.0 / 16, 1.0, 4.0}) {
+      ctx.scale = scale;
+      std::vector<std::optional<Candidate>> cands = {MakeSequential(ctx), MakeCommOverlap(ctx),
+                                                     MakeFusion(ctx), MakeDualBatchOverlap(ctx)};
+      for (int k : {2, 4}) {
+        ctx.splits = k;
+        cands.push_back(MakeNanobatchOverlap(ctx));
+      }
+      for (const std::optional<Candidate>& c : cands) {
+        if (!c) continue;
+        const SimResult r = Simulate(c->schedule, ctx.params);
+        ASSERT_TRUE(r.ok);
+        EXPECT_GE(r.makespan_us, BoundOf(c->schedule).bound_us * (1 - 1e-9))
+            << "trace " << b << ", " << StrategyName(c->strategy) << " x" << c->splits << " at scale "
+            << scale;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -3,66 +3,76 @@
 #include <algorithm>
 #include <limits>
 
+#include "analysis/sim/physical_bound.h"
+
 namespace dynaflow {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-double SmNeed(Resource r, const SimParams& p) {
-  switch (r) {
-    case Resource::kCompute: return 1.0;
-    case Resource::kMemory: return p.sm_memory;
-    case Resource::kLatency: return p.sm_latency;
-    case Resource::kCommunication: return p.sm_comm;
-    case Resource::kCopy: return 0.0;
-  }
-  return 1.0;
+// How many running nodes of each class.
+struct ClassCounts {
+  int n[kResourceCount] = {};
+  int operator[](Resource r) const { return n[static_cast<int>(r)]; }
+};
+
+ClassCounts CountClasses(const std::vector<int32_t>& running, const std::vector<SimNode>& nodes) {
+  ClassCounts c;
+  for (int32_t i : running) ++c.n[static_cast<int>(nodes[static_cast<size_t>(i)].resource)];
+  return c;
 }
 
-// Speeds of the running nodes (model.h, "Sharing").
+// a. SMs: the non-compute classes' shares first (scaled down together if they
+// ask for more than is left beside compute), compute nodes split the rest
+// equally. Memory nodes are one class on one HBM: together they need
+// sm_memory and share it, so their speeds sum to at most 1.
+void ShareSms(const std::vector<int32_t>& running, const std::vector<SimNode>& nodes,
+              const ClassCounts& n, const SimParams& p, std::vector<double>* speed) {
+  const double other_need = (n[Resource::kMemory] > 0 ? p.sm_memory : 0.0) +
+                            p.sm_latency * n[Resource::kLatency] +
+                            p.sm_comm * n[Resource::kCommunication];
+  const double cap = n[Resource::kCompute] > 0 ? 1.0 - p.sm_compute_min : 1.0;
+  const double other_scale = other_need > cap ? cap / other_need : 1.0;
+  const double compute_share =
+      n[Resource::kCompute] > 0 ? (1.0 - other_need * other_scale) / n[Resource::kCompute] : 0.0;
+  for (size_t k = 0; k < running.size(); ++k) {
+    switch (nodes[static_cast<size_t>(running[k])].resource) {
+      case Resource::kCompute: (*speed)[k] = compute_share; break;
+      case Resource::kMemory: (*speed)[k] = other_scale / n[Resource::kMemory]; break;
+      case Resource::kLatency:
+      case Resource::kCommunication: (*speed)[k] = other_scale; break;
+      case Resource::kCopy: break;
+    }
+  }
+}
+
+// b. HBM: if the bandwidth users ask for more than the whole, all slow by the
+// excess.
+void ShareHbm(const std::vector<int32_t>& running, const std::vector<SimNode>& nodes,
+              std::vector<double>* speed) {
+  double hbm = 0;
+  for (size_t k = 0; k < running.size(); ++k) hbm += (*speed)[k] * nodes[static_cast<size_t>(running[k])].hbm;
+  if (hbm <= 1.0) return;
+  for (size_t k = 0; k < running.size(); ++k) {
+    if (nodes[static_cast<size_t>(running[k])].hbm > 0) (*speed)[k] /= hbm;
+  }
+}
+
+// Speeds of the running nodes (model.h, "Sharing"): every class's speeds sum
+// to at most its capacity (physical_bound.h).
 void Speeds(const std::vector<int32_t>& running, const std::vector<SimNode>& nodes,
             const SimParams& p, std::vector<double>* speed) {
   speed->assign(running.size(), 1.0);
   if (running.size() <= 1) return;
-  int n_compute = 0, n_comm = 0, n_copy = 0;
-  double other_need = 0;
-  for (int32_t i : running) {
-    const Resource r = nodes[static_cast<size_t>(i)].resource;
-    if (r == Resource::kCompute) {
-      ++n_compute;
-    } else {
-      other_need += SmNeed(r, p);
-    }
-    if (r == Resource::kCommunication) ++n_comm;
-    if (r == Resource::kCopy) ++n_copy;
-  }
-  // a. SMs.
-  const double cap = n_compute > 0 ? 0.9 : 1.0;
-  const double other_scale = other_need > cap ? cap / other_need : 1.0;
-  const double compute_share =
-      n_compute > 0 ? std::max(0.1, 1.0 - other_need * other_scale) / n_compute : 0.0;
-  for (size_t k = 0; k < running.size(); ++k) {
-    const Resource r = nodes[static_cast<size_t>(running[k])].resource;
-    if (r == Resource::kCompute) {
-      (*speed)[k] = compute_share;
-    } else if (r != Resource::kCopy) {
-      (*speed)[k] = other_scale;
-    }
-  }
-  // b. HBM.
-  double hbm = 0;
-  for (size_t k = 0; k < running.size(); ++k) hbm += (*speed)[k] * nodes[static_cast<size_t>(running[k])].hbm;
-  if (hbm > 1.0) {
-    for (size_t k = 0; k < running.size(); ++k) {
-      if (nodes[static_cast<size_t>(running[k])].hbm > 0) (*speed)[k] /= hbm;
-    }
-  }
+  const ClassCounts n = CountClasses(running, nodes);
+  ShareSms(running, nodes, n, p, speed);
+  ShareHbm(running, nodes, speed);
   // c. Link and copy engines; d. interference.
   const double interference = 1.0 / (1.0 + p.interference * static_cast<double>(running.size() - 1));
   for (size_t k = 0; k < running.size(); ++k) {
     const Resource r = nodes[static_cast<size_t>(running[k])].resource;
-    if (r == Resource::kCommunication && n_comm > 1) (*speed)[k] /= n_comm;
-    if (r == Resource::kCopy && n_copy > 2) (*speed)[k] *= 2.0 / n_copy;
+    if (r == Resource::kCommunication && n[r] > 1) (*speed)[k] /= n[r];
+    if (r == Resource::kCopy && n[r] > kCopyEngines) (*speed)[k] *= kCopyEngines / n[r];
     (*speed)[k] *= interference;
   }
 }

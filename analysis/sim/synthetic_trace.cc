@@ -298,4 +298,35 @@ Trace TensorParallelForward(int tokens, double allreduce_us, int layers, int ste
   return std::move(t.trace());
 }
 
+Trace MemoryDominatedForward(int rows, int layers, int steps) {
+  SyntheticTrace t;
+  const long m = rows;
+  for (int s = 0; s < steps; ++s) {
+    t.StepBegin(s);
+    for (int l = 0; l < layers; ++l) {
+      t.Open("model.blocks." + std::to_string(l));
+      SyntheticTrace::Kernel g;
+      g.op = "aten::mm";
+      g.shapes = Dims({{m, 1024}, {1024, 1024}});
+      g.types = R"(["c10::BFloat16","c10::BFloat16"])";
+      g.kernel = kGemmKernel;
+      g.dur_us = GemmUs(static_cast<double>(m), 1024, 1024);
+      t.Launch(g);
+      for (int k = 0; k < 2; ++k) {
+        SyntheticTrace::Kernel e;
+        e.op = "aten::_softmax";
+        e.shapes = Dims({{m, 32, 1024}, {}, {}});
+        e.types = R"(["c10::BFloat16","Scalar","Scalar"])";
+        e.kernel = "void at::native::cunn_SoftMaxForward<8, c10::BFloat16, float, c10::BFloat16>(...)";
+        e.dur_us = MemoryUs(2.0 * 2 * m * 32 * 1024);
+        t.Launch(e);
+      }
+      t.Close();
+    }
+    t.StepEnd();
+    t.HostIdle(60);
+  }
+  return std::move(t.trace());
+}
+
 }  // namespace dynaflow::testing

@@ -84,4 +84,10 @@ Trace LlamaDecode(int batch, int context, int layers = 4, int steps = 3);
 // the residual add and the next RMSNorm wait for (Megatron-style, exposed).
 Trace TensorParallelForward(int tokens, double allreduce_us, int layers = 4, int steps = 3);
 
+// A memory-dominated forward, the shape of issue 10's video transformer (6% of
+// its kernel time compute-bound): per layer a small GEMM ([rows, 1024] x
+// [1024, 1024]) and two softmaxes over [rows, 32, 1024], all on one stream.
+// Overlap can hide at most the GEMMs' time under the softmaxes.
+Trace MemoryDominatedForward(int rows, int layers = 4, int steps = 3);
+
 }  // namespace dynaflow::testing
