@@ -583,7 +583,8 @@ class _Baseline:
         self.args = _snapshot(args)
         self.kwargs = _snapshot(kwargs)
         buffers = dict(module.named_buffers())
-        before = {k: (b.detach().clone(), Unchanged(b)) for k, b in buffers.items()}
+        before = {k: (b.detach().clone(), Unchanged(b, by_bytes=True))
+                  for k, b in buffers.items()}
         with torch.no_grad():
             self.out = original(*self.args, **self.kwargs)
             # The module's own state (running statistics, counters) as the

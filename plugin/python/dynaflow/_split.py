@@ -95,12 +95,14 @@ class CallSplit:
 
 class Unchanged:
     """Whether a tensor is as it was when this was made: by its version
-    counter, which every in-place write bumps; an inference tensor has none,
-    so its bytes are kept and compared (shared inputs are small: positions,
-    one-row masks)."""
+    counter, which in-place writes through torch's operators bump; an
+    inference tensor has none, so its bytes are kept and compared (shared
+    inputs are small: positions, one-row masks), as they are `by_bytes`.
+    A few kernels write without bumping it (batch norm's running statistics:
+    refused apart, by check_rows_independent)."""
 
-    def __init__(self, t):
-        if t.is_inference():
+    def __init__(self, t, by_bytes=False):
+        if by_bytes or t.is_inference():
             self.version = None
             self.bytes = _as_bytes(t).clone()
         else:
