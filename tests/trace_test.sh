@@ -208,6 +208,42 @@ PY
   check "spawn: every process finished its store" test "$(grep -c -e "cannot finish" \
     -e "skipped" "$work/err")" = 0
 
+  # Operator ids unique across processes: DataLoader workers forked from the
+  # main process once shared its ids (they continued its counter).
+  cat >"$work/loader.py" <<'PY'
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class D(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.randn(4, 8).relu().sum(0)
+
+if __name__ == "__main__":
+    m = torch.nn.Linear(8, 8)
+    for x in DataLoader(D(), batch_size=4, num_workers=2):
+        m(x)
+PY
+  expect_code "trace DataLoader workers" 0 "$bin" trace -o "$work/loader.db" -- \
+    "$py" "$work/loader.py"
+  check "loader: workers traced" test "$(q "$work/loader.db" \
+    "SELECT count(DISTINCT pid) FROM operators")" = 3
+  check "loader: no operator id shared by two processes" test "$(q "$work/loader.db" "
+    SELECT count(*) FROM (SELECT external_id FROM operators GROUP BY rank, external_id
+                          HAVING count(DISTINCT pid) > 1)")" = 0
+
+  # Ranks started by torch.multiprocessing carry no RANK: the tracer takes
+  # the rank torch.distributed gives them.
+  expect_code "trace tensor parallel ranks" 0 "$bin" trace -o "$work/tp.db" -- \
+    "$py" "$src/tests/dist/tp_mlp.py" --steps 1
+  check "tensor parallel: operators of ranks 0 and 1" test "$(q "$work/tp.db" \
+    "SELECT group_concat(r) FROM (SELECT DISTINCT rank AS r FROM operators
+                                  WHERE name_id IN (SELECT id FROM strings
+                                                    WHERE value LIKE '%allreduce%')
+                                  ORDER BY r)")" = "0,1"
+
   # Perfetto export, read back by the Kineto importer: the same operators.
   expect_code "export perfetto" 0 "$bin" export "$db" --format perfetto -o "$work/llama.json"
   check "export: valid JSON with cpu_op events" python3 -c "

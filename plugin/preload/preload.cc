@@ -41,7 +41,13 @@ namespace {
 // libraries' destructors and late threads may still call in.
 Tracer* g_tracer = nullptr;
 
+// Operator ids (also the CUPTI external correlation ids) are unique per trace,
+// not only per process: a process's ids start at FirstOperatorId(its pid), so
+// the operators of DataLoader workers, spawned ranks and forked children never
+// share an id with another process's, and a forked child starts afresh.
 std::atomic<uint64_t> g_next_operator_id{1};
+
+void SeedOperatorIds() { g_next_operator_id.store(FirstOperatorId(getpid())); }
 
 // The C library's _exit, resolved by the constructor before anything could
 // call ours (dlsym is no call to make from a vfork child or signal handler).
@@ -155,6 +161,7 @@ void OnExit() {
 void PrepareFork() { g_tracer->PrepareFork(); }
 void ParentAfterFork() { g_tracer->ParentAfterFork(); }
 void ChildAfterFork() {
+  SeedOperatorIds();
   try {
     g_tracer->ChildAfterFork();
   } catch (...) {
@@ -164,6 +171,7 @@ void ChildAfterFork() {
 
 __attribute__((constructor)) void LoadTracer() {
   g_libc_exit = reinterpret_cast<ExitFunction>(dlsym(RTLD_NEXT, "_exit"));
+  SeedOperatorIds();
   try {
     std::vector<std::string> problems;
     TracerConfig config = ReadTracerConfig(getenv, &problems);
@@ -232,6 +240,14 @@ DYNAFLOW_EXPORT void dynaflow_record_operator(const DynaflowOperatorRecord* reco
     if (g_tracer != nullptr && record != nullptr) g_tracer->RecordOperator(*record);
   } catch (...) {
     // Counted as dropped by the writer where it could be; never thrown.
+  }
+}
+
+DYNAFLOW_EXPORT void dynaflow_record_process_group_rank(int32_t rank) {
+  try {
+    if (g_tracer != nullptr && rank >= 0) g_tracer->RecordProcessGroupRank(rank);
+  } catch (...) {
+    // Out of memory: the process keeps the rank of its environment.
   }
 }
 

@@ -74,6 +74,10 @@ void Tracer::RecordOperator(const DynaflowOperatorRecord& record) {
   if (WriterThread* writer = EnsureWriter()) writer->EnqueueOperator(record);
 }
 
+void Tracer::RecordProcessGroupRank(int32_t rank) {
+  if (WriterThread* writer = EnsureWriter()) writer->SetMeta("rank", std::to_string(rank));
+}
+
 void Tracer::RecordModuleFingerprint(const std::string& root_class,
                                      const std::string& fingerprint) {
   if (WriterThread* writer = EnsureWriter()) {
