@@ -208,6 +208,23 @@ PY
   check "spawn: every process finished its store" test "$(grep -c -e "cannot finish" \
     -e "skipped" "$work/err")" = 0
 
+  # A crash keeps what was recorded (a sub-second program kept nothing, since
+  # the writer flushes every second), with the exit status of the crash.
+  for crash in "ctypes.string_at(0):139:SIGSEGV" "os.abort():134:SIGABRT"; do
+    IFS=: read -r how code name <<<"$crash"
+    expect_code "crash by $name" "$code" "$bin" trace -o "$work/crash.db" -- "$py" -c "
+import ctypes, os, torch
+x = torch.ones(4, 4)
+for _ in range(200):
+    x = (x + 1).relu()
+$how"
+    check "crash by $name: operators kept" test "$(q "$work/crash.db" \
+      "SELECT count(*) FROM operators")" -ge 400
+    check "crash by $name: named in the store" test "$(q "$work/crash.db" \
+      "SELECT value FROM meta WHERE key = 'exit_signal'")" = "$name"
+    check "crash by $name: said" grep -q "^dynaflow: process [0-9]* died of $name" "$work/err"
+  done
+
   # Operator ids unique across processes: DataLoader workers forked from the
   # main process once shared its ids (they continued its counter).
   cat >"$work/loader.py" <<'PY'

@@ -62,7 +62,19 @@ struct HookedSignal {
   int signal;
   struct sigaction previous;
 };
-std::array<HookedSignal, 2> g_hooked_signals = {{{SIGINT, {}}, {SIGTERM, {}}}};
+// SIGINT and SIGTERM, and the signals of a crash: a program that dies of one
+// keeps what it recorded since the last timed flush (a sub-second program
+// kept nothing). A crash handler runs in a damaged process, but only signals
+// the writer thread, which was not the one to fault (or the wait times out),
+// and waits at most kSignalFlushTimeout. A stack overflow, with no alternate
+// stack to run on, still dies unflushed.
+std::array<HookedSignal, 7> g_hooked_signals = {{{SIGINT, {}},
+                                                {SIGTERM, {}},
+                                                {SIGSEGV, {}},
+                                                {SIGBUS, {}},
+                                                {SIGFPE, {}},
+                                                {SIGILL, {}},
+                                                {SIGABRT, {}}}};
 
 bool TerminatesProcess(const struct sigaction& action) {
   return !(action.sa_flags & SA_SIGINFO) && action.sa_handler == SIG_DFL;
@@ -78,7 +90,7 @@ void OnSignal(int signal) {
     if (g_tracer != nullptr) {
       // A signal that kills the process gets the store closed (no -wal left).
       if (TerminatesProcess(hooked.previous)) {
-        (void)g_tracer->Finish(kSignalFlushTimeout);
+        (void)g_tracer->FinishOnSignal(signal, kSignalFlushTimeout);
       } else {
         (void)g_tracer->Flush(kSignalFlushTimeout);
       }
@@ -89,7 +101,7 @@ void OnSignal(int signal) {
   errno = saved_errno;
 }
 
-// Hooks SIGINT and SIGTERM unless the program ignores them.
+// Hooks g_hooked_signals unless the program ignores them.
 void HookSignals() {
   for (HookedSignal& hooked : g_hooked_signals) {
     struct sigaction current;

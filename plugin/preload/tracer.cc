@@ -136,6 +136,14 @@ bool Tracer::Finish(std::chrono::milliseconds timeout) noexcept {
   return writer == nullptr || writer->Finish(timeout);
 }
 
+bool Tracer::FinishOnSignal(int signal, std::chrono::milliseconds timeout) noexcept {
+  if (!OwnsProcess()) return false;
+  WriterThread* writer = writer_.load();
+  if (writer == nullptr) return true;
+  writer->NoteExitSignal(signal);
+  return writer->Finish(timeout);
+}
+
 void Tracer::Shutdown() {
   if (shut_down_.load()) return;
   WriterThread* writer = EnsureWriter();

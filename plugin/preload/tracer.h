@@ -88,6 +88,9 @@ class Tracer {
   // OwnsProcess(). Async-signal-safe.
   bool Flush(std::chrono::milliseconds timeout) noexcept;
   bool Finish(std::chrono::milliseconds timeout) noexcept;
+  // Finish() for a process dying of `signal`, which the store then names
+  // (metadata "exit_signal"). Async-signal-safe.
+  bool FinishOnSignal(int signal, std::chrono::milliseconds timeout) noexcept;
   // At exit: disables CUPTI, writes what remains and closes the store. Every
   // process that started a tracer leaves its <pid>.db, even if it recorded
   // nothing. Later records are ignored.
