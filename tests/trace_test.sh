@@ -225,6 +225,25 @@ $how"
     check "crash by $name: said" grep -q "^dynaflow: process [0-9]* died of $name" "$work/err"
   done
 
+  # SIGKILL of dynaflow itself: the traced program is not left running
+  # orphaned; it gets SIGTERM, and its store (in the parts folder) is finished.
+  mkdir "$work/killed"
+  "$bin" trace -o "$work/killed/k.db" -- "$py" -c "
+import time, torch
+x = torch.ones(4, 4)
+for _ in range(100):
+    x = (x + 1).relu()
+open('$work/killed/ready', 'w').close()
+time.sleep(60)" >/dev/null 2>&1 &
+  tracer_pid=$!
+  for _ in $(seq 100); do [ -e "$work/killed/ready" ] && break; sleep 0.2; done
+  kill -KILL "$tracer_pid"
+  wait "$tracer_pid" 2>/dev/null
+  for _ in $(seq 50); do pgrep -f "$work/killed/ready" >/dev/null || break; sleep 0.2; done
+  check "dynaflow killed: the program ended too" test -z "$(pgrep -f "$work/killed/ready")"
+  check "dynaflow killed: the program's store holds its operators" test "$(q \
+    "$(ls "$work"/killed/.k.db.parts-*/*.db | head -1)" "SELECT count(*) FROM operators")" -ge 200
+
   # Operator ids unique across processes: DataLoader workers forked from the
   # main process once shared its ids (they continued its counter).
   cat >"$work/loader.py" <<'PY'
