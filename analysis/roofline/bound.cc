@@ -33,17 +33,6 @@ class StreamEnds {
   size_t last_ = 0;
 };
 
-double PeakFor(Resource r, const PeakRates& p) {
-  switch (r) {
-    case Resource::kCompute: return p.flops_half;
-    case Resource::kMemory: return p.bytes_per_s;
-    case Resource::kCommunication: return p.link_bytes_per_s;
-    case Resource::kCopy: return p.pcie_bytes_per_s;
-    case Resource::kLatency: return 0;
-  }
-  return 0;
-}
-
 // The bandwidth of a copy's path: HBM within the device, NVLink between
 // devices, PCIe to or from the host.
 double CopyPeak(const Trace& trace, const GpuActivity& g, const PeakRates& p) {
@@ -57,6 +46,18 @@ double CopyPeak(const Trace& trace, const GpuActivity& g, const PeakRates& p) {
 }
 
 }  // namespace
+
+double ActivityPeak(Resource r, const Trace& trace, const GpuActivity& g, Precision precision,
+                    const PeakRates& p) {
+  switch (r) {
+    case Resource::kCompute: return p.Flops(precision);
+    case Resource::kMemory: return p.bytes_per_s;
+    case Resource::kCommunication: return p.link_bytes_per_s;
+    case Resource::kCopy: return g.kind == GpuKind::kMemcpy ? CopyPeak(trace, g, p) : p.bytes_per_s;
+    case Resource::kLatency: return 0;
+  }
+  return 0;
+}
 
 const char* ResourceName(Resource r) {
   switch (r) {
@@ -240,8 +241,10 @@ Resource ClassifyKernelName(std::string_view n) {
                       "layer_norm", "softmax", "elementwise", "reduce_kernel"})) {
     return Resource::kMemory;
   }
-  // cijk_: rocBLAS/Tensile GEMM kernels on AMD parts.
-  if (ContainsAny(n, {"gemm", "xmma", "cutlass", "cublas", "wgmma", "matmul", "hmma", "triton_mm",
+  // Without shapes a GEMM kernel is taken as compute bound (shapes, when
+  // linked, decide first: ResourceFromCost). nvjet_: cuBLAS's own Hopper and
+  // Blackwell GEMMs; cijk_: rocBLAS/Tensile and hipBLASLt GEMMs on AMD parts.
+  if (ContainsAny(n, {"gemm", "xmma", "cutlass", "cublas", "nvjet", "wgmma", "matmul", "hmma", "triton_mm",
                       "triton_tem", "flash", "fmha", "attention", "conv", "implicit", "winograd",
                       "fprop", "dgrad", "wgrad", "cudnn", "sm80_", "sm90_", "sm100_", "volta_",
                       "ampere_", "turing_", "cijk_"})) {
@@ -250,12 +253,27 @@ Resource ClassifyKernelName(std::string_view n) {
   return Resource::kMemory;  // elementwise, reductions, norms, copies, unknown
 }
 
+const Operator* CostCache::Parent(const Operator& op) const {
+  if (links_ == nullptr || trace_.ops.empty() || &op < trace_.ops.data() ||
+      &op >= trace_.ops.data() + trace_.ops.size()) {
+    return nullptr;
+  }
+  const int32_t parent = links_->op_parent[static_cast<size_t>(&op - trace_.ops.data())];
+  return parent >= 0 ? &trace_.ops[static_cast<size_t>(parent)] : nullptr;
+}
+
 const OpCost& CostCache::Get(const Operator& op) {
-  Key k{op.name, op.input_shapes, op.input_types};
+  const Operator* parent = Parent(op);
+  Key k{op.name, op.input_shapes, op.input_types, op.concrete_inputs,
+        parent != nullptr ? parent->name : StringId{0}, parent != nullptr ? parent->input_shapes : StringId{0}};
   auto it = cache_.find(k);
   if (it != cache_.end()) return it->second;
+  OpContext context;
+  context.concrete_inputs = trace_.strings.Get(op.concrete_inputs);
+  context.parent_name = trace_.strings.Get(k.parent_name);
+  context.parent_shapes = trace_.strings.Get(k.parent_shapes);
   OpCost c = EstimateOpCost(trace_.strings.Get(op.name), trace_.strings.Get(op.input_shapes),
-                            trace_.strings.Get(op.input_types));
+                            trace_.strings.Get(op.input_types), context);
   return cache_.emplace(k, c).first->second;
 }
 
@@ -278,13 +296,15 @@ std::vector<DeviceResources> ClassifyResources(const Trace& trace, const Operato
       per_device[g.device_index].push_back(static_cast<uint32_t>(i));
     }
   }
-  CostCache costs(trace);
+  CostCache costs(trace, &links);
   // GPU time of each operator over its kernels, to share its cost among them.
   std::vector<float> op_gpu_ns(trace.ops.size(), 0.0f);
   for (size_t i = 0; i < trace.gpu.size(); ++i) {
     const int32_t op = links.activity_op[i];
     const GpuActivity& g = trace.gpu[i];
-    if (op >= 0 && g.end > g.start) op_gpu_ns[static_cast<size_t>(op)] += static_cast<float>(g.end - g.start);
+    if (op >= 0 && g.kind == GpuKind::kKernel && g.end > g.start) {
+      op_gpu_ns[static_cast<size_t>(op)] += static_cast<float>(g.end - g.start);
+    }
   }
   const TimeNs latency_ns = static_cast<TimeNs>(options.latency_kernel_us * 1000.0);
   std::vector<int8_t> name_class(trace.strings.size(), -1);  // ClassifyKernelName per name
@@ -305,6 +325,7 @@ std::vector<DeviceResources> ClassifyResources(const Trace& trace, const Operato
     struct Agg {
       OperatorRoofline r;
       double by_resource[kResourceCount] = {};
+      double peak_work[kResourceCount] = {};  // sum of duration x ActivityPeak per class
     };
     std::unordered_map<uint64_t, size_t> agg_index;
     std::vector<Agg> aggs;
@@ -340,9 +361,13 @@ std::vector<DeviceResources> ClassifyResources(const Trace& trace, const Operato
       *prev_end = std::max(*prev_end, g.end);
       dr.resource[k] = r;
 
+      // Copies and memsets move the bytes they recorded; kernels share their
+      // operator's cost in proportion to their durations.
       double flops = 0;
       double bytes = g.kind != GpuKind::kKernel ? static_cast<double>(g.bytes) : 0;
-      if (cost != nullptr && cost->known()) {
+      const Precision precision = cost != nullptr ? cost->precision : Precision::kUnknown;
+      const double dur_s = static_cast<double>(dur) * 1e-9;
+      if (g.kind == GpuKind::kKernel && cost != nullptr && cost->known()) {
         const double share = static_cast<double>(dur) /
                              std::max(1.0, static_cast<double>(op_gpu_ns[static_cast<size_t>(op)]));
         flops = cost->flops * share;
@@ -354,9 +379,7 @@ std::vector<DeviceResources> ClassifyResources(const Trace& trace, const Operato
       if (flops > 0 || bytes > 0) t.costed_time_us += static_cast<double>(dur) / 1000.0;
       t.flops += flops;
       t.bytes += bytes;
-      if (g.kind == GpuKind::kMemcpy && bytes > 0) {
-        t.peak_bytes += static_cast<double>(dur) * 1e-9 * CopyPeak(trace, g, dr.peaks);
-      }
+      if (flops > 0 || bytes > 0) t.peak_work += dur_s * ActivityPeak(r, trace, g, precision, dr.peaks);
 
       // Per operator name; kernels without an operator under their own name.
       const bool named_by_op = op >= 0;
@@ -374,6 +397,9 @@ std::vector<DeviceResources> ClassifyResources(const Trace& trace, const Operato
       a.r.flops += flops;
       a.r.bytes += bytes;
       a.by_resource[static_cast<int>(r)] += static_cast<double>(dur);
+      for (int c = 0; c < kResourceCount; ++c) {
+        a.peak_work[c] += dur_s * ActivityPeak(static_cast<Resource>(c), trace, g, precision, dr.peaks);
+      }
       if (cost != nullptr && a.r.kind == OpKind::kUnknown) a.r.kind = cost->kind;
       if (fresh) a.r.name = std::string(trace.strings.Get(name));
     }
@@ -383,13 +409,8 @@ std::vector<DeviceResources> ClassifyResources(const Trace& trace, const Operato
       const double s = t.costed_time_us * 1e-6;
       t.achieved_tflops = t.flops / s / 1e12;
       t.achieved_gbps = t.bytes / s / 1e9;
-      if (c == static_cast<int>(Resource::kCopy)) {
-        t.pct_of_peak = t.peak_bytes > 0 ? 100.0 * t.bytes / t.peak_bytes : 0;
-        continue;
-      }
-      const double peak = PeakFor(static_cast<Resource>(c), dr.peaks);
       const double rate = c == static_cast<int>(Resource::kCompute) ? t.flops : t.bytes;
-      t.pct_of_peak = peak > 0 ? 100.0 * rate / s / peak : 0;
+      t.pct_of_peak = t.peak_work > 0 ? 100.0 * rate / t.peak_work : 0;
     }
     std::sort(aggs.begin(), aggs.end(), [](const Agg& a, const Agg& b) {
       return a.r.gpu_us != b.r.gpu_us ? a.r.gpu_us > b.r.gpu_us : a.r.name < b.r.name;
@@ -405,9 +426,9 @@ std::vector<DeviceResources> ClassifyResources(const Trace& trace, const Operato
       if (s > 0) {
         a.r.achieved_tflops = a.r.flops / s / 1e12;
         a.r.achieved_gbps = a.r.bytes / s / 1e9;
-        const double peak = PeakFor(a.r.resource, dr.peaks);
         const double rate = a.r.resource == Resource::kCompute ? a.r.flops : a.r.bytes;
-        a.r.pct_of_peak = peak > 0 ? 100.0 * rate / s / peak : 0;
+        const double work = a.peak_work[best];
+        a.r.pct_of_peak = work > 0 ? 100.0 * rate / work : 0;
       }
       a.r.intensity = a.r.bytes > 0 ? a.r.flops / a.r.bytes : 0;
       dr.operators.push_back(std::move(a.r));

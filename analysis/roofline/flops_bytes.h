@@ -46,9 +46,21 @@ struct OpCost {
   bool known() const { return flops > 0 || bytes > 0; }
 };
 
+// What the trace recorded around an operator's shapes, all optional.
+struct OpContext {
+  // Kineto's "Concrete Inputs" (["","","[2, 2]","1"]): a convolution's stride,
+  // padding, dilation and groups, a backward's output_mask, weight sizes.
+  std::string_view concrete_inputs;
+  // The innermost enclosing operator: cudnn_convolution_backward_weight takes
+  // the weight's size as an int list the profiler does not record; the
+  // enclosing (cudnn_)convolution_backward holds the weight tensor itself.
+  std::string_view parent_name;
+  std::string_view parent_shapes;
+};
+
 // The cost of operator `name` (e.g. "aten::mm") given its recorded inputs.
 OpCost EstimateOpCost(std::string_view name, std::string_view input_shapes,
-                      std::string_view input_types);
+                      std::string_view input_types, const OpContext& context = {});
 
 // Bytes of one element of a profiler dtype name ("c10::BFloat16" -> 2, "float"
 // -> 4, "long int" -> 8); 0 for non-tensors ("Scalar", "", "TensorList").

@@ -125,6 +125,7 @@ struct RawEvent {
   std::string_view copy_kind;    // args.kind of memcpy
   std::string_view input_dims;   // raw JSON arrays, compacted when interned
   std::string_view input_types;
+  std::string_view concrete_inputs;
   std::string_view module_path;
 };
 
@@ -212,6 +213,9 @@ void ReadArgs(od::object args, RawEvent* e) {
         } else if (key == "Input type") {
           e->input_types = RawArray(v);
         }
+        break;
+      case 'C':
+        if (key == "Concrete Inputs") e->concrete_inputs = RawArray(v);
         break;
       case 'M':
         if (key == "Module Hierarchy" && v.type() == od::json_type::string) {
@@ -575,6 +579,7 @@ void KinetoParser::OnEvent(std::string_view json) {
       o.sequence = e.sequence;
       o.input_shapes = t.strings.Intern(CompactJson(e.input_dims, &impl_->compact));
       o.input_types = t.strings.Intern(CompactJson(e.input_types, &impl_->compact));
+      o.concrete_inputs = t.strings.Intern(CompactJson(e.concrete_inputs, &impl_->compact));
       o.module_path = t.strings.Intern(e.module_path);
       if (e.backward_thread || e.name.rfind("autograd::engine::evaluate_function", 0) == 0) {
         o.pass = Pass::kBackward;
