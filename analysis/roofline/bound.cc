@@ -262,6 +262,25 @@ const Operator* CostCache::Parent(const Operator& op) const {
   return parent >= 0 ? &trace_.ops[static_cast<size_t>(parent)] : nullptr;
 }
 
+std::string_view CostCache::ConvolutionOutput(const Operator& op) {
+  std::string key;
+  if (!ConvolutionForwardInputs(trace_.strings.Get(op.name), trace_.strings.Get(op.input_shapes), &key)) {
+    return {};
+  }
+  if (!conv_outputs_built_) {
+    conv_outputs_built_ = true;
+    std::string inputs, output;
+    for (const Operator& o : trace_.ops) {
+      if (ConvolutionOutputFromBackward(trace_.strings.Get(o.name), trace_.strings.Get(o.input_shapes),
+                                        &inputs, &output)) {
+        conv_outputs_.emplace(inputs, output);
+      }
+    }
+  }
+  auto it = conv_outputs_.find(key);
+  return it != conv_outputs_.end() ? std::string_view(it->second) : std::string_view();
+}
+
 const OpCost& CostCache::Get(const Operator& op) {
   const Operator* parent = Parent(op);
   Key k{op.name, op.input_shapes, op.input_types, op.concrete_inputs,
@@ -272,6 +291,7 @@ const OpCost& CostCache::Get(const Operator& op) {
   context.concrete_inputs = trace_.strings.Get(op.concrete_inputs);
   context.parent_name = trace_.strings.Get(k.parent_name);
   context.parent_shapes = trace_.strings.Get(k.parent_shapes);
+  context.output_shape = ConvolutionOutput(op);
   OpCost c = EstimateOpCost(trace_.strings.Get(op.name), trace_.strings.Get(op.input_shapes),
                             trace_.strings.Get(op.input_types), context);
   return cache_.emplace(k, c).first->second;

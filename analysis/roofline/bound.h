@@ -131,7 +131,9 @@ std::vector<DeviceResources> ClassifyResources(const Trace& trace, const Operato
 // The operator cost of `op`, memoised per (name, shapes, types, concrete
 // inputs, enclosing operator): call through one CostCache per trace. With
 // `links`, an operator whose own shapes are incomplete (a convolution's
-// weight gradient) reads what it lacks from its enclosing operator.
+// weight gradient) reads what it lacks from its enclosing operator. A forward
+// convolution takes its output size from the backward of the same shapes
+// when the trace has one (older profilers record no stride or padding).
 class CostCache {
  public:
   explicit CostCache(const Trace& trace, const OperatorLinks* links = nullptr)
@@ -153,9 +155,14 @@ class CostCache {
     }
   };
   const Operator* Parent(const Operator& op) const;
+  // Forward convolutions' output shapes by "[x,w]", from the trace's
+  // convolution backwards (ConvolutionOutputFromBackward); built on first use.
+  std::string_view ConvolutionOutput(const Operator& op);
   const Trace& trace_;
   const OperatorLinks* links_;
   std::unordered_map<Key, OpCost, KeyHash> cache_;
+  bool conv_outputs_built_ = false;
+  std::unordered_map<std::string, std::string> conv_outputs_;
 };
 
 // The bound resource of an operator's kernels from its cost, or nullopt-like

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <string>
 
 namespace dynaflow {
 namespace {
@@ -402,16 +403,28 @@ double WithChannels(const Arg& t, double channels) {
   return t.dims[1] > 0 ? t.numel / static_cast<double>(t.dims[1]) * channels : 0;
 }
 
-bool ConvolutionForward(std::string_view base, const Inputs& in, std::string_view concrete, OpCost* c) {
+// The output shape the trace showed elsewhere (OpContext::output_shape), if it
+// fits input `x` and weight `w`: same rank, batch and output channels.
+bool KnownOutput(std::string_view output_shape, const Arg& x, const Arg& w, Arg* y) {
+  Cursor c(output_shape);
+  if (output_shape.empty() || !ParseShape(c, y)) return false;
+  return y->ndim == x.ndim && y->dims[0] == x.dims[0] && y->dims[1] == w.dims[0];
+}
+
+bool ConvolutionForward(std::string_view base, const Inputs& in, const OpContext& ctx, OpCost* c) {
   const Arg &x = in[0], &w = in[1];
   if (x.ndim < 3 || w.ndim != x.ndim) return false;
+  const std::string_view concrete = ctx.concrete_inputs;
   const int e = x.elem > 0 ? x.elem : 2;
   // Transposed: the weight is [C_in, C_out/groups, kernel...] and each input
   // element is scattered over the kernel, so x plays the output's role in
   // ConvPassFlops; the output is taken at the input's spatial size.
   const bool transposed = ContainsIgnoringCase(base, "transpose");
   double out_elems = 0;
-  if (transposed) {
+  Arg y;
+  if (!transposed && KnownOutput(ctx.output_shape, x, w, &y)) {
+    out_elems = y.numel;
+  } else if (transposed) {
     out_elems = WithChannels(x, static_cast<double>(w.dims[1]));
   } else {
     const ConvArgPositions pos = ForwardConvArgs(base);
@@ -501,7 +514,7 @@ bool ConvolutionBackward(std::string_view base, const Inputs& in, const OpContex
 bool Convolution(std::string_view base, const Inputs& in, const OpContext& ctx, OpCost* c) {
   c->kind = OpKind::kConvolution;
   return ContainsIgnoringCase(base, "backward") ? ConvolutionBackward(base, in, ctx, c)
-                                                 : ConvolutionForward(base, in, ctx.concrete_inputs, c);
+                                                 : ConvolutionForward(base, in, ctx, c);
 }
 
 // Variable-length layout: q [total_q, H, D], k and v [total_k, H_kv, D]. With
@@ -844,6 +857,67 @@ OpCost EstimateOpCost(std::string_view name, std::string_view shapes, std::strin
     c = OpCost{};
   }
   return c;
+}
+
+namespace {
+
+// The top-level elements of a compact JSON array, up to `max`.
+int SplitTopLevel(std::string_view array, std::string_view* out, int max) {
+  if (array.size() < 2 || array.front() != '[') return 0;
+  int n = 0, depth = 0;
+  size_t begin = 1;
+  for (size_t i = 1; i < array.size(); ++i) {
+    const char ch = array[i];
+    if (ch == '[') ++depth;
+    if (ch == ']' && depth-- == 0) {
+      if (i > begin && n < max) out[n++] = array.substr(begin, i - begin);
+      break;
+    }
+    if (ch == ',' && depth == 0) {
+      if (n < max) out[n++] = array.substr(begin, i - begin);
+      begin = i + 1;
+    }
+  }
+  return n;
+}
+
+bool IsTensorShape(std::string_view s) { return s.size() > 2 && s.front() == '[' && s[1] != '['; }
+
+}  // namespace
+
+bool ConvolutionOutputFromBackward(std::string_view name, std::string_view shapes,
+                                   std::string* forward_inputs, std::string* output) {
+  const std::string_view base = BaseName(name);
+  // convolution_backward(grad_output, input, weight, ...);
+  // cudnn_/miopen_convolution_backward(self, grad_output, weight, ...).
+  int dy, x;
+  if (base == "convolution_backward") {
+    dy = 0, x = 1;
+  } else if (base == "cudnn_convolution_backward" || base == "miopen_convolution_backward") {
+    dy = 1, x = 0;
+  } else {
+    return false;
+  }
+  std::string_view a[3];
+  if (SplitTopLevel(shapes, a, 3) < 3 || !IsTensorShape(a[dy]) || !IsTensorShape(a[x]) ||
+      !IsTensorShape(a[2])) {
+    return false;
+  }
+  *forward_inputs = "[" + std::string(a[x]) + "," + std::string(a[2]) + "]";
+  *output = std::string(a[dy]);
+  return true;
+}
+
+bool ConvolutionForwardInputs(std::string_view name, std::string_view shapes, std::string* forward_inputs) {
+  const std::string_view base = BaseName(name);
+  if (!ContainsIgnoringCase(base, "conv") || ContainsIgnoringCase(base, "backward") ||
+      ContainsIgnoringCase(base, "transpose") || ContainsIgnoringCase(base, "convert")) {
+    return false;
+  }
+  std::string_view a[2];
+  if (SplitTopLevel(shapes, a, 2) < 2 || !IsTensorShape(a[0]) || !IsTensorShape(a[1])) return false;
+  *forward_inputs = "[" + std::string(a[0]) + "," + std::string(a[1]) + "]";
+  return true;
 }
 
 bool ContainsIgnoringCase(std::string_view s, std::string_view needle) {
