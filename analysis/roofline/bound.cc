@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 #include <string_view>
 #include <unordered_map>
 
@@ -86,7 +87,7 @@ double PeakRates::Flops(Precision p) const {
 PeakRates PeakRatesFor(const DeviceInfo& d) {
   PeakRates p;
   p.name = d.name;
-  const DevicePeaks* t = LookupDevice(d.name);
+  const DevicePeaks* t = LookupDevice(d.name, d.sm_count);
   // An unknown part: the H100 SXM's numbers, so that the roofline still
   // separates compute from memory bound work; flagged as assumed.
   const DevicePeaks* fallback = LookupDevice("NVIDIA H100 SXM");
@@ -104,14 +105,38 @@ PeakRates PeakRatesFor(const DeviceInfo& d) {
   return p;
 }
 
-OperatorLinks LinkOperators(const Trace& trace) {
-  OperatorLinks links;
-  links.activity_op.assign(trace.gpu.size(), -1);
-  links.op_top.resize(trace.ops.size());
-  links.op_parent.assign(trace.ops.size(), -1);
+namespace {
 
-  // (rank, External id) -> operator. Kineto's ids are dense per rank, so a
-  // plain array over [min, max] serves unless the ids are scattered.
+// Older Kineto traces (before PyTorch 2.0's ids) write the CUDA correlation id
+// into the "External id" of kernels and runtime calls alike. A rank whose GPU
+// activities nearly all carry external id == correlation is such a trace: its
+// external ids do not name operators. The 90% threshold tolerates the odd
+// coincidence of two independent counters in newer traces.
+std::vector<int32_t> RanksWithCorrelationAsExternalId(const Trace& trace) {
+  struct Count {
+    int32_t rank;
+    int64_t both = 0, equal = 0;
+  };
+  std::vector<Count> counts;
+  for (const GpuActivity& g : trace.gpu) {
+    if (g.external_id < 0 || g.correlation < 0 || g.device_index >= trace.devices.size()) continue;
+    const int32_t rank = trace.devices[g.device_index].rank;
+    auto it = std::find_if(counts.begin(), counts.end(), [rank](const Count& c) { return c.rank == rank; });
+    if (it == counts.end()) it = counts.insert(counts.end(), Count{rank});
+    ++it->both;
+    if (g.external_id == g.correlation) ++it->equal;
+  }
+  std::vector<int32_t> out;
+  for (const Count& c : counts) {
+    if (c.both > 0 && c.equal * 10 >= c.both * 9) out.push_back(c.rank);
+  }
+  return out;
+}
+
+// (rank, External id) -> operator, then each GPU activity to the operator
+// named by its external id (not on `skip_ranks`). Kineto's ids are dense per
+// rank, so a plain array over [min, max] serves unless they are scattered.
+void LinkByExternalId(const Trace& trace, const std::vector<int32_t>& skip_ranks, OperatorLinks* links) {
   struct RankIds {
     int32_t rank = 0;
     int64_t lo = INT64_MAX, hi = INT64_MIN, count = 0;
@@ -152,67 +177,158 @@ OperatorLinks LinkOperators(const Trace& trace) {
       *slot = static_cast<int32_t>(i);
     }
   }
-  if (!ranks.empty()) {
-    for (size_t i = 0; i < trace.gpu.size(); ++i) {
-      const GpuActivity& g = trace.gpu[i];
-      if (g.external_id < 0 || g.device_index >= trace.devices.size()) continue;
-      const int32_t rank = trace.devices[g.device_index].rank;
-      RankIds* r = nullptr;
-      for (RankIds& x : ranks) {
-        if (x.rank == rank) r = &x;
+  if (ranks.empty()) return;
+  for (size_t i = 0; i < trace.gpu.size(); ++i) {
+    const GpuActivity& g = trace.gpu[i];
+    if (g.external_id < 0 || g.device_index >= trace.devices.size()) continue;
+    const int32_t rank = trace.devices[g.device_index].rank;
+    if (std::find(skip_ranks.begin(), skip_ranks.end(), rank) != skip_ranks.end()) continue;
+    RankIds* r = nullptr;
+    for (RankIds& x : ranks) {
+      if (x.rank == rank) r = &x;
+    }
+    if (r == nullptr) continue;
+    if (!r->dense.empty()) {
+      if (g.external_id >= r->lo && g.external_id <= r->hi) {
+        links->activity_op[i] = r->dense[static_cast<size_t>(g.external_id - r->lo)];
       }
-      if (r == nullptr) continue;
-      if (!r->dense.empty()) {
-        if (g.external_id >= r->lo && g.external_id <= r->hi) {
-          links.activity_op[i] = r->dense[static_cast<size_t>(g.external_id - r->lo)];
-        }
-      } else {
-        auto it = r->sparse.find(g.external_id);
-        if (it != r->sparse.end()) links.activity_op[i] = it->second;
-      }
+    } else {
+      auto it = r->sparse.find(g.external_id);
+      if (it != r->sparse.end()) links->activity_op[i] = it->second;
     }
   }
+}
 
-  // Outermost enclosing operator: group by thread (counting sort), order each
-  // thread by (start, longer first) unless it already is, then one stack pass.
+uint64_t ThreadKey(int32_t rank, int32_t pid, int32_t tid) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(rank)) << 48) ^
+         (static_cast<uint64_t>(static_cast<uint32_t>(pid)) << 24) ^ static_cast<uint32_t>(tid);
+}
+
+// The launching runtime (or driver) call of each GPU activity not linked yet,
+// by (rank, correlation id); -1 where the trace has none.
+std::vector<int32_t> LaunchCalls(const Trace& trace, const OperatorLinks& links) {
+  std::unordered_map<uint64_t, int32_t> by_correlation;
+  for (size_t i = 0; i < trace.api.size(); ++i) {
+    const ApiCall& a = trace.api[i];
+    if (a.correlation < 0 || a.kind == ApiKind::kSync) continue;
+    by_correlation.emplace(ThreadKey(a.rank, 0, 0) ^ static_cast<uint64_t>(a.correlation), static_cast<int32_t>(i));
+  }
+  std::vector<int32_t> call(trace.gpu.size(), -1);
+  if (by_correlation.empty()) return call;
+  for (size_t i = 0; i < trace.gpu.size(); ++i) {
+    const GpuActivity& g = trace.gpu[i];
+    if (links.activity_op[i] >= 0 || g.correlation < 0 || g.device_index >= trace.devices.size()) continue;
+    const int32_t rank = trace.devices[g.device_index].rank;
+    auto it = by_correlation.find(ThreadKey(rank, 0, 0) ^ static_cast<uint64_t>(g.correlation));
+    if (it != by_correlation.end()) call[i] = it->second;
+  }
+  return call;
+}
+
+// Operators grouped by host thread, each thread's in (start, longer first)
+// order, with the API calls to resolve on the same threads in start order.
+struct ThreadOrder {
+  std::vector<uint32_t> offset;      // thread t's operators: ops[offset[t], offset[t + 1])
+  std::vector<uint32_t> ops;
+  std::vector<uint32_t> call_offset;  // likewise for calls
+  std::vector<uint32_t> calls;
+};
+
+ThreadOrder OrderByThread(const Trace& trace, const std::vector<int32_t>& launch_call) {
   std::unordered_map<uint64_t, uint32_t> thread_ids;
   std::vector<uint32_t> thread_of(trace.ops.size());
   std::vector<uint32_t> counts;
   for (size_t i = 0; i < trace.ops.size(); ++i) {
     const Operator& o = trace.ops[i];
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(o.rank)) << 48) ^
-                         (static_cast<uint64_t>(static_cast<uint32_t>(o.pid)) << 24) ^
-                         static_cast<uint32_t>(o.tid);
-    auto [it, fresh] = thread_ids.try_emplace(key, static_cast<uint32_t>(counts.size()));
+    auto [it, fresh] = thread_ids.try_emplace(ThreadKey(o.rank, o.pid, o.tid), static_cast<uint32_t>(counts.size()));
     if (fresh) counts.push_back(0);
     thread_of[i] = it->second;
     ++counts[it->second];
   }
-  std::vector<uint32_t> offset(counts.size() + 1, 0);
-  for (size_t t = 0; t < counts.size(); ++t) offset[t + 1] = offset[t] + counts[t];
-  std::vector<uint32_t> by_thread(trace.ops.size());
-  {
-    std::vector<uint32_t> fill(offset.begin(), offset.end() - 1);
-    for (size_t i = 0; i < trace.ops.size(); ++i) by_thread[fill[thread_of[i]]++] = static_cast<uint32_t>(i);
-  }
+  ThreadOrder order;
+  order.offset.assign(counts.size() + 1, 0);
+  for (size_t t = 0; t < counts.size(); ++t) order.offset[t + 1] = order.offset[t] + counts[t];
+  order.ops.resize(trace.ops.size());
+  std::vector<uint32_t> fill(order.offset.begin(), order.offset.end() - 1);
+  for (size_t i = 0; i < trace.ops.size(); ++i) order.ops[fill[thread_of[i]]++] = static_cast<uint32_t>(i);
   auto before = [&trace](uint32_t a, uint32_t b) {
     const Operator& x = trace.ops[a];
     const Operator& y = trace.ops[b];
     return x.start != y.start ? x.start < y.start : x.end > y.end;
   };
-  std::vector<uint32_t> stack;
   for (size_t t = 0; t < counts.size(); ++t) {
-    auto first = by_thread.begin() + offset[t];
-    auto last = by_thread.begin() + offset[t + 1];
+    auto first = order.ops.begin() + order.offset[t];
+    auto last = order.ops.begin() + order.offset[t + 1];
     if (!std::is_sorted(first, last, before)) std::sort(first, last, before);
+  }
+  // Calls that some activity needs, on threads that have operators.
+  std::vector<std::pair<uint32_t, uint32_t>> calls;  // (thread, call)
+  std::vector<bool> seen(trace.api.size(), false);
+  for (int32_t c : launch_call) {
+    if (c < 0 || seen[static_cast<size_t>(c)]) continue;
+    seen[static_cast<size_t>(c)] = true;
+    const ApiCall& a = trace.api[static_cast<size_t>(c)];
+    auto it = thread_ids.find(ThreadKey(a.rank, a.pid, a.tid));
+    if (it != thread_ids.end()) calls.emplace_back(it->second, static_cast<uint32_t>(c));
+  }
+  std::sort(calls.begin(), calls.end(), [&trace](const auto& x, const auto& y) {
+    return x.first != y.first ? x.first < y.first : trace.api[x.second].start < trace.api[y.second].start;
+  });
+  order.call_offset.assign(counts.size() + 1, 0);
+  for (const auto& c : calls) ++order.call_offset[c.first + 1];
+  for (size_t t = 0; t < counts.size(); ++t) order.call_offset[t + 1] += order.call_offset[t];
+  for (const auto& c : calls) order.calls.push_back(c.second);
+  return order;
+}
+
+// One stack pass per thread: each operator's outermost and innermost
+// enclosing operators, and each listed call's innermost enclosing operator
+// (an operator starting with the call encloses it), in `call_op`.
+void NestOperators(const Trace& trace, const ThreadOrder& order, OperatorLinks* links,
+                   std::unordered_map<uint32_t, int32_t>* call_op) {
+  std::vector<uint32_t> stack;
+  for (size_t t = 0; t + 1 < order.offset.size(); ++t) {
     stack.clear();
-    for (auto it = first; it != last; ++it) {
-      const Operator& o = trace.ops[*it];
+    uint32_t c = order.call_offset[t];
+    auto resolve_calls_before = [&](TimeNs limit, bool inclusive) {
+      for (; c < order.call_offset[t + 1]; ++c) {
+        const ApiCall& a = trace.api[order.calls[c]];
+        if (inclusive ? a.start > limit : a.start >= limit) break;
+        while (!stack.empty() && trace.ops[stack.back()].end <= a.start) stack.pop_back();
+        if (!stack.empty()) call_op->emplace(order.calls[c], static_cast<int32_t>(stack.back()));
+      }
+    };
+    for (uint32_t k = order.offset[t]; k < order.offset[t + 1]; ++k) {
+      const uint32_t i = order.ops[k];
+      const Operator& o = trace.ops[i];
+      resolve_calls_before(o.start, false);
       while (!stack.empty() && trace.ops[stack.back()].end <= o.start) stack.pop_back();
-      links.op_top[*it] = static_cast<int32_t>(stack.empty() ? *it : stack.front());
-      links.op_parent[*it] = stack.empty() ? -1 : static_cast<int32_t>(stack.back());
-      stack.push_back(*it);
+      links->op_top[i] = static_cast<int32_t>(stack.empty() ? i : stack.front());
+      links->op_parent[i] = stack.empty() ? -1 : static_cast<int32_t>(stack.back());
+      stack.push_back(i);
     }
+    resolve_calls_before(std::numeric_limits<TimeNs>::max(), true);
+  }
+}
+
+}  // namespace
+
+OperatorLinks LinkOperators(const Trace& trace) {
+  OperatorLinks links;
+  links.activity_op.assign(trace.gpu.size(), -1);
+  links.op_top.resize(trace.ops.size());
+  links.op_parent.assign(trace.ops.size(), -1);
+  LinkByExternalId(trace, RanksWithCorrelationAsExternalId(trace), &links);
+  // What external ids left unlinked: through the launching call's correlation
+  // to the innermost operator around that call on its thread.
+  const std::vector<int32_t> launch_call = LaunchCalls(trace, links);
+  const ThreadOrder order = OrderByThread(trace, launch_call);
+  std::unordered_map<uint32_t, int32_t> call_op;
+  NestOperators(trace, order, &links, &call_op);
+  for (size_t i = 0; i < trace.gpu.size(); ++i) {
+    if (launch_call[i] < 0) continue;
+    auto it = call_op.find(static_cast<uint32_t>(launch_call[i]));
+    if (it != call_op.end()) links.activity_op[i] = it->second;
   }
   return links;
 }

@@ -58,7 +58,10 @@ struct PeakRates {
 PeakRates PeakRatesFor(const DeviceInfo& device);
 
 // Links between the trace's records, built once per trace in linear time
-// (plus one sort of the operators per thread).
+// (plus one sort of the operators per thread). A GPU activity links to the
+// operator its External id names; failing that (older Kineto traces write the
+// correlation id there, nsys has none), to the innermost operator around its
+// launching runtime call (same rank and correlation id) on that call's thread.
 struct OperatorLinks {
   std::vector<int32_t> activity_op;  // per Trace::gpu: the launching operator, -1 when none
   std::vector<int32_t> op_top;       // per Trace::ops: outermost enclosing operator on its thread
