@@ -728,9 +728,14 @@ bool IsCommunicationOp(std::string_view name) {
                             "reduce_scatter", "all_to_all", "alltoall"});
 }
 
+// Dense optimizer steps, which touch every parameter they are given. Sparse
+// ones fused into an embedding lookup (fbgemm's split_embedding_codegen_
+// lookup_rowwise_adagrad...) touch only the rows their indices name, which
+// the shapes do not tell: not costed.
 bool IsOptimizerOp(std::string_view name) {
   return ContainsAny(name, {"adam", "_foreach_", "optimizer", "sgd", "lamb", "adagrad",
-                            "rmsprop"});
+                            "rmsprop"}) &&
+         !ContainsAny(name, {"embedding", "lookup"});
 }
 
 }  // namespace
