@@ -63,12 +63,16 @@ const DevicePeaks* LookupDevice(std::string_view device_name, int sm_count) {
   for (const DevicePeaks& d : kDevices) {
     if (name.find(d.match) != std::string::npos) return &d;
   }
+  // Only a count that names one part (304 CUs are an MI300X or an MI325X).
+  const DevicePeaks* by_count = nullptr;
   if (name.find(kGenericAmdName) != std::string::npos && sm_count > 0) {
     for (const DevicePeaks& d : kDevices) {
-      if (d.name.starts_with("AMD") && d.sm_count == sm_count) return &d;
+      if (!d.name.starts_with("AMD") || d.sm_count != sm_count) continue;
+      if (by_count != nullptr) return nullptr;
+      by_count = &d;
     }
   }
-  return nullptr;
+  return by_count;
 }
 
 bool FillFromDeviceTable(DeviceInfo* d) {
