@@ -311,38 +311,37 @@ bool Matmul(std::string_view base, const Inputs& in, OpCost* c) {
   return false;
 }
 
-// One convolution argument from Kineto's "Concrete Inputs": an int list
-// "[2, 2]" or an int "2". Returns the number of values read (0: not recorded).
-int ConcreteInts(std::string_view concrete, int index, int64_t* out, int max) {
+// Argument `index` of Kineto's "Concrete Inputs" (["","","[2, 2]","1"]): the
+// recorded string, empty when not recorded.
+std::string_view ConcreteValue(std::string_view concrete, int index) {
   Cursor c(concrete);
-  if (!c.Eat('[')) return 0;
+  if (!c.Eat('[')) return {};
   for (int i = 0; i < index; ++i) {
-    if (!c.SkipValue() || !c.Eat(',')) return 0;
+    if (!c.SkipValue() || !c.Eat(',')) return {};
   }
-  if (!c.Eat('"')) return 0;
-  const std::string_view value = c.String();
-  Cursor v(value);
+  return c.Eat('"') ? c.String() : std::string_view();
+}
+
+// An int list "[2, 2]" or an int "2" at argument `index`. Returns the number
+// of values read (0: not recorded).
+int ConcreteInts(std::string_view concrete, int index, int64_t* out, int max) {
+  Cursor v(ConcreteValue(concrete, index));
   const bool list = v.Eat('[');
   int n = 0;
   do {
     while (v.Eat(' ')) {
     }
     int64_t x = 0;
-    if (!v.Number(&x)) return list && n == 0 && v.Eat(']') ? 0 : n;
+    if (!v.Number(&x)) return n;
     if (n < max) out[n++] = x;
   } while (list && v.Eat(','));
   return n;
 }
 
-// Whether "Concrete Inputs" recorded argument `index` as the string "False".
+// Whether element `element` of the bool list at argument `index` ("[True,
+// True, False]") was recorded as False.
 bool ConcreteFalse(std::string_view concrete, int index, int element) {
-  Cursor c(concrete);
-  if (!c.Eat('[')) return false;
-  for (int i = 0; i < index; ++i) {
-    if (!c.SkipValue() || !c.Eat(',')) return false;
-  }
-  if (!c.Eat('"')) return false;
-  const std::string_view value = c.String();  // "[True, True, False]"
+  const std::string_view value = ConcreteValue(concrete, index);
   int seen = 0;
   for (size_t i = 0; i < value.size(); ++i) {
     if (value[i] == 'T' || value[i] == 'F') {
@@ -378,11 +377,12 @@ double ConvOutputSize(int64_t in, int64_t k, int i, std::string_view concrete, C
   const int ns = pos.stride >= 0 ? ConcreteInts(concrete, pos.stride, stride, kMaxDims) : 0;
   const int np = pos.padding >= 0 ? ConcreteInts(concrete, pos.padding, padding, kMaxDims) : 0;
   const int nd = pos.dilation >= 0 ? ConcreteInts(concrete, pos.dilation, dilation, kMaxDims) : 0;
-  if (ns == 0) return static_cast<double>(in);
-  const int64_t s = stride[std::min(i, ns - 1)];
-  if (s <= 0) return static_cast<double>(in);
-  if (np == 0) return static_cast<double>((in + s - 1) / s);  // "same" padding, strided
-  const int64_t p = padding[std::min(i, np - 1)];
+  // conv2d's padding may be the string "valid" (none) or "same".
+  const bool valid = pos.padding >= 0 && ConcreteValue(concrete, pos.padding) == "valid";
+  const int64_t s = ns > 0 ? stride[std::min(i, ns - 1)] : 1;
+  if (s <= 0 || (ns == 0 && np == 0 && !valid)) return static_cast<double>(in);
+  if (np == 0 && !valid) return static_cast<double>((in + s - 1) / s);  // "same" padding, strided
+  const int64_t p = valid ? 0 : padding[std::min(i, np - 1)];
   const int64_t d = nd > 0 ? dilation[std::min(i, nd - 1)] : 1;
   const int64_t out = (in + 2 * p - d * (k - 1) - 1) / s + 1;
   return static_cast<double>(std::max<int64_t>(out, 0));

@@ -195,6 +195,10 @@ TEST(FlopsBytesTest, ConvolutionStridePaddingDilationGroups) {
   ctx.concrete_inputs = R"(["","","","[1, 1]","[0, 0]","[2, 2]","False","[0, 0]","1"])";
   EXPECT_DOUBLE_EQ(EstimateOpCost("aten::convolution", "[[8,64,56,56],[64,64,3,3]]", kFloatx2, ctx).flops,
                    2.0 * 8 * 64 * 52 * 52 * 64 * 9);
+  // conv2d(input, weight, bias, stride, padding="valid"): 56 - 2 = 54.
+  ctx.concrete_inputs = R"(["","","","[1, 1]","valid","[1, 1]","1"])";
+  EXPECT_DOUBLE_EQ(EstimateOpCost("aten::conv2d", "[[8,64,56,56],[64,64,3,3]]", kFloatx2, ctx).flops,
+                   2.0 * 8 * 64 * 54 * 54 * 64 * 9);
 }
 
 // Legacy traces record no stride: the output size comes from the trace's
