@@ -422,6 +422,195 @@ Resource ResourceFromCost(const OpCost& c, const PeakRates& p, Resource fallback
   return t_compute >= t_memory ? Resource::kCompute : Resource::kMemory;
 }
 
+namespace {
+
+// What one GPU activity did: its class, and the work it is credited with.
+struct ActivityWork {
+  Resource resource = Resource::kMemory;
+  const OpCost* cost = nullptr;  // its operator's, when linked
+  double flops = 0;
+  double bytes = 0;
+};
+
+// The per-operator aggregate while a device's activities are walked.
+struct OperatorAgg {
+  OperatorRoofline r;
+  double by_resource[kResourceCount] = {};  // ns per class
+  double peak_work[kResourceCount] = {};    // sum of duration x ActivityPeak per class
+};
+
+// Classifies one device's activities and sums them per class and per operator.
+// Trace-wide state (cost cache, kernel-name classes, operators' GPU time) is
+// shared across devices.
+class DeviceClassifier {
+ public:
+  DeviceClassifier(const Trace& trace, const OperatorLinks& links, const BoundOptions& options)
+      : trace_(trace),
+        links_(links),
+        options_(options),
+        costs_(trace, &links),
+        name_class_(trace.strings.size(), -1),
+        op_gpu_ns_(trace.ops.size(), 0.0) {
+    // GPU time of each operator over its kernels, to share its cost among them.
+    for (size_t i = 0; i < trace.gpu.size(); ++i) {
+      const int32_t op = links.activity_op[i];
+      const GpuActivity& g = trace.gpu[i];
+      if (op >= 0 && g.kind == GpuKind::kKernel && g.end > g.start) {
+        op_gpu_ns_[static_cast<size_t>(op)] += static_cast<double>(g.end - g.start);
+      }
+    }
+  }
+
+  // `dr` has its device, peaks and `order` set; fills the rest.
+  void Classify(DeviceResources* dr) {
+    dr->resource.resize(dr->order.size());
+    std::unordered_map<uint64_t, size_t> agg_index;
+    std::vector<OperatorAgg> aggs;
+    StreamEnds stream_end;
+    for (size_t k = 0; k < dr->order.size(); ++k) {
+      const uint32_t i = dr->order[k];
+      ActivityWork w = Work(i, dr);
+      w.resource = LatencyOr(trace_.gpu[i], w.resource, &stream_end);
+      dr->resource[k] = w.resource;
+      AddToTotals(i, w, dr);
+      AddToOperator(i, w, dr->peaks, &agg_index, &aggs);
+    }
+    FinishTotals(dr);
+    FinishOperators(std::move(aggs), dr);
+  }
+
+ private:
+  // The class from the activity's kind, its operator's cost, or its kernel
+  // name; the work its operator's cost credits it with (kernels, in proportion
+  // to their durations) or the bytes it recorded (copies and memsets).
+  ActivityWork Work(uint32_t i, DeviceResources* dr) {
+    const GpuActivity& g = trace_.gpu[i];
+    ActivityWork w;
+    if (g.kind != GpuKind::kKernel) {
+      w.resource = g.kind == GpuKind::kMemcpy ? Resource::kCopy : Resource::kMemory;
+      w.bytes = static_cast<double>(g.bytes);
+      return w;
+    }
+    int8_t& cached = name_class_[g.name];  // the name rules, once per distinct name
+    if (cached < 0) cached = static_cast<int8_t>(ClassifyKernelName(trace_.strings.Get(g.name)));
+    const Resource by_name = static_cast<Resource>(cached);
+    w.resource = by_name;
+    const int32_t op = links_.activity_op[i];
+    if (op < 0) return w;
+    ++dr->linked_kernels;
+    w.cost = &costs_.Get(trace_.ops[static_cast<size_t>(op)]);
+    if (by_name != Resource::kCommunication) w.resource = ResourceFromCost(*w.cost, dr->peaks, by_name);
+    if (!w.cost->known()) return w;
+    ++dr->costed_kernels;
+    const double share = static_cast<double>(g.end - g.start) / std::max(1.0, op_gpu_ns_[static_cast<size_t>(op)]);
+    w.flops = w.cost->flops * share;
+    w.bytes = w.cost->bytes * share;
+    return w;
+  }
+
+  // Latency bound: a short kernel after an idle gap on its stream at least as
+  // long as itself.
+  Resource LatencyOr(const GpuActivity& g, Resource r, StreamEnds* stream_end) const {
+    const TimeNs dur = g.end - g.start;
+    TimeNs* prev_end = stream_end->Find(g.stream);
+    const bool latency = g.kind == GpuKind::kKernel && r != Resource::kCommunication &&
+                         dur < static_cast<TimeNs>(options_.latency_kernel_us * 1000.0) && *prev_end >= 0 &&
+                         g.start - *prev_end >= dur;
+    *prev_end = std::max(*prev_end, g.end);
+    return latency ? Resource::kLatency : r;
+  }
+
+  static Precision PrecisionOf(const ActivityWork& w) {
+    return w.cost != nullptr ? w.cost->precision : Precision::kUnknown;
+  }
+
+  void AddToTotals(uint32_t i, const ActivityWork& w, DeviceResources* dr) const {
+    const GpuActivity& g = trace_.gpu[i];
+    const double dur_us = static_cast<double>(g.end - g.start) / 1000.0;
+    ResourceTotals& t = dr->totals[static_cast<int>(w.resource)];
+    ++t.count;
+    t.time_us += dur_us;
+    t.flops += w.flops;
+    t.bytes += w.bytes;
+    if (w.flops > 0 || w.bytes > 0) {
+      t.costed_time_us += dur_us;
+      t.peak_work += dur_us * 1e-6 * ActivityPeak(w.resource, trace_, g, PrecisionOf(w), dr->peaks);
+    }
+  }
+
+  // Per operator name; kernels without an operator under their own name.
+  void AddToOperator(uint32_t i, const ActivityWork& w, const PeakRates& peaks,
+                     std::unordered_map<uint64_t, size_t>* agg_index, std::vector<OperatorAgg>* aggs) const {
+    const GpuActivity& g = trace_.gpu[i];
+    const bool named_by_op = links_.activity_op[i] >= 0;
+    const StringId name = named_by_op ? DisplayOperator(trace_, links_, i) : g.name;
+    const uint64_t key = (static_cast<uint64_t>(named_by_op) << 32) | name;
+    auto [it, fresh] = agg_index->try_emplace(key, aggs->size());
+    if (fresh) {
+      aggs->emplace_back();
+      aggs->back().r.from_kernel_name = !named_by_op;
+      aggs->back().r.name = std::string(trace_.strings.Get(name));
+    }
+    OperatorAgg& a = (*aggs)[it->second];
+    const double dur = static_cast<double>(g.end - g.start);
+    ++a.r.kernels;
+    a.r.gpu_us += dur / 1000.0;
+    a.r.flops += w.flops;
+    a.r.bytes += w.bytes;
+    a.by_resource[static_cast<int>(w.resource)] += dur;
+    for (int c = 0; c < kResourceCount; ++c) {
+      a.peak_work[c] += dur * 1e-9 * ActivityPeak(static_cast<Resource>(c), trace_, g, PrecisionOf(w), peaks);
+    }
+    if (w.cost != nullptr && a.r.kind == OpKind::kUnknown) a.r.kind = w.cost->kind;
+  }
+
+  static void FinishTotals(DeviceResources* dr) {
+    for (int c = 0; c < kResourceCount; ++c) {
+      ResourceTotals& t = dr->totals[c];
+      if (t.costed_time_us <= 0) continue;
+      const double s = t.costed_time_us * 1e-6;
+      t.achieved_tflops = t.flops / s / 1e12;
+      t.achieved_gbps = t.bytes / s / 1e9;
+      const double rate = c == static_cast<int>(Resource::kCompute) ? t.flops : t.bytes;
+      t.pct_of_peak = t.peak_work > 0 ? 100.0 * rate / t.peak_work : 0;
+    }
+  }
+
+  // The top operators by GPU time, each in the class holding most of its time
+  // and rated against that class's peaks over all its time.
+  void FinishOperators(std::vector<OperatorAgg> aggs, DeviceResources* dr) const {
+    std::sort(aggs.begin(), aggs.end(), [](const OperatorAgg& a, const OperatorAgg& b) {
+      return a.r.gpu_us != b.r.gpu_us ? a.r.gpu_us > b.r.gpu_us : a.r.name < b.r.name;
+    });
+    if (aggs.size() > options_.top_operators) aggs.resize(options_.top_operators);
+    for (OperatorAgg& a : aggs) {
+      int best = 0;
+      for (int c = 1; c < kResourceCount; ++c) {
+        if (a.by_resource[c] > a.by_resource[best]) best = c;
+      }
+      a.r.resource = static_cast<Resource>(best);
+      const double s = a.r.gpu_us * 1e-6;
+      if (s > 0) {
+        a.r.achieved_tflops = a.r.flops / s / 1e12;
+        a.r.achieved_gbps = a.r.bytes / s / 1e9;
+        const double rate = a.r.resource == Resource::kCompute ? a.r.flops : a.r.bytes;
+        a.r.pct_of_peak = a.peak_work[best] > 0 ? 100.0 * rate / a.peak_work[best] : 0;
+      }
+      a.r.intensity = a.r.bytes > 0 ? a.r.flops / a.r.bytes : 0;
+      dr->operators.push_back(std::move(a.r));
+    }
+  }
+
+  const Trace& trace_;
+  const OperatorLinks& links_;
+  const BoundOptions& options_;
+  CostCache costs_;
+  std::vector<int8_t> name_class_;  // ClassifyKernelName per name id, -1 until asked
+  std::vector<double> op_gpu_ns_;
+};
+
+}  // namespace
+
 std::vector<DeviceResources> ClassifyResources(const Trace& trace, const OperatorLinks& links,
                                                const BoundOptions& options) {
   const size_t n_devices = trace.devices.size();
@@ -432,19 +621,7 @@ std::vector<DeviceResources> ClassifyResources(const Trace& trace, const Operato
       per_device[g.device_index].push_back(static_cast<uint32_t>(i));
     }
   }
-  CostCache costs(trace, &links);
-  // GPU time of each operator over its kernels, to share its cost among them.
-  std::vector<float> op_gpu_ns(trace.ops.size(), 0.0f);
-  for (size_t i = 0; i < trace.gpu.size(); ++i) {
-    const int32_t op = links.activity_op[i];
-    const GpuActivity& g = trace.gpu[i];
-    if (op >= 0 && g.kind == GpuKind::kKernel && g.end > g.start) {
-      op_gpu_ns[static_cast<size_t>(op)] += static_cast<float>(g.end - g.start);
-    }
-  }
-  const TimeNs latency_ns = static_cast<TimeNs>(options.latency_kernel_us * 1000.0);
-  std::vector<int8_t> name_class(trace.strings.size(), -1);  // ClassifyKernelName per name
-
+  DeviceClassifier classifier(trace, links, options);
   std::vector<DeviceResources> out;
   for (uint32_t d = 0; d < n_devices; ++d) {
     if (per_device[d].empty()) continue;
@@ -456,119 +633,7 @@ std::vector<DeviceResources> ClassifyResources(const Trace& trace, const Operato
     if (!std::is_sorted(dr.order.begin(), dr.order.end(), by_start)) {
       std::stable_sort(dr.order.begin(), dr.order.end(), by_start);
     }
-    dr.resource.resize(dr.order.size());
-
-    struct Agg {
-      OperatorRoofline r;
-      double by_resource[kResourceCount] = {};
-      double peak_work[kResourceCount] = {};  // sum of duration x ActivityPeak per class
-    };
-    std::unordered_map<uint64_t, size_t> agg_index;
-    std::vector<Agg> aggs;
-    StreamEnds stream_end;
-    for (size_t k = 0; k < dr.order.size(); ++k) {
-      const uint32_t i = dr.order[k];
-      const GpuActivity& g = trace.gpu[i];
-      const TimeNs dur = g.end - g.start;
-      const int32_t op = links.activity_op[i];
-      const OpCost* cost = nullptr;
-      Resource r;
-      if (g.kind == GpuKind::kMemcpy) {
-        r = Resource::kCopy;
-      } else if (g.kind == GpuKind::kMemset) {
-        r = Resource::kMemory;
-      } else {
-        int8_t& cached = name_class[g.name];  // the name rules, once per distinct name
-        if (cached < 0) cached = static_cast<int8_t>(ClassifyKernelName(trace.strings.Get(g.name)));
-        const Resource by_name = static_cast<Resource>(cached);
-        r = by_name;
-        if (op >= 0) {
-          ++dr.linked_kernels;
-          cost = &costs.Get(trace.ops[static_cast<size_t>(op)]);
-          if (cost->known()) ++dr.costed_kernels;
-          if (by_name != Resource::kCommunication) r = ResourceFromCost(*cost, dr.peaks, by_name);
-        }
-      }
-      TimeNs* prev_end = stream_end.Find(g.stream);
-      if (g.kind == GpuKind::kKernel && r != Resource::kCommunication && dur < latency_ns &&
-          *prev_end >= 0 && g.start - *prev_end >= dur) {
-        r = Resource::kLatency;
-      }
-      *prev_end = std::max(*prev_end, g.end);
-      dr.resource[k] = r;
-
-      // Copies and memsets move the bytes they recorded; kernels share their
-      // operator's cost in proportion to their durations.
-      double flops = 0;
-      double bytes = g.kind != GpuKind::kKernel ? static_cast<double>(g.bytes) : 0;
-      const Precision precision = cost != nullptr ? cost->precision : Precision::kUnknown;
-      const double dur_s = static_cast<double>(dur) * 1e-9;
-      if (g.kind == GpuKind::kKernel && cost != nullptr && cost->known()) {
-        const double share = static_cast<double>(dur) /
-                             std::max(1.0, static_cast<double>(op_gpu_ns[static_cast<size_t>(op)]));
-        flops = cost->flops * share;
-        bytes = cost->bytes * share;
-      }
-      ResourceTotals& t = dr.totals[static_cast<int>(r)];
-      ++t.count;
-      t.time_us += static_cast<double>(dur) / 1000.0;
-      if (flops > 0 || bytes > 0) t.costed_time_us += static_cast<double>(dur) / 1000.0;
-      t.flops += flops;
-      t.bytes += bytes;
-      if (flops > 0 || bytes > 0) t.peak_work += dur_s * ActivityPeak(r, trace, g, precision, dr.peaks);
-
-      // Per operator name; kernels without an operator under their own name.
-      const bool named_by_op = op >= 0;
-      const StringId name = named_by_op ? DisplayOperator(trace, links, i) : g.name;
-      const uint64_t key = (static_cast<uint64_t>(named_by_op) << 32) | name;
-      auto [it, fresh] = agg_index.try_emplace(key, aggs.size());
-      if (fresh) {
-        aggs.emplace_back();
-        aggs.back().r.from_kernel_name = !named_by_op;
-        aggs.back().r.kind = cost != nullptr ? cost->kind : OpKind::kUnknown;
-      }
-      Agg& a = aggs[it->second];
-      ++a.r.kernels;
-      a.r.gpu_us += static_cast<double>(dur) / 1000.0;
-      a.r.flops += flops;
-      a.r.bytes += bytes;
-      a.by_resource[static_cast<int>(r)] += static_cast<double>(dur);
-      for (int c = 0; c < kResourceCount; ++c) {
-        a.peak_work[c] += dur_s * ActivityPeak(static_cast<Resource>(c), trace, g, precision, dr.peaks);
-      }
-      if (cost != nullptr && a.r.kind == OpKind::kUnknown) a.r.kind = cost->kind;
-      if (fresh) a.r.name = std::string(trace.strings.Get(name));
-    }
-    for (int c = 0; c < kResourceCount; ++c) {
-      ResourceTotals& t = dr.totals[c];
-      if (t.costed_time_us <= 0) continue;
-      const double s = t.costed_time_us * 1e-6;
-      t.achieved_tflops = t.flops / s / 1e12;
-      t.achieved_gbps = t.bytes / s / 1e9;
-      const double rate = c == static_cast<int>(Resource::kCompute) ? t.flops : t.bytes;
-      t.pct_of_peak = t.peak_work > 0 ? 100.0 * rate / t.peak_work : 0;
-    }
-    std::sort(aggs.begin(), aggs.end(), [](const Agg& a, const Agg& b) {
-      return a.r.gpu_us != b.r.gpu_us ? a.r.gpu_us > b.r.gpu_us : a.r.name < b.r.name;
-    });
-    if (aggs.size() > options.top_operators) aggs.resize(options.top_operators);
-    for (Agg& a : aggs) {
-      int best = 0;
-      for (int c = 1; c < kResourceCount; ++c) {
-        if (a.by_resource[c] > a.by_resource[best]) best = c;
-      }
-      a.r.resource = static_cast<Resource>(best);
-      const double s = a.r.gpu_us * 1e-6;
-      if (s > 0) {
-        a.r.achieved_tflops = a.r.flops / s / 1e12;
-        a.r.achieved_gbps = a.r.bytes / s / 1e9;
-        const double rate = a.r.resource == Resource::kCompute ? a.r.flops : a.r.bytes;
-        const double work = a.peak_work[best];
-        a.r.pct_of_peak = work > 0 ? 100.0 * rate / work : 0;
-      }
-      a.r.intensity = a.r.bytes > 0 ? a.r.flops / a.r.bytes : 0;
-      dr.operators.push_back(std::move(a.r));
-    }
+    classifier.Classify(&dr);
     out.push_back(std::move(dr));
   }
   return out;
