@@ -131,6 +131,26 @@ class HfApplyTest(unittest.TestCase):
     def test_gpt2(self):
         self.check_family("gpt2")
 
+    def test_llama_whole_decoder_stack_as_one_unit(self):
+        # The plan's unit is the decoder stack (LlamaForCausalLM.model),
+        # called by keywords only, which makes its own DynamicCache when none
+        # is passed: each micro-batch runs every layer with no join between
+        # layers, and the caches they make are stacked by rows.
+        import json
+
+        with open(self.plan_for("llama")) as f:
+            p = json.load(f)
+        p["partition_rules"][0]["modules"] = ["LlamaForCausalLM.model"]
+        region = self.path("llama_region.json")
+        with open(region, "w") as f:
+            json.dump(p, f)
+        out = self.path("llama_region.pt")
+        r = run(BIN, "apply", "--verify", "--strict", region, "--", PY, MODELS, "--family",
+                "llama", "--out", out, *DEVICE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("dynaflow apply: 14 planned and 0 original calls of 1 modules", r.stderr)
+        compare(self, self.base_for("llama"), out)
+
     def test_llama_under_inference_mode(self):
         # Inference tensors have no version counters: shared inputs are
         # checked by their bytes instead.

@@ -78,6 +78,16 @@ class PureFunctionsTest(unittest.TestCase):
         self.assertFalse(_apply.matches("M.layers.*", "M.layers.1.mlp"))
         self.assertTrue(_apply.matches("M.head", "M.head"))
 
+    @unittest.skipUnless(HAS_TORCH, "needs torch")
+    def test_the_batch_tensor_of_a_call_by_keywords(self):
+        ids, mask = torch.zeros(4, 7, dtype=torch.long), torch.ones(4, 7)
+        x = _apply.first_tensor((), {"cache_position": torch.arange(7), "input_ids": ids,
+                                     "attention_mask": mask})
+        self.assertIs(x, ids)
+        self.assertEqual(_apply.tokens_of(x), 28)  # token ids: one token per element
+        self.assertEqual(_apply.tokens_of(torch.zeros(4, 7, 16)), 28)  # one per vector
+        self.assertIsNone(_apply.first_tensor((), {"cache_position": torch.arange(7)}))
+
     def test_even_bounds_match_the_runtime_row_split(self):
         self.assertEqual(_apply.even_bounds(7, 3), [0, 3, 5, 7])
         self.assertEqual(_apply.even_bounds(4, 2), [0, 2, 4])

@@ -211,6 +211,21 @@ class CacheTest(unittest.TestCase):
         cache = self.check_same(lambda: StaticCache(config=config, max_cache_len=16))
         self.assertEqual(tuple(cache.layers[0].keys.shape), (4, self.HEADS, 16, self.DIM))
 
+    def test_caches_made_inside_the_call_are_stacked_by_rows(self):
+        from transformers import DynamicCache
+
+        s = split((torch.randn(4, 3),))
+        made = []
+        for i in range(2):
+            cache = DynamicCache()
+            cache.update(*self.kv(2, 5, i), 0)
+            made.append(cache)
+        merged = _split.merge_outputs(s, [(torch.ones(2, 3), made[0]),
+                                          (torch.ones(2, 3), made[1])], s.states)[1]
+        self.assertIsInstance(merged, DynamicCache)
+        self.assertEqual(tuple(merged.layers[0].keys.shape), (4, self.HEADS, 5, self.DIM))
+        torch.testing.assert_close(merged.layers[0].keys[2:], made[1].layers[0].keys)
+
     def test_a_cache_subclass_or_a_foreign_layer_refuses(self):
         from transformers import DynamicCache
 

@@ -308,19 +308,29 @@ def even_bounds(rows, parts):
     return bounds
 
 
-def first_tensor(args):
-    """The first positional tensor argument with a batch dimension, or None."""
+def first_tensor(args, kwargs=None):
+    """The tensor whose first dimension is the call's batch: the first
+    positional tensor, else (a call by keywords only, as transformers calls
+    its decoder stack) the first keyword tensor of two or more dimensions
+    (`input_ids`, `inputs_embeds`; not a 1-D `cache_position`). None when
+    there is none."""
     import torch
 
     for a in args:
         if isinstance(a, torch.Tensor) and a.dim() >= 1:
             return a
+    for a in (kwargs or {}).values():
+        if isinstance(a, torch.Tensor) and a.dim() >= 2:
+            return a
     return None
 
 
 def tokens_of(x):
-    """Tokens in a call whose first tensor argument is `x`: its rows x
-    sequence (every dimension but the last)."""
+    """Tokens in a call whose batch tensor is `x`: token ids count one token
+    per element (rows x sequence); activations one per vector (every
+    dimension but the last)."""
+    if not (x.is_floating_point() or x.is_complex()):
+        return x.numel()
     if x.dim() >= 2 and x.shape[-1]:
         return x.numel() // x.shape[-1]
     return x.shape[0]
@@ -451,7 +461,7 @@ class _PlannedForward:
 
     def __call__(self, *args, **kwargs):
         a = self.applier
-        x = first_tensor(args)
+        x = first_tensor(args, kwargs)
         index = -1 if x is None or a.policy is None else a.runtime.pick(a.policy, tokens_of(x))
         if index < 0 or x.shape[0] < a.splits_of[index]:
             a.report.original_calls += 1

@@ -255,6 +255,13 @@ def _merge(split, parts, where, view_owner):
         return view_owner[id(first)]
     if isinstance(first, torch.Tensor):
         return _merge_tensors(split, parts, where)
+    adapter = state_adapter(first)
+    if adapter is not None:
+        # State made inside the call (a cache the module created because
+        # none was passed): one per micro-batch, stacked by rows.
+        if any(type(p) is not type(first) for p in parts):
+            raise MergeError(f"{where}: micro-batches return different state types")
+        return adapter.concat(parts, f"{where}")
     if _is_immutable(first):
         if any(p != first for p in parts):
             raise MergeError(f"{where}: micro-batches return different values")
@@ -308,6 +315,7 @@ class _CacheAdapter:
         self.layer_adapters = layer_adapters
 
     def refusal(self, cache, batch):
+        """Why `cache` cannot be split for `batch` rows (None: any), or ""."""
         unknown = sorted(set(vars(cache)) - self.KNOWN)
         if unknown:
             return f"keeps state this version of dynaflow cannot split ({', '.join(unknown)})"
@@ -330,6 +338,20 @@ class _CacheAdapter:
         v.layers = [self.layer_adapters[type(layer)].view(layer, begin, count)
                     for layer in cache.layers]
         return v
+
+    def concat(self, caches, where):
+        """One cache of the micro-batches' own caches (made inside the call),
+        stacked by rows."""
+        if len({len(c.layers) for c in caches}) != 1:
+            raise MergeError(f"{where}: micro-batches made caches of different depths")
+        for c in caches:
+            why = self.refusal(c, None)
+            if why:
+                raise MergeError(f"{where}: {type(c).__qualname__} {why}")
+        out = copy.copy(caches[0])
+        out.layers = [self.layer_adapters[type(layers[0])].concat(layers, where)
+                      for layers in zip(*(c.layers for c in caches))]
+        return out
 
     def merge(self, cache, views, bounds):
         for k, layer in enumerate(cache.layers):
@@ -355,7 +377,8 @@ class _DynamicLayerAdapter:
         unknown = sorted(set(vars(layer)) - self.KNOWN)
         if unknown:
             return f"{type(layer).__qualname__} keeps {', '.join(unknown)}"
-        if layer.is_initialized and layer.keys is not None and layer.keys.numel() and \
+        if batch is not None and layer.is_initialized and layer.keys is not None and \
+                layer.keys.numel() and \
                 (layer.keys.shape[0] != batch or layer.values.shape[0] != batch):
             return f"holds {layer.keys.shape[0]} rows for a batch of {batch}"
         return ""
@@ -366,6 +389,18 @@ class _DynamicLayerAdapter:
             v.keys = layer.keys.narrow(0, begin, count)
             v.values = layer.values.narrow(0, begin, count)
         return v
+
+    def concat(self, layers, where):
+        import torch
+
+        out = copy.copy(layers[0])
+        if not any(v.is_initialized for v in layers):
+            return out
+        if not all(v.is_initialized for v in layers):
+            raise MergeError(f"{where}: some micro-batches initialised a cache layer and others not")
+        out.keys = torch.cat([v.keys for v in layers], 0)
+        out.values = torch.cat([v.values for v in layers], 0)
+        return out
 
     def merge(self, layer, views, bounds):
         import torch
@@ -397,7 +432,7 @@ class _StaticLayerAdapter:
         unknown = sorted(set(vars(layer)) - self.KNOWN)
         if unknown:
             return f"{type(layer).__qualname__} keeps {', '.join(unknown)}"
-        if layer.is_initialized and layer.keys.shape[0] != batch:
+        if batch is not None and layer.is_initialized and layer.keys.shape[0] != batch:
             return f"holds {layer.keys.shape[0]} rows for a batch of {batch}"
         return ""
 
@@ -409,6 +444,21 @@ class _StaticLayerAdapter:
             v.values = layer.values.narrow(0, begin, count)
             v.batch_size = count
         return v
+
+    def concat(self, layers, where):
+        import torch
+
+        out = copy.copy(layers[0])
+        if not any(v.is_initialized for v in layers):
+            return out
+        lengths = {int(v.cumulative_length) for v in layers}
+        if len(lengths) != 1 or not all(v.is_initialized for v in layers):
+            raise MergeError(f"{where}: micro-batches filled their static caches differently")
+        out.keys = torch.cat([v.keys for v in layers], 0)
+        out.values = torch.cat([v.values for v in layers], 0)
+        out.batch_size = int(out.keys.shape[0])
+        out.cumulative_length = layers[0].cumulative_length.clone()
+        return out
 
     def merge(self, layer, views, bounds):
         import torch
