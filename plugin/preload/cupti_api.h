@@ -39,6 +39,8 @@ class CuptiApi {
   virtual CUptiResult GetCallbackName(CUpti_CallbackDomain domain, uint32_t cbid,
                                       const char** name) = 0;
   virtual CUptiResult GetResultString(CUptiResult result, const char** text) = 0;
+  // CUPTI's API version (CUPTI_API_VERSION of the loaded library).
+  virtual CUptiResult GetVersion(uint32_t* version) = 0;
 
   // CUPTI's NVTX injection entry point, InitializeInjectionNvtx2: routes NVTX
   // ranges to CUPTI (CUPTI_ACTIVITY_KIND_MARKER records). Returns 0 when

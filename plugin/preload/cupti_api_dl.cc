@@ -46,6 +46,7 @@ class DlCuptiApi final : public CuptiApi {
     Resolve(pop_external_);
     Resolve(callback_name_);
     Resolve(result_string_);
+    Resolve(version_);
     Resolve(nvtx_init_);
   }
 
@@ -55,7 +56,7 @@ class DlCuptiApi final : public CuptiApi {
   const char* MissingEntry() const {
     return FirstMissing(register_callbacks_, set_thread_id_type_, enable_, disable_, next_record_,
                         flush_all_, dropped_, push_external_, pop_external_, callback_name_,
-                        result_string_);
+                        result_string_, version_);
   }
 
   CUptiResult ActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc request,
@@ -101,6 +102,9 @@ class DlCuptiApi final : public CuptiApi {
   }
   CUptiResult GetResultString(CUptiResult result, const char** text) override {
     return result_string_.fn(result, text);  // unchecked: the checker itself uses it
+  }
+  CUptiResult GetVersion(uint32_t* version) override {
+    return DF_CUPTI_CALL(version_, version);
   }
   int InitializeInjectionNvtx2(NvtxGetExportTable get_export_table) override {
     return nvtx_init_.fn == nullptr ? 0 : nvtx_init_.fn(get_export_table);
@@ -151,6 +155,7 @@ class DlCuptiApi final : public CuptiApi {
       "cuptiActivityPopExternalCorrelationId"};
   Entry<decltype(&cuptiGetCallbackName)> callback_name_{"cuptiGetCallbackName"};
   Entry<decltype(&cuptiGetResultString)> result_string_{"cuptiGetResultString"};
+  Entry<decltype(&cuptiGetVersion)> version_{"cuptiGetVersion"};
   Entry<int (*)(NvtxGetExportTable)> nvtx_init_{"InitializeInjectionNvtx2"};
 };
 

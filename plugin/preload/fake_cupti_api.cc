@@ -178,6 +178,11 @@ CUptiResult FakeCuptiApi::GetResultString(CUptiResult, const char** text) {
   return CUPTI_SUCCESS;
 }
 
+CUptiResult FakeCuptiApi::GetVersion(uint32_t* version) {
+  *version = CUPTI_API_VERSION;
+  return CUPTI_SUCCESS;
+}
+
 int FakeCuptiApi::InitializeInjectionNvtx2(NvtxGetExportTable) {
   std::lock_guard<std::mutex> lock(mu_);
   ++nvtx_initializations_;

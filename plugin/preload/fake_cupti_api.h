@@ -74,6 +74,7 @@ class FakeCuptiApi : public CuptiApi {
   CUptiResult GetCallbackName(CUpti_CallbackDomain domain, uint32_t cbid,
                               const char** name) override;
   CUptiResult GetResultString(CUptiResult result, const char** text) override;
+  CUptiResult GetVersion(uint32_t* version) override;
   int InitializeInjectionNvtx2(NvtxGetExportTable get_export_table) override;
 
  private:

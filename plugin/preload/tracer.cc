@@ -278,6 +278,11 @@ void Tracer::StartCuptiLocked() {
   }
   cupti_started_ = true;
   session_for_abi_.store(session_.get());
+  uint32_t version = 0;
+  if (cupti_->GetVersion(&version) == CUPTI_SUCCESS) {
+    cupti_version_ = std::to_string(version);
+    cupti_status_dirty_ = true;
+  }
 }
 
 void Tracer::SyncCuptiLocked() {
@@ -307,13 +312,23 @@ void Tracer::SetCuptiUnavailableLocked(const std::string& reason) {
 
 void Tracer::PublishCuptiStatus() {
   std::string status;
+  std::string version;
   {
     std::lock_guard<std::mutex> lock(cupti_mu_);
     if (!cupti_status_dirty_) return;
     cupti_status_dirty_ = false;
     status = cupti_status_;
+    version = cupti_version_;
   }
-  if (WriterThread* writer = writer_.load()) writer->SetMeta("cupti", std::move(status));
+  WriterThread* writer = writer_.load();
+  if (writer == nullptr) return;
+  writer->SetMeta("cupti", std::move(status));
+  if (!version.empty()) {
+    writer->SetMeta("cupti_api_version", std::move(version));
+    // The CUDA headers the tracer was built with (CUDA_VERSION: 13000 is 13.0).
+    writer->SetMeta("cuda_toolkit_built",
+                    std::to_string(CUDA_VERSION / 1000) + "." + std::to_string(CUDA_VERSION % 1000 / 10));
+  }
 }
 
 }  // namespace dynaflow

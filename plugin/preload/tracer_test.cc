@@ -118,6 +118,9 @@ TEST_F(TracerTest, RecordsOperatorsAndLinkedKernelsOnceCudaInitialises) {
   ASSERT_EQ(t.gpu.size(), 1u);
   EXPECT_EQ(t.gpu[0].external_id, 42);
   EXPECT_EQ(t.metadata["cupti"], "enabled");
+  EXPECT_EQ(t.metadata["cupti_api_version"], std::to_string(CUPTI_API_VERSION));
+  EXPECT_EQ(t.metadata["cuda_toolkit_built"],
+            std::to_string(CUDA_VERSION / 1000) + "." + std::to_string(CUDA_VERSION % 1000 / 10));
   EXPECT_EQ(t.metadata["format"], "dynaflow");
   EXPECT_EQ(t.metadata["pid"], std::to_string(getpid()));
   EXPECT_EQ(t.metadata["rank"], "3");
