@@ -244,6 +244,36 @@ time.sleep(60)" >/dev/null 2>&1 &
   check "dynaflow killed: the program's store holds its operators" test "$(q \
     "$(ls "$work"/killed/.k.db.parts-*/*.db | head -1)" "SELECT count(*) FROM operators")" -ge 200
 
+  # Beside torch.profiler: a program that profiles a window of its own steps
+  # loses none of its operators in dynaflow's trace.
+  cat >"$work/profiled.py" <<'PY'
+import sys
+import torch
+
+def step(x):
+    return (x @ x).relu().sum()
+
+x = torch.ones(8, 8)
+prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                              schedule=torch.profiler.schedule(wait=2, warmup=1, active=3))
+if sys.argv[1] == "on":
+    prof.start()
+for _ in range(10):
+    step(x)
+    if sys.argv[1] == "on":
+        prof.step()
+if sys.argv[1] == "on":
+    prof.stop()
+PY
+  expect_code "trace without torch.profiler" 0 "$bin" trace -o "$work/unprofiled.db" -- \
+    "$py" "$work/profiled.py" off
+  expect_code "trace beside torch.profiler" 0 "$bin" trace -o "$work/profiled.db" -- \
+    "$py" "$work/profiled.py" on
+  relu_count='SELECT count(*) FROM operators_named WHERE name = '"'aten::relu'"
+  check "beside torch.profiler: every step's operators" test \
+    "$(q "$work/profiled.db" "$relu_count")" = "$(q "$work/unprofiled.db" "$relu_count")"
+  check "beside torch.profiler: ten steps" test "$(q "$work/profiled.db" "$relu_count")" = 10
+
   # Operator ids unique across processes: DataLoader workers forked from the
   # main process once shared its ids (they continued its counter).
   cat >"$work/loader.py" <<'PY'

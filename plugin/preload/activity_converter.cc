@@ -256,11 +256,11 @@ void ActivityConverter::AddSynchronization(const CUpti_ActivitySynchronization2&
 }
 
 void ActivityConverter::AddExternalCorrelation(const CUpti_ActivityExternalCorrelation& e) {
-  // The tracer pushes its operator ids as CUSTOM0; other kinds belong to
-  // other tools in the process.
-  if (e.externalKind != CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) {
+  // The tracer pushes its operator ids as kOperatorCorrelationKind; other
+  // kinds belong to other tools in the process (torch.profiler's Kineto).
+  if (e.externalKind != kOperatorCorrelationKind) {
     Count("cupti_foreign_external_correlation", "info",
-          "external correlation records of other tools (kind other than CUSTOM0); ignored");
+          "external correlation records of other tools (torch.profiler's, say); ignored");
     return;
   }
   if (e.correlationId == 0) return;

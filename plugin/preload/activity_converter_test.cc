@@ -37,7 +37,7 @@ CUpti_ActivityAPI Api(CUpti_ActivityKind kind, uint32_t correlation, uint32_t cb
 
 CUpti_ActivityExternalCorrelation External(uint32_t correlation, uint64_t external_id,
                                            CUpti_ExternalCorrelationKind kind =
-                                               CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) {
+                                               kOperatorCorrelationKind) {
   CUpti_ActivityExternalCorrelation e = {};
   e.kind = CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
   e.externalKind = kind;
@@ -275,7 +275,7 @@ TEST_F(ActivityConverterTest, LateLinkReachesARecordHeldOverOneBatch) {
 }
 
 TEST_F(ActivityConverterTest, ForeignExternalCorrelationIsCountedNotLinked) {
-  Add(External(9, 77, CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM1));
+  Add(External(9, 77, CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0));  // Kineto's
   Add(Kernel(9, "k", 10));
   Trace t = converter_.TakeBatch(true);
   ASSERT_EQ(t.gpu.size(), 1u);

@@ -13,6 +13,14 @@ namespace dynaflow {
 // The NVTX loader's NvtxGetExportTableFunc_t (nvtx3/nvtxDetail/nvtxTypes.h).
 using NvtxGetExportTable = const void* (*)(uint32_t export_table_id);
 
+// The external-correlation kind the tracer pushes its operator ids as.
+// libkineto (torch.profiler) pushes its own as CUSTOM0 (its default flow) and
+// CUSTOM1 (user annotations): with another kind, a program that runs
+// torch.profiler beside the tracer keeps both tools' kernels linked to their
+// own operators.
+inline constexpr CUpti_ExternalCorrelationKind kOperatorCorrelationKind =
+    CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2;
+
 // Each method forwards to the CUPTI function of the same name (cupti prefix
 // dropped) and returns its result unchanged.
 class CuptiApi {

@@ -94,12 +94,12 @@ void CuptiSession::Flush(bool forced) {
 }
 
 void CuptiSession::PushExternalId(uint64_t id) {
-  (void)cupti_.ActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, id);
+  (void)cupti_.ActivityPushExternalCorrelationId(kOperatorCorrelationKind, id);
 }
 
 void CuptiSession::PopExternalId() {
   uint64_t id = 0;
-  (void)cupti_.ActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &id);
+  (void)cupti_.ActivityPopExternalCorrelationId(kOperatorCorrelationKind, &id);
 }
 
 void CUPTIAPI CuptiSession::RequestBuffer(uint8_t** buffer, size_t* size, size_t* max_records) {

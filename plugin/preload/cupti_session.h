@@ -60,7 +60,7 @@ class CuptiSession {
   void Flush(bool forced);
 
   // Tags the GPU work this thread launches until the matching pop with
-  // operator `id` (CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0).
+  // operator `id` (kOperatorCorrelationKind).
   void PushExternalId(uint64_t id);
   void PopExternalId();
 

@@ -27,7 +27,7 @@ CUpti_ActivityKernel10 Kernel(uint32_t correlation) {
 CUpti_ActivityExternalCorrelation External(uint32_t correlation, uint64_t id) {
   CUpti_ActivityExternalCorrelation e = {};
   e.kind = CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
-  e.externalKind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0;
+  e.externalKind = kOperatorCorrelationKind;
   e.correlationId = correlation;
   e.externalId = id;
   return e;
