@@ -57,6 +57,12 @@ int RunAdvise(const AdviseArgs& args) {
     if (args.plan.empty()) return Fail(Status::BadInput("--force-strategy needs --plan FILE"));
     advise.force = s;
   }
+  // Output paths are checked before the work: a missing directory fails at
+  // once, not after the report was printed.
+  for (const std::string* path : {&args.output, &args.plan}) {
+    const Status writable = CheckOutputPath(*path);
+    if (!writable.ok()) return Fail(writable);
+  }
   Trace trace;
   Status st = LoadInputs(args.inputs, &trace);
   if (!st.ok()) return Fail(st);

@@ -40,6 +40,12 @@ Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace,
 // "PATH: cannot write: <errno's reason>", after a failed stream write.
 Status CannotWrite(const std::string& path);
 
+// Whether WriteOutput could write `path`, checked before any work: creates and
+// removes the temporary file WriteOutput would write. BadInput naming the path
+// and the reason (a missing directory, no permission) when not; "-", empty, and
+// existing devices or FIFOs (written in place, not probed) pass.
+Status CheckOutputPath(const std::string& path);
+
 // Writes `text` to `path` through a temporary file, so a failure leaves no
 // partial output; "-" or empty means stdout.
 Status WriteOutput(const std::string& path, const std::string& text);

@@ -75,6 +75,20 @@ Status CannotWrite(const std::string& path) {
   return Status::Failure(path + ": cannot write: " + std::strerror(errno));
 }
 
+Status CheckOutputPath(const std::string& path) {
+  if (path.empty() || path == "-") return Status::Ok();
+  std::error_code probe;
+  const auto status = std::filesystem::status(path, probe);
+  if (std::filesystem::is_directory(status)) return Status::BadInput(path + ": cannot write: is a directory");
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) return Status::Ok();
+  const std::string tmp = path + ".tmp-" + std::to_string(getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) return Status::BadInput(path + ": cannot write: " + std::strerror(errno));
+  std::fclose(f);
+  std::remove(tmp.c_str());
+  return Status::Ok();
+}
+
 Status WriteOutput(const std::string& path, const std::string& text) {
   if (path.empty() || path == "-") {
     std::cout << text;

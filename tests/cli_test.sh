@@ -99,10 +99,18 @@ assert [d['timeline'] for d in a] == [d['timeline'] for d in b]" "$work/db.json"
   check "cpu-only says so" grep -q "No GPU activity" "$work/out"
 fi
 
-# --- outputs that cannot be written: exit 1, the path and the reason
+# --- outputs that cannot be written: the path and the reason
 ex="$src/examples/traces/llama_tp2_rank0.json.gz"
-expect_code "advise into a missing directory" 1 "$bin" advise "$ex" -o "$work/no/r.txt"
+# advise checks its outputs before the work: bad input, exit 2, one line, no report.
+expect_code "advise into a missing directory" 2 "$bin" advise "$ex" -o "$work/no/r.txt"
 check "advise says why" has "$work/err" "$work/no/r.txt: cannot write: No such file or directory"
+expect_code "advise --plan into a missing directory" 2 "$bin" advise "$ex" --plan "$work/no/p.json"
+check "advise --plan says why" has "$work/err" "$work/no/p.json: cannot write: No such file or directory"
+check "advise --plan: one line" test "$(wc -l <"$work/err")" -eq 1
+check "advise --plan: no report printed" test ! -s "$work/out"
+expect_code "advise -o a directory" 2 "$bin" advise "$ex" -o "$work"
+check "advise -o a directory says so" has "$work/err" "$work: cannot write: is a directory"
+expect_code "advise -o /dev/null" 0 "$bin" advise "$ex" -o /dev/null
 expect_code "export into a missing directory" 1 "$bin" export "$ex" --format perfetto \
   -o "$work/no/t.json"
 check "export says why" has "$work/err" "$work/no/t.json: cannot write: No such file or directory"
