@@ -117,4 +117,18 @@ check "export says why" has "$work/err" "$work/no/t.json: cannot write: No such 
 expect_code "import into a missing directory" 1 "$bin" import "$ex" -o "$work/no/t.db"
 check "import names the store" has "$work/err" "$work/no/t.db: cannot create trace store"
 
+# --- info --format json: one object with the text's facts
+expect_code "info --format json" 0 "$bin" info --format json "$ex"
+check "info json: devices, counts, span" python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j['schema'] == 'dynaflow.info/1' and j['format'] == 'kineto', j
+assert j['devices'] == [{'rank': 0, 'device': 0, 'name': 'NVIDIA H200', 'sm_count': 132,
+                         'compute_capability': '9.0', 'memory_bytes': 150754820096}], j['devices']
+assert j['counts']['kernels'] == 954 and j['counts']['memcpy'] == 15, j['counts']
+assert abs(j['time_span_us'] - 239455.13) < 0.01, j['time_span_us']
+assert {'name': 'kineto_flow_events', 'severity': 'info', 'count': 2184} in j['import_stats']
+" "$work/out"
+expect_code "info --format xml" 2 "$bin" info --format xml "$ex"
+
 finish
