@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <vector>
 
 #include "analysis/importers/reader.h"
 #include "cli/commands.h"
@@ -63,11 +64,76 @@ ImportOptions ProgressOptions() {
 
 }  // namespace
 
+namespace {
+
+// Standard input copied into a fresh temporary file, removed on destruction:
+// the readers need a file (SQLite opens one; gzip and format detection probe
+// its head before reading).
+class StdinSpool {
+ public:
+  ~StdinSpool() {
+    if (!path_.empty()) std::remove(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+
+  Status Fill() {
+    if (isatty(STDIN_FILENO) != 0) {
+      return Status::BadInput("-: standard input is a terminal; pipe a trace into it");
+    }
+    std::string templ = (std::filesystem::temp_directory_path() / "dynaflow-stdin-XXXXXX").string();
+    const int fd = mkstemp(templ.data());
+    if (fd < 0) return Status::Failure("cannot create a temporary file in " + templ + ": " + std::strerror(errno));
+    path_ = templ;
+    std::FILE* out = fdopen(fd, "wb");
+    if (out == nullptr) {
+      close(fd);
+      return CannotWrite(path_);
+    }
+    std::vector<char> buf(1 << 20);
+    size_t n = 0;
+    bool ok = true;
+    while (ok && (n = std::fread(buf.data(), 1, buf.size(), stdin)) > 0) {
+      ok = std::fwrite(buf.data(), 1, n, out) == n;
+    }
+    ok = ok && !std::ferror(stdin);
+    const bool closed = std::fclose(out) == 0;
+    if (!ok || !closed) return Status::Failure("-: cannot copy standard input to " + path_);
+    return Status::Ok();
+  }
+
+ private:
+  std::string path_;
+};
+
+// `message` with every `from` replaced by `to`.
+std::string ReplaceAll(std::string message, const std::string& from, const std::string& to) {
+  for (size_t at = message.find(from); at != std::string::npos; at = message.find(from, at + to.size())) {
+    message.replace(at, from.size(), to);
+  }
+  return message;
+}
+
+}  // namespace
+
 Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace, RecordSink* sink) {
+  // "-" is standard input, once.
+  std::vector<std::string> paths = inputs;
+  StdinSpool spool;
+  for (std::string& path : paths) {
+    if (path != "-") continue;
+    if (!spool.path().empty()) return Status::BadInput("-: standard input given twice");
+    DF_RETURN_IF_ERROR(spool.Fill());
+    path = spool.path();
+  }
   ImportOptions options = ProgressOptions();
   options.sink = sink;
-  Status st = ImportFiles(inputs, options, trace);
+  Status st = ImportFiles(paths, options, trace);
   if (options.progress) std::fprintf(stderr, "\r%40s\r", "");
+  if (!st.ok() && !spool.path().empty()) {
+    // Messages name the input as the user did.
+    const std::string message = ReplaceAll(st.message(), spool.path(), "-");
+    return st.code() == StatusCode::kBadInput ? Status::BadInput(message) : Status::Failure(message);
+  }
   return st;
 }
 

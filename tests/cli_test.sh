@@ -131,4 +131,21 @@ assert {'name': 'kineto_flow_events', 'severity': 'info', 'count': 2184} in j['i
 " "$work/out"
 expect_code "info --format xml" 2 "$bin" info --format xml "$ex"
 
+# --- "-" reads the trace from standard input (any format; spooled, then removed)
+expect_code "info from stdin" 0 "$bin" info - <"$ex"
+check "stdin: same counts" has "$work/out" "kernels:    954"
+expect_code "advise from stdin" 0 "$bin" advise --format json - <"$ex"
+expect_code "advise from a file" 0 "$bin" advise --format json "$ex"
+cp "$work/out" "$work/from_file.json"
+"$bin" advise --format json - <"$ex" >"$work/from_stdin.json" 2>/dev/null
+check "stdin: the same devices as the file" python3 -c "
+import json, sys
+a, b = (json.load(open(p))['devices'] for p in sys.argv[1:])
+assert a == b" "$work/from_file.json" "$work/from_stdin.json"
+expect_code "import from stdin" 0 "$bin" import - -o "$work/stdin.db" <"$ex"
+expect_code "stdin twice" 2 "$bin" advise - - <"$ex"
+check "stdin twice says so" has "$work/err" "standard input given twice"
+expect_code "junk on stdin" 2 "$bin" info - <<<"junk"
+check "junk on stdin is named -" has "$work/err" "dynaflow: -: not a trace"
+
 finish
