@@ -122,7 +122,10 @@ void AddAdviseCommand(CLI::App& app, int* exit_code) {
       "memcpy, idle), per-stream idle causes, the top kernels, the bound resource of every "
       "kernel, idle-resource windows, and recommend an overlap strategy per workload bucket "
       "from a simulation of the step.");
-  cmd->add_option("IN", args->inputs, "Trace files or trace.db")->required();
+  cmd->add_option("IN", args->inputs, "Trace files or trace.db; - reads standard input")->required();
+  cmd->footer(
+      "Example: an HTML report of two ranks, and the plan for `dynaflow apply`:\n"
+      "  dynaflow advise rank0.json.gz rank1.json.gz --format html -o report.html --plan plan.json");
   cmd->add_option("--format", args->format, "Report format")
       ->check(CLI::IsMember({"text", "json", "html"}))
       ->capture_default_str();

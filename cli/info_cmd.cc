@@ -128,7 +128,10 @@ void AddInfoCommand(CLI::App& app, int* exit_code) {
   auto format = std::make_shared<std::string>("text");
   CLI::App* cmd = app.add_subcommand(
       "info", "Show devices, event counts, time span and import statistics of a trace.");
-  cmd->add_option("IN", *input, "A trace file or trace.db")->required();
+  cmd->add_option("IN", *input, "A trace file or trace.db; - reads standard input")->required();
+  cmd->footer(
+      "Example: what a Nsight Systems export holds, as JSON:\n"
+      "  dynaflow info --format json profile.sqlite");
   cmd->add_option("--format", *format,
                   "text, or json: one object, schema \"dynaflow.info/1\" (devices, counts, "
                   "time_span_us, import_stats)")

@@ -244,6 +244,10 @@ void AddTraceCommand(CLI::App& app, int* exit_code) {
       "Environment: DYNAFLOW_OPS_SAMPLE=N records one top-level operator in N per thread "
       "(bounds the overhead of operator-heavy programs); DYNAFLOW_PRELOAD and "
       "DYNAFLOW_TORCH_EXT override where the tracer and the torch extension are found.");
+  cmd->footer(
+      "Example: trace 20 steps of a training script, then see where the GPU idles:\n"
+      "  dynaflow trace -o run.db -- python train.py --steps 20\n"
+      "  dynaflow advise run.db");
   cmd->add_option("-o,--output", args->output, "The trace.db to write (replaced if present)")
       ->capture_default_str();
   cmd->add_option("--delay", args->delay_s, "Start recording this many seconds after CMD starts")

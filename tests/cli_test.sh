@@ -14,6 +14,10 @@ expect_code "help" 0 "$bin" --help
 check "help lists verbs" grep -q "advise" "$work/out"
 expect_code "advise help" 0 "$bin" advise --help
 check "advise help lists formats" grep -q "html" "$work/out"
+for verb in trace import info advise apply export; do
+  expect_code "$verb help" 0 "$bin" "$verb" --help
+  check "$verb help has a worked example" grep -q "^  dynaflow $verb " "$work/out"
+done
 expect_code "no verb" 2 "$bin"
 check "no verb prints the help" has "$work/err" "Subcommands:"
 expect_code "unknown verb" 2 "$bin" adivse trace.json
