@@ -72,9 +72,11 @@ int RunAdvise(const AdviseArgs& args) {
   AdviseReport report;
   report.inputs = args.inputs;
   report.trace = &trace;
+  ShowPhase("measuring the GPU timeline");
   report.devices = AnalyzeTimelines(trace, options);
   AdviceResult advice;
   if (!args.no_advice) {
+    ShowPhase("simulating the candidate schedules");
     advice = Advise(trace, args.inputs, advise);
     report.advice = &advice;
     if (advise.force && (*advise.force == Strategy::kNanobatchOverlap ||
@@ -87,6 +89,7 @@ int RunAdvise(const AdviseArgs& args) {
           "module paths"));
     }
   }
+  ShowPhase("");
   std::string text;
   if (args.format == "json") {
     // Invalid UTF-8 in a trace's names becomes U+FFFD rather than an exception.

@@ -6,12 +6,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <vector>
 
 #include "analysis/importers/reader.h"
 #include "cli/commands.h"
+#include "reports/format.h"
 
 namespace dynaflow {
 
@@ -42,20 +44,33 @@ int Fail(const Status& status) {
 
 namespace {
 
-// Progress on stderr, only when it is a terminal, at most four times a second.
-ImportOptions ProgressOptions() {
+bool ProgressShown() { return isatty(STDERR_FILENO) != 0; }
+
+// Progress on stderr, only when it is a terminal, at most four times a second:
+// "importing NAME: 45%". `display` maps a path to the name shown.
+ImportOptions ProgressOptions(std::function<std::string(const std::string&)> display) {
   ImportOptions options;
-  if (isatty(STDERR_FILENO) == 0) return options;
-  auto last = std::make_shared<std::chrono::steady_clock::time_point>();
-  options.progress = [last](int64_t done, int64_t total) {
+  if (!ProgressShown()) return options;
+  struct State {
+    std::chrono::steady_clock::time_point last;
+    std::string name;
+  };
+  auto state = std::make_shared<State>();
+  options.on_file = [state, display](const std::string& path) {
+    state->name = std::filesystem::path(display(path)).filename().string();
+    state->last = {};  // show the new name at once
+  };
+  options.progress = [state](int64_t done, int64_t total) {
     auto now = std::chrono::steady_clock::now();
-    if (now - *last < std::chrono::milliseconds(250)) return;
-    *last = now;
+    if (now - state->last < std::chrono::milliseconds(250)) return;
+    state->last = now;
+    const std::string name = Shorten(state->name, 40);
     if (total > 0) {
-      std::fprintf(stderr, "\rimporting: %3d%% of %.1f MB", static_cast<int>(100 * done / total),
-                   static_cast<double>(total) / 1e6);
+      std::fprintf(stderr, "\r\033[Kimporting %s: %3d%%", name.c_str(),
+                   static_cast<int>(100 * done / total));
     } else {
-      std::fprintf(stderr, "\rimporting: %.1f MB", static_cast<double>(done) / 1e6);
+      std::fprintf(stderr, "\r\033[Kimporting %s: %.1f MB", name.c_str(),
+                   static_cast<double>(done) / 1e6);
     }
     std::fflush(stderr);
   };
@@ -125,16 +140,28 @@ Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace, RecordSi
     DF_RETURN_IF_ERROR(spool.Fill());
     path = spool.path();
   }
-  ImportOptions options = ProgressOptions();
+  const std::string spooled = spool.path();
+  ImportOptions options = ProgressOptions(
+      [spooled](const std::string& path) { return !spooled.empty() && path == spooled ? "-" : path; });
   options.sink = sink;
   Status st = ImportFiles(paths, options, trace);
-  if (options.progress) std::fprintf(stderr, "\r%40s\r", "");
+  ShowPhase("");
   if (!st.ok() && !spool.path().empty()) {
     // Messages name the input as the user did.
     const std::string message = ReplaceAll(st.message(), spool.path(), "-");
     return st.code() == StatusCode::kBadInput ? Status::BadInput(message) : Status::Failure(message);
   }
   return st;
+}
+
+void ShowPhase(const std::string& phase) {
+  if (!ProgressShown()) return;
+  if (phase.empty()) {
+    std::fprintf(stderr, "\r\033[K");
+  } else {
+    std::fprintf(stderr, "\r\033[K%s...", phase.c_str());
+  }
+  std::fflush(stderr);
 }
 
 Status CannotWrite(const std::string& path) {

@@ -152,4 +152,16 @@ check "stdin twice says so" has "$work/err" "standard input given twice"
 expect_code "junk on stdin" 2 "$bin" info - <<<"junk"
 check "junk on stdin is named -" has "$work/err" "dynaflow: -: not a trace"
 
+# --- progress on a terminal names the file and the phase (script(1) gives a
+# terminal); none when stderr is not one
+if command -v script >/dev/null 2>&1; then
+  script -qec "'$bin' advise '$ex' -o /dev/null" /dev/null >"$work/tty" 2>&1
+  check "progress names the file" has "$work/tty" "importing llama_tp2_rank0.json.gz: "
+  check "progress names the phases" has "$work/tty" "simulating the candidate schedules..."
+  expect_code "no progress off a terminal" 0 "$bin" advise "$ex" -o /dev/null
+  check "stderr stays empty" test ! -s "$work/err"
+else
+  echo "cli_test: script(1) absent: progress not checked"
+fi
+
 finish
