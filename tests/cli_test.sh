@@ -164,4 +164,12 @@ else
   echo "cli_test: script(1) absent: progress not checked"
 fi
 
+# --- an event longer than 64 MiB (a huge string in a .gz) is refused with one
+# line and exit 2 instead of exhausting memory
+{ printf '{"traceEvents": [{"ph": "X", "name": "'; head -c 70000000 /dev/zero | tr '\0' x
+  printf '"}]}'; } | gzip -1 >"$work/huge_string.json.gz"
+expect_code "huge string" 2 "$bin" info "$work/huge_string.json.gz"
+check "huge string says why" has "$work/err" "is longer than 64 MiB: refused, to bound memory"
+check "huge string: one line" test "$(wc -l <"$work/err")" -eq 1
+
 finish
