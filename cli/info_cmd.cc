@@ -26,10 +26,13 @@ std::optional<double> TimeSpanUs(const Trace& trace) {
   return static_cast<double>(hi - lo) / 1000.0;
 }
 
-std::string Format(const Trace& trace) {
-  const auto it = trace.metadata.find("format");
+// A metadata value; "" when absent.
+std::string Meta(const Trace& trace, const std::string& key) {
+  const auto it = trace.metadata.find(key);
   return it == trace.metadata.end() ? "" : it->second;
 }
+
+std::string Format(const Trace& trace) { return Meta(trace, "format"); }
 
 struct Counts {
   int64_t kernels = 0;
@@ -52,7 +55,12 @@ void PrintText(const std::string& input, const Trace& trace) {
   const std::optional<double> span = TimeSpanUs(trace);
   std::cout << Printable(input) << "\n  format:     " << Format(trace)
             << "\n  time span:  " << (span ? FormatDuration(*span) : "empty")
-            << "\n  devices:    " << trace.devices.size() << "\n";
+            << "\n";
+  // What `dynaflow trace` could record: CUPTI off means no GPU events, ops off
+  // (or no torch extension) no operators.
+  if (!Meta(trace, "cupti").empty()) std::cout << "  cupti:      " << Printable(Meta(trace, "cupti")) << "\n";
+  if (!Meta(trace, "ops").empty()) std::cout << "  operators recorded: " << Printable(Meta(trace, "ops")) << "\n";
+  std::cout << "  devices:    " << trace.devices.size() << "\n";
   for (const DeviceInfo& d : trace.devices) {
     std::cout << "    rank " << d.rank << " device " << d.device << ": "
               << (d.name.empty() ? "unknown" : Printable(d.name));
@@ -95,6 +103,9 @@ nlohmann::json InfoJson(const std::string& input, const Trace& trace) {
           {"input", input},
           {"format", Format(trace)},
           {"time_span_us", span ? json(*span) : json(nullptr)},
+          {"tracer",
+           {{"cupti", Meta(trace, "cupti").empty() ? json(nullptr) : json(Meta(trace, "cupti"))},
+            {"ops", Meta(trace, "ops").empty() ? json(nullptr) : json(Meta(trace, "ops"))}}},
           {"devices", devices},
           {"counts",
            {{"kernels", c.kernels},

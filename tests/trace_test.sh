@@ -140,6 +140,14 @@ else
   check "llama: operators outside the model have no path" test "$(q "$db" "SELECT count(*)
     FROM operators_named WHERE name = 'aten::argmax' AND module_path = ''")" -gt 0
   all_ops=$(q "$db" "SELECT count(*) FROM operators")
+  expect_code "info on the traced run" 0 "$bin" info "$db"
+  check "info shows CUPTI off" grep -q "^  cupti:      unavailable: " "$work/out"
+  check "info shows operators on" grep -q "^  operators recorded: on" "$work/out"
+  expect_code "info --format json on the traced run" 0 "$bin" info --format json "$db"
+  check "info json: tracer" python3 -c "
+import json, sys
+t = json.load(open(sys.argv[1]))['tracer']
+assert t['cupti'].startswith('unavailable: ') and t['ops'] == 'on', t" "$work/out"
 
   expect_code "trace --ops off" 0 "$bin" trace --ops off -o "$work/off.db" -- "${llama[@]}"
   check "ops off: no operator rows" test "$(q "$work/off.db" 'SELECT count(*) FROM operators')" = 0
