@@ -45,6 +45,7 @@ struct TraceTools {
   // _dynaflow_torch.so; empty when there is no such file (not built, or a
   // DYNAFLOW_TORCH_EXT naming nothing, which stays for the bootstrap to report).
   std::string torch_ext;
+  std::string torch_ext_looked_at;  // where torch_ext was looked for
 };
 
 StatusOr<TraceTools> FindTools() {
@@ -58,6 +59,7 @@ StatusOr<TraceTools> FindTools() {
   }
   tools.bootstrap_dir = fs::absolute(plugins / "python" / "bootstrap").lexically_normal();
   tools.torch_ext = EnvOr("DYNAFLOW_TORCH_EXT", plugins / "torch" / "_dynaflow_torch.so");
+  tools.torch_ext_looked_at = fs::path(tools.torch_ext).lexically_normal();
   if (!fs::is_regular_file(tools.torch_ext)) tools.torch_ext.clear();
   tools.preload = fs::absolute(tools.preload).lexically_normal();
   if (!tools.torch_ext.empty()) tools.torch_ext = fs::absolute(tools.torch_ext).lexically_normal();
@@ -189,12 +191,21 @@ void ReportMissingGpu(const Trace& trace, const MergeSummary& summary) {
             << (trace.ops.empty() ? "" : "; operators only") << "\n";
 }
 
-void PrintSummary(const Trace& trace, const MergeSummary& summary, const std::string& output) {
+// `missing_ext`: where the torch extension was looked for when operators were
+// asked for and it is not there ("" otherwise); the summary then says why
+// there are no operators instead of a bare "0 operators".
+void PrintSummary(const Trace& trace, const MergeSummary& summary, const std::string& output,
+                  const std::string& missing_ext) {
   const int64_t kernels =
       std::count_if(trace.gpu.begin(), trace.gpu.end(),
                     [](const GpuActivity& g) { return g.kind == GpuKind::kKernel; });
   if (trace.gpu.empty()) ReportMissingGpu(trace, summary);
-  std::cerr << "dynaflow: " << kernels << " kernels, " << trace.ops.size() << " operators, "
+  std::cerr << "dynaflow: " << kernels << " kernels, " << trace.ops.size() << " operators"
+            << (missing_ext.empty() || !trace.ops.empty()
+                    ? ""
+                    : " (no torch extension at " + missing_ext +
+                          ": PyTorch operators are not recorded; build the dynaflow_torch target)")
+            << ", "
             << summary.dropped_records << " dropped records, " << summary.processes
             << (summary.processes == 1 ? " process" : " processes") << " -> " << output << "\n";
 }
@@ -229,7 +240,8 @@ int RunTrace(const TraceArgs& args) {
   }
   std::error_code ec;
   fs::remove_all(*parts_dir, ec);
-  PrintSummary(trace, summary, args.output);
+  PrintSummary(trace, summary, args.output,
+               args.ops == "on" && tools->torch_ext.empty() ? tools->torch_ext_looked_at : "");
   return exit_code;
 }
 

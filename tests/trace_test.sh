@@ -152,6 +152,12 @@ assert t['cupti'].startswith('unavailable: ') and t['ops'] == 'on', t" "$work/ou
   expect_code "trace --ops off" 0 "$bin" trace --ops off -o "$work/off.db" -- "${llama[@]}"
   check "ops off: no operator rows" test "$(q "$work/off.db" 'SELECT count(*) FROM operators')" = 0
   check "ops off: the program ran" grep -q "^llama_decode:" "$work/out"
+  check "ops off: no word on the torch extension" test "$(grep -c "torch extension" "$work/err")" -eq 0
+
+  expect_code "no torch extension" 0 env DYNAFLOW_TORCH_EXT="$work/none.so" \
+    "$bin" trace -o "$work/noext.db" -- "${llama[@]}"
+  check "no torch extension: the summary says why there are no operators" \
+    grep -q "^dynaflow: 0 kernels, 0 operators (no torch extension at $work/none.so: " "$work/err"
 
   expect_code "DYNAFLOW_OPS_SAMPLE" 0 env DYNAFLOW_OPS_SAMPLE=5 \
     "$bin" trace -o "$work/sampled.db" -- "${llama[@]}"
