@@ -79,15 +79,6 @@ int RunAdvise(const AdviseArgs& args) {
     ShowPhase("simulating the candidate schedules");
     advice = Advise(trace, args.inputs, advise);
     report.advice = &advice;
-    if (advise.force && (*advise.force == Strategy::kNanobatchOverlap ||
-                         *advise.force == Strategy::kDualBatchOverlap) &&
-        !SplitsModules(advice.plan)) {
-      return Fail(Status::BadInput(
-          "--force-strategy " + args.force_strategy +
-          ": nothing to split: no repeated module (a layer of a stack, \"Model.layers.*\") "
-          "was found in the trace; trace the program with `dynaflow trace`, which records "
-          "module paths"));
-    }
   }
   ShowPhase("");
   std::string text;
@@ -102,7 +93,18 @@ int RunAdvise(const AdviseArgs& args) {
   st = WriteOutput(args.output, text);
   if (!st.ok()) return Fail(st);
   if (!args.plan.empty()) {
-    // A plan is always written, a sequential one included.
+    // A forced split that names nothing `apply` can split is refused: the
+    // report above holds the predictions, no plan is written.
+    if (advise.force && (*advise.force == Strategy::kNanobatchOverlap ||
+                         *advise.force == Strategy::kDualBatchOverlap) &&
+        !SplitsModules(advice.plan)) {
+      return Fail(Status::BadInput(
+          "--force-strategy " + args.force_strategy +
+          ": nothing to split: no repeated module (a layer of a stack, \"Model.layers.*\") "
+          "was found in the trace, so no plan was written; trace the program with `dynaflow "
+          "trace`, which records module paths"));
+    }
+    // A plan is always written otherwise, a sequential one included.
     const nlohmann::json plan = PlanToJson(advice.plan);
     st = ValidatePlanJson(plan);
     if (!st.ok()) return Fail(Status::Failure("internal: the plan fails its schema: " + st.message()));

@@ -4,12 +4,14 @@
 // environment: when the program imports torch, the bootstrap replaces the
 // forward of the modules the plan splits with planned ones that run through
 // the overlap runtime (libdynaflow_apply.so; plugin/python/dynaflow/_apply.py).
-// The program writes a JSON summary at exit, which is printed here. The exit
+// Each Python process of the program writes a JSON summary at exit; they are
+// merged and printed here. The exit
 // code is CMD's; --verify makes it 1 when a planned output differs from the
 // original beyond the dtype's tolerance, or when no call ran the plan.
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -63,13 +65,65 @@ StatusOr<ApplyTools> FindTools() {
   return tools;
 }
 
-// A fresh empty file for the program's summary; removed by the caller.
-StatusOr<std::string> MakeReportFile() {
+// A fresh empty folder where each Python process of the program writes its
+// summary (<pid>.json); removed by the caller.
+StatusOr<std::string> MakeReportDir() {
   std::string templ = (fs::temp_directory_path() / "dynaflow-apply-XXXXXX").string();
-  const int fd = mkstemp(templ.data());
-  if (fd < 0) return Status::Failure("cannot create a temporary file in " + templ);
-  close(fd);
+  if (mkdtemp(templ.data()) == nullptr) {
+    return Status::Failure("cannot create a temporary folder in " + templ);
+  }
   return templ;
+}
+
+// The summaries of every process (a program may run several: ranks spawned by
+// torch.multiprocessing, workers), merged: calls added up over the processes
+// that ran the plan's model, verification combined, the first refusal kept.
+// Processes that never ran the model (a launcher, a worker) count only when
+// none ran it.
+struct ApplySummary {
+  int processes = 0;  // that reported
+  int ran_model = 0;  // that ran the plan's model
+  int64_t planned_calls = 0;
+  int64_t original_calls = 0;
+  size_t units = 0;
+  std::string refused;
+  bool refusal_said = false;  // printed by the program when it refused
+  int64_t verified_calls = 0;
+  double max_abs_diff = 0;
+  double max_rel_diff = 0;
+  bool verify_ok = true;
+  std::string worst;
+};
+
+ApplySummary MergeReports(const std::string& dir) {
+  std::vector<nlohmann::json> all;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".json") continue;
+    std::ifstream in(e.path());
+    nlohmann::json r = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!r.is_discarded() && r.is_object()) all.push_back(std::move(r));
+  }
+  ApplySummary s;
+  s.processes = static_cast<int>(all.size());
+  for (const nlohmann::json& r : all) s.ran_model += r.value("ran_model", false) ? 1 : 0;
+  for (const nlohmann::json& r : all) {
+    if (s.ran_model > 0 && !r.value("ran_model", false)) continue;
+    s.planned_calls += r.value("planned_calls", int64_t{0});
+    s.original_calls += r.value("original_calls", int64_t{0});
+    s.units = std::max(s.units, r.value("units", nlohmann::json::array()).size());
+    if (s.refused.empty() && !r.value("refused", "").empty()) {
+      s.refused = r.value("refused", "");
+      s.refusal_said = r.value("refusal_said", false);
+    }
+    const nlohmann::json v = r.value("verify", nlohmann::json::object());
+    s.verified_calls += v.value("calls", int64_t{0});
+    s.max_abs_diff = std::max(s.max_abs_diff, v.value("max_abs_diff", 0.0));
+    s.max_rel_diff = std::max(s.max_rel_diff, v.value("max_rel_diff", 0.0));
+    if (!v.value("worst", "").empty() && s.worst.empty()) s.worst = v.value("worst", "");
+    if (!v.value("ok", false)) s.verify_ok = false;
+  }
+  return s;
 }
 
 std::vector<std::string> ChildEnvironment(const ApplyArgs& args, const ApplyTools& tools,
@@ -86,36 +140,34 @@ std::vector<std::string> ChildEnvironment(const ApplyArgs& args, const ApplyTool
 
 // Prints what the program reported; the exit code that follows from it given
 // CMD's own (`exit_code`).
-int Summarize(const ApplyArgs& args, const std::string& report_path, int exit_code) {
-  std::ifstream in(report_path);
-  nlohmann::json r = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (r.is_discarded() || !r.is_object()) {
+int Summarize(const ApplyArgs& args, const std::string& report_dir, int exit_code) {
+  const ApplySummary r = MergeReports(report_dir);
+  if (r.processes == 0) {
     std::cerr << "dynaflow apply: the program never imported torch (no Python process "
                  "reported): nothing was applied\n";
     if (args.strict && exit_code == 0) return 2;
     if (args.verify) std::cerr << "verify: no call ran the plan\n";
     return exit_code == 0 && args.verify ? 1 : exit_code;
   }
-  const std::string refused = r.value("refused", "");
-  if (!refused.empty()) {
-    // The program said it in one line when it refused; not repeated here.
-    // A refusal found at exit (the plan's model never ran) ends a run that
-    // itself succeeded; the others already ended it with 2.
+  if (!r.refused.empty()) {
+    // One line: the program said it when it refused during the run; what it
+    // found at exit (the plan's model never ran) is said here. That ends a
+    // run that itself succeeded; the others already ended it with 2.
+    if (!r.refusal_said) std::cerr << "dynaflow apply: plan not applied: " << r.refused << "\n";
     if (args.strict && exit_code == 0) return 2;
   } else {
-    std::cerr << "dynaflow apply: " << r.value("planned_calls", 0) << " planned and "
-              << r.value("original_calls", 0) << " original calls of "
-              << r.value("units", nlohmann::json::array()).size() << " modules\n";
+    std::cerr << "dynaflow apply: " << r.planned_calls << " planned and " << r.original_calls
+              << " original calls of " << r.units << " modules"
+              << (r.ran_model > 1 ? " in " + std::to_string(r.ran_model) + " processes" : "")
+              << "\n";
   }
   if (!args.verify) return exit_code;
-  const nlohmann::json v = r.value("verify", nlohmann::json::object());
   char line[160];
-  std::snprintf(line, sizeof(line), "verify: max_abs_diff=%.3g max_rel_diff=%.3g (%d calls)",
-                v.value("max_abs_diff", 0.0), v.value("max_rel_diff", 0.0), v.value("calls", 0));
+  std::snprintf(line, sizeof(line), "verify: max_abs_diff=%.3g max_rel_diff=%.3g (%lld calls)",
+                r.max_abs_diff, r.max_rel_diff, static_cast<long long>(r.verified_calls));
   std::cout << line << std::endl;
-  if (v.value("ok", false)) return exit_code;
-  const std::string worst = v.value("worst", "");
-  std::cerr << "verify: FAILED: " << (worst.empty() ? "no call ran the plan" : worst) << "\n";
+  if (r.verify_ok && r.verified_calls > 0) return exit_code;
+  std::cerr << "verify: FAILED: " << (r.worst.empty() ? "no call ran the plan" : r.worst) << "\n";
   return exit_code == 0 ? 1 : exit_code;
 }
 
@@ -124,7 +176,7 @@ int RunApply(const ApplyArgs& args) {
   if (!plan.ok()) return Fail(plan);
   StatusOr<ApplyTools> tools = FindTools();
   if (!tools.ok()) return Fail(tools.status());
-  StatusOr<std::string> report = MakeReportFile();
+  StatusOr<std::string> report = MakeReportDir();
   if (!report.ok()) return Fail(report.status());
 
   StatusOr<ChildExit> child = RunChild(args.command, ChildEnvironment(args, *tools, *report));
@@ -138,7 +190,7 @@ int RunApply(const ApplyArgs& args) {
     exit_code = Summarize(args, *report, child->exit_code);
   }
   std::error_code ec;
-  fs::remove(*report, ec);
+  fs::remove_all(*report, ec);
   return exit_code;
 }
 

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -87,11 +88,18 @@ struct Spawned {
   int exec_errno = 0;  // why CMD could not be executed; 0 when it was
 };
 
-// In the child, between fork and exec: async-signal-safe calls only.
-[[noreturn]] void ExecChild(char** argv, char** envp, int error_pipe, const sigset_t& mask) {
+// In the child, between fork and exec: async-signal-safe calls only. CMD gets
+// SIGTERM when dynaflow dies (SIGKILL, say) rather than running on orphaned:
+// the tracer in it then finishes its store, which the next `dynaflow import`
+// of the parts folder finds. `parent` is dynaflow's pid: had it died before
+// the prctl, the child is already orphaned and ends itself.
+[[noreturn]] void ExecChild(char** argv, char** envp, int error_pipe, const sigset_t& mask,
+                            pid_t parent) {
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   for (int s : kForwardedSignals) sigaction(s, &dfl, nullptr);
+  (void)prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent) _exit(128 + SIGTERM);
   sigprocmask(SIG_SETMASK, &mask, nullptr);
   execvpe(argv[0], argv, envp);
   const int err = errno;
@@ -116,8 +124,9 @@ StatusOr<Spawned> Spawn(std::vector<std::string> command, std::vector<std::strin
   for (int s : kForwardedSignals) sigaction(s, &forward, nullptr);
 
   Spawned spawned;
+  const pid_t self = getpid();
   spawned.pid = fork();
-  if (spawned.pid == 0) ExecChild(argv.data(), envp.data(), pipe_fds[1], old_mask);
+  if (spawned.pid == 0) ExecChild(argv.data(), envp.data(), pipe_fds[1], old_mask, self);
   const int fork_errno = errno;
   if (spawned.pid > 0) g_child = spawned.pid;
   sigprocmask(SIG_SETMASK, &old_mask, nullptr);

@@ -95,6 +95,7 @@ struct MergeSummary {
   int processes = 0;
   int64_t dropped_records = 0;
   std::set<std::string> cupti;  // distinct non-empty "cupti" statuses
+  std::vector<std::string> crashes;  // "<pid> died of SIGSEGV": meta "exit_signal"
 };
 
 // "<pid>.db": what the tracer writes. Anything else (a writer's temporary or
@@ -170,6 +171,9 @@ MergeSummary MergeParts(const std::string& parts_dir, Trace* merged) {
     summary.dropped_records += MetaInt(part, "dropped_records");
     auto cupti = part.metadata.find("cupti");
     if (cupti != part.metadata.end() && !cupti->second.empty()) summary.cupti.insert(cupti->second);
+    if (auto signal = part.metadata.find("exit_signal"); signal != part.metadata.end()) {
+      summary.crashes.push_back(path.stem().string() + " died of " + signal->second);
+    }
     const auto rank = static_cast<int32_t>(MetaInt(part, "rank"));
     merged->Append(std::move(part), rank);
   }
@@ -200,6 +204,9 @@ void PrintSummary(const Trace& trace, const MergeSummary& summary, const std::st
       std::count_if(trace.gpu.begin(), trace.gpu.end(),
                     [](const GpuActivity& g) { return g.kind == GpuKind::kKernel; });
   if (trace.gpu.empty()) ReportMissingGpu(trace, summary);
+  for (const std::string& crash : summary.crashes) {
+    std::cerr << "dynaflow: process " << crash << "; what it recorded up to then is kept\n";
+  }
   std::cerr << "dynaflow: " << kernels << " kernels, " << trace.ops.size() << " operators"
             << (missing_ext.empty() || !trace.ops.empty()
                     ? ""

@@ -126,6 +126,7 @@ nlohmann::json RooflineJson(const DeviceAdvice& a) {
             {"sm_count", p.sm_count},
             {"tflops_bf16", p.flops_half / 1e12},
             {"tflops_fp8", p.flops_fp8 / 1e12},
+            {"tflops_tf32", p.flops_tf32 / 1e12},  // 0: no TF32, FP32 math at tflops_fp32
             {"tflops_fp32", p.flops_fp32 / 1e12},
             {"hbm_gbps", p.bytes_per_s / 1e9},
             {"ridge_flop_per_byte", p.Ridge()}}},

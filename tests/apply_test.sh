@@ -109,13 +109,30 @@ expect_code "another device --strict" 2 "$bin" apply --strict "$work/h200.json" 
 
 # torch imported, but the plan's model never runs.
 expect_code "model never runs" 0 "$bin" apply "$work/plan.json" -- "$py" -c "import torch"
-check "model never runs: said" has "$work/err" "no module LlamaForCausalLM ran"
+check "model never runs: said" has "$work/err" "plan not applied: no module LlamaForCausalLM ran"
+check "model never runs: said once" test "$(grep -c "no module LlamaForCausalLM ran" "$work/err")" -eq 1
 expect_code "model never runs --strict" 2 "$bin" apply --strict "$work/plan.json" -- \
   "$py" -c "import torch"
 
 expect_code "no torch" 0 "$bin" apply "$work/plan.json" -- /bin/echo hi
 check "no torch said" has "$work/err" "never imported torch"
 expect_code "no torch --strict" 2 "$bin" apply --strict "$work/plan.json" -- /bin/echo hi
+
+# --- torch.distributed over gloo, two processes: a tensor-parallel MLP whose
+# layers all_reduce. Each rank must issue the micro-batches' collectives in the
+# same order (on the CPU they run one after the other), or gloo sums one
+# rank's micro-batch 0 with the other's micro-batch 1: silently wrong.
+tp=("$py" "$src/tests/dist/tp_mlp.py")
+expect_code "trace tensor parallel" 0 "$bin" trace -o "$work/tp.db" -- "${tp[@]}"
+expect_code "advise tensor parallel" 0 "$bin" advise "$work/tp.db" --plan "$work/tp.json" \
+  --force-strategy nanobatch_overlap --splits 2
+"${tp[@]}" >"$work/tp_base.out" 2>&1
+expect_code "apply --verify tensor parallel" 0 "$bin" apply --verify --strict "$work/tp.json" -- \
+  "${tp[@]}"
+check "tensor parallel: same outputs" has "$work/out" "$(cat "$work/tp_base.out")"
+check "tensor parallel: both ranks planned" has "$work/err" \
+  "18 planned and 0 original calls of 3 modules in 2 processes"
+check "tensor parallel: verify line" grep -qE '^verify: .* \(18 calls\)' "$work/out"
 
 # --- modules that compute across the rows of the batch
 # BatchNorm in training mode normalises by the batch's statistics: refused

@@ -11,7 +11,8 @@ tolerance. Llama also runs in process (`dynaflow.apply(model, plan)`), with
 and without torch.compile; and once under torch.inference_mode().
 
 Env (ctest sets them): DYNAFLOW_BIN, DYNAFLOW_SOURCE_DIR, DYNAFLOW_PYTHON (a
-Python with torch and transformers) and DYNAFLOW_APPLY_LIB_BUILT. Exits 77
+Python with torch and transformers) and DYNAFLOW_APPLY_LIB_BUILT;
+DYNAFLOW_HF_DEVICE=cuda runs the models on the GPU (scripts/device/gpu_truth.sh). Exits 77
 (skipped) when that Python lacks torch or transformers.
 """
 
@@ -27,6 +28,8 @@ SRC = os.environ.get("DYNAFLOW_SOURCE_DIR", "")
 PY = os.environ.get("DYNAFLOW_PYTHON", sys.executable)
 RUNTIME = os.environ.get("DYNAFLOW_APPLY_LIB_BUILT", "")
 MODELS = os.path.join(SRC, "tests", "hf", "hf_models.py")
+# cpu in CI; scripts/device/gpu_truth.sh sets cuda (the runtime's stream path).
+DEVICE = ["--device", os.environ.get("DYNAFLOW_HF_DEVICE", "cpu")]
 
 # family -> (root class, the decoder layers the forced plan must split)
 FAMILIES = {
@@ -79,14 +82,15 @@ class HfApplyTest(unittest.TestCase):
         if os.path.exists(plan):
             return plan
         r = run(BIN, "trace", "-o", db, "--", PY, MODELS, "--family", family,
-                "--patterns", "forward")
+                "--patterns", "forward", *DEVICE)
         self.assertEqual(r.returncode, 0, r.stderr)
         r = run(BIN, "advise", db, "--plan", plan, "--force-strategy", "nanobatch_overlap",
                 "--splits", "2")
         self.assertEqual(r.returncode, 0, r.stderr)
         import json
 
-        p = json.load(open(plan))
+        with open(plan) as f:
+            p = json.load(f)
         modules = [m for rule in p["partition_rules"] for m in rule["modules"]]
         self.assertEqual(modules, [FAMILIES[family]])
         self.assertRegex(p["model"]["module_fingerprint"], "^[0-9a-f]{16}$")
@@ -95,7 +99,7 @@ class HfApplyTest(unittest.TestCase):
     def base_for(self, family):
         out = self.path(f"{family}_base.pt")
         if not os.path.exists(out):
-            r = run(PY, MODELS, "--family", family, "--out", out)
+            r = run(PY, MODELS, "--family", family, "--out", out, *DEVICE)
             self.assertEqual(r.returncode, 0, r.stderr)
         return out
 
@@ -103,7 +107,7 @@ class HfApplyTest(unittest.TestCase):
         plan, base = self.plan_for(family), self.base_for(family)
         out = self.path(f"{family}_applied.pt")
         r = run(BIN, "apply", "--verify", "--strict", plan, "--", PY, MODELS, "--family", family,
-                "--out", out, *extra)
+                "--out", out, *DEVICE, *extra)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn(f"dynaflow apply: {LAYER_CALLS} planned and 0 original calls of 2 modules",
                       r.stderr)
@@ -138,7 +142,7 @@ class HfApplyTest(unittest.TestCase):
                    DYNAFLOW_APPLY_LIB=RUNTIME)
         out = self.path("inproc.pt")
         r = run(PY, MODELS, "--family", "llama", "--apply", self.plan_for("llama"), "--out", out,
-                *extra, env=env)
+                *DEVICE, *extra, env=env)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn(f"in-process: {LAYER_CALLS} planned and 0 original calls", r.stdout)
         compare(self, self.base_for("llama"), out)

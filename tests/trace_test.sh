@@ -223,6 +223,78 @@ PY
   check "spawn: every process finished its store" test "$(grep -c -e "cannot finish" \
     -e "skipped" "$work/err")" = 0
 
+  # A crash keeps what was recorded (a sub-second program kept nothing, since
+  # the writer flushes every second), with the exit status of the crash.
+  for crash in "ctypes.string_at(0):139:SIGSEGV" "os.abort():134:SIGABRT"; do
+    IFS=: read -r how code name <<<"$crash"
+    expect_code "crash by $name" "$code" "$bin" trace -o "$work/crash.db" -- "$py" -c "
+import ctypes, os, torch
+x = torch.ones(4, 4)
+for _ in range(200):
+    x = (x + 1).relu()
+$how"
+    check "crash by $name: operators kept" test "$(q "$work/crash.db" \
+      "SELECT count(*) FROM operators")" -ge 400
+    check "crash by $name: named in the store" test "$(q "$work/crash.db" \
+      "SELECT value FROM meta WHERE key = 'exit_signal'")" = "$name"
+    check "crash by $name: said" grep -q "^dynaflow: process [0-9]* died of $name" "$work/err"
+  done
+
+  # SIGKILL of dynaflow itself: the traced program is not left running
+  # orphaned; it gets SIGTERM, and its store (in the parts folder) is finished.
+  mkdir "$work/killed"
+  "$bin" trace -o "$work/killed/k.db" -- "$py" -c "
+import time, torch
+x = torch.ones(4, 4)
+for _ in range(100):
+    x = (x + 1).relu()
+open('$work/killed/ready', 'w').close()
+time.sleep(60)" >/dev/null 2>&1 &
+  tracer_pid=$!
+  for _ in $(seq 100); do [ -e "$work/killed/ready" ] && break; sleep 0.2; done
+  kill -KILL "$tracer_pid"
+  wait "$tracer_pid" 2>/dev/null
+  for _ in $(seq 50); do pgrep -f "$work/killed/ready" >/dev/null || break; sleep 0.2; done
+  check "dynaflow killed: the program ended too" test -z "$(pgrep -f "$work/killed/ready")"
+  check "dynaflow killed: the program's store holds its operators" test "$(q \
+    "$(ls "$work"/killed/.k.db.parts-*/*.db | head -1)" "SELECT count(*) FROM operators")" -ge 200
+
+  # Operator ids unique across processes: DataLoader workers forked from the
+  # main process once shared its ids (they continued its counter).
+  cat >"$work/loader.py" <<'PY'
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class D(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.randn(4, 8).relu().sum(0)
+
+if __name__ == "__main__":
+    m = torch.nn.Linear(8, 8)
+    for x in DataLoader(D(), batch_size=4, num_workers=2):
+        m(x)
+PY
+  expect_code "trace DataLoader workers" 0 "$bin" trace -o "$work/loader.db" -- \
+    "$py" "$work/loader.py"
+  check "loader: workers traced" test "$(q "$work/loader.db" \
+    "SELECT count(DISTINCT pid) FROM operators")" = 3
+  check "loader: no operator id shared by two processes" test "$(q "$work/loader.db" "
+    SELECT count(*) FROM (SELECT external_id FROM operators GROUP BY rank, external_id
+                          HAVING count(DISTINCT pid) > 1)")" = 0
+
+  # Ranks started by torch.multiprocessing carry no RANK: the tracer takes
+  # the rank torch.distributed gives them.
+  expect_code "trace tensor parallel ranks" 0 "$bin" trace -o "$work/tp.db" -- \
+    "$py" "$src/tests/dist/tp_mlp.py" --steps 1
+  check "tensor parallel: operators of ranks 0 and 1" test "$(q "$work/tp.db" \
+    "SELECT group_concat(r) FROM (SELECT DISTINCT rank AS r FROM operators
+                                  WHERE name_id IN (SELECT id FROM strings
+                                                    WHERE value LIKE '%allreduce%')
+                                  ORDER BY r)")" = "0,1"
+
   # Perfetto export, read back by the Kineto importer: the same operators.
   expect_code "export perfetto" 0 "$bin" export "$db" --format perfetto -o "$work/llama.json"
   check "export: valid JSON with cpu_op events" python3 -c "

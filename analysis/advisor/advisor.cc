@@ -437,7 +437,7 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
   plan.peak_tflops_bf16 = dr.peaks.flops_half / 1e12;
   plan.peaks_known = dr.peaks.known;
 
-  CostCache costs(trace);
+  CostCache costs(trace, &links);
   const StepGraph graph =
       BuildStepGraph(trace, links, dr, steps[crit], steps[crit].representative, &costs, opt.graph);
   if (graph.tasks.empty()) return out;

@@ -118,6 +118,7 @@ void Trace::Append(Trace&& part, int32_t rank) {
     o.name = sid[o.name];
     o.input_shapes = sid[o.input_shapes];
     o.input_types = sid[o.input_types];
+    o.concrete_inputs = sid[o.concrete_inputs];
     o.module_path = sid[o.module_path];
     ops.push_back(o);
   }

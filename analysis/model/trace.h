@@ -110,6 +110,9 @@ struct Operator {
   StringId name = 0;
   StringId input_shapes = 0;  // compact JSON, e.g. [[8,4096],[4096,4096]]
   StringId input_types = 0;   // compact JSON, e.g. ["c10::BFloat16","float"]
+  // Kineto's "Concrete Inputs": the values of scalar and int-list arguments as
+  // strings, e.g. ["","","[2, 2]","1"]; 0 when not recorded. Not kept in trace.db.
+  StringId concrete_inputs = 0;
   StringId module_path = 0;
   Pass pass = Pass::kUnknown;
 };

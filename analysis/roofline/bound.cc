@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 #include <string_view>
 #include <unordered_map>
 
@@ -33,17 +34,6 @@ class StreamEnds {
   size_t last_ = 0;
 };
 
-double PeakFor(Resource r, const PeakRates& p) {
-  switch (r) {
-    case Resource::kCompute: return p.flops_half;
-    case Resource::kMemory: return p.bytes_per_s;
-    case Resource::kCommunication: return p.link_bytes_per_s;
-    case Resource::kCopy: return p.pcie_bytes_per_s;
-    case Resource::kLatency: return 0;
-  }
-  return 0;
-}
-
 // The bandwidth of a copy's path: HBM within the device, NVLink between
 // devices, PCIe to or from the host.
 double CopyPeak(const Trace& trace, const GpuActivity& g, const PeakRates& p) {
@@ -57,6 +47,18 @@ double CopyPeak(const Trace& trace, const GpuActivity& g, const PeakRates& p) {
 }
 
 }  // namespace
+
+double ActivityPeak(Resource r, const Trace& trace, const GpuActivity& g, Precision precision,
+                    const PeakRates& p) {
+  switch (r) {
+    case Resource::kCompute: return p.Flops(precision);
+    case Resource::kMemory: return p.bytes_per_s;
+    case Resource::kCommunication: return p.link_bytes_per_s;
+    case Resource::kCopy: return g.kind == GpuKind::kMemcpy ? CopyPeak(trace, g, p) : p.bytes_per_s;
+    case Resource::kLatency: return 0;
+  }
+  return 0;
+}
 
 const char* ResourceName(Resource r) {
   switch (r) {
@@ -85,7 +87,7 @@ double PeakRates::Flops(Precision p) const {
 PeakRates PeakRatesFor(const DeviceInfo& d) {
   PeakRates p;
   p.name = d.name;
-  const DevicePeaks* t = LookupDevice(d.name);
+  const DevicePeaks* t = LookupDevice(d.name, d.sm_count);
   // An unknown part: the H100 SXM's numbers, so that the roofline still
   // separates compute from memory bound work; flagged as assumed.
   const DevicePeaks* fallback = LookupDevice("NVIDIA H100 SXM");
@@ -103,14 +105,38 @@ PeakRates PeakRatesFor(const DeviceInfo& d) {
   return p;
 }
 
-OperatorLinks LinkOperators(const Trace& trace) {
-  OperatorLinks links;
-  links.activity_op.assign(trace.gpu.size(), -1);
-  links.op_top.resize(trace.ops.size());
-  links.op_parent.assign(trace.ops.size(), -1);
+namespace {
 
-  // (rank, External id) -> operator. Kineto's ids are dense per rank, so a
-  // plain array over [min, max] serves unless the ids are scattered.
+// Older Kineto traces (before PyTorch 2.0's ids) write the CUDA correlation id
+// into the "External id" of kernels and runtime calls alike. A rank whose GPU
+// activities nearly all carry external id == correlation is such a trace: its
+// external ids do not name operators. The 90% threshold tolerates the odd
+// coincidence of two independent counters in newer traces.
+std::vector<int32_t> RanksWithCorrelationAsExternalId(const Trace& trace) {
+  struct Count {
+    int32_t rank;
+    int64_t both = 0, equal = 0;
+  };
+  std::vector<Count> counts;
+  for (const GpuActivity& g : trace.gpu) {
+    if (g.external_id < 0 || g.correlation < 0 || g.device_index >= trace.devices.size()) continue;
+    const int32_t rank = trace.devices[g.device_index].rank;
+    auto it = std::find_if(counts.begin(), counts.end(), [rank](const Count& c) { return c.rank == rank; });
+    if (it == counts.end()) it = counts.insert(counts.end(), Count{rank});
+    ++it->both;
+    if (g.external_id == g.correlation) ++it->equal;
+  }
+  std::vector<int32_t> out;
+  for (const Count& c : counts) {
+    if (c.both > 0 && c.equal * 10 >= c.both * 9) out.push_back(c.rank);
+  }
+  return out;
+}
+
+// (rank, External id) -> operator, then each GPU activity to the operator
+// named by its external id (not on `skip_ranks`). Kineto's ids are dense per
+// rank, so a plain array over [min, max] serves unless they are scattered.
+void LinkByExternalId(const Trace& trace, const std::vector<int32_t>& skip_ranks, OperatorLinks* links) {
   struct RankIds {
     int32_t rank = 0;
     int64_t lo = INT64_MAX, hi = INT64_MIN, count = 0;
@@ -151,67 +177,158 @@ OperatorLinks LinkOperators(const Trace& trace) {
       *slot = static_cast<int32_t>(i);
     }
   }
-  if (!ranks.empty()) {
-    for (size_t i = 0; i < trace.gpu.size(); ++i) {
-      const GpuActivity& g = trace.gpu[i];
-      if (g.external_id < 0 || g.device_index >= trace.devices.size()) continue;
-      const int32_t rank = trace.devices[g.device_index].rank;
-      RankIds* r = nullptr;
-      for (RankIds& x : ranks) {
-        if (x.rank == rank) r = &x;
+  if (ranks.empty()) return;
+  for (size_t i = 0; i < trace.gpu.size(); ++i) {
+    const GpuActivity& g = trace.gpu[i];
+    if (g.external_id < 0 || g.device_index >= trace.devices.size()) continue;
+    const int32_t rank = trace.devices[g.device_index].rank;
+    if (std::find(skip_ranks.begin(), skip_ranks.end(), rank) != skip_ranks.end()) continue;
+    RankIds* r = nullptr;
+    for (RankIds& x : ranks) {
+      if (x.rank == rank) r = &x;
+    }
+    if (r == nullptr) continue;
+    if (!r->dense.empty()) {
+      if (g.external_id >= r->lo && g.external_id <= r->hi) {
+        links->activity_op[i] = r->dense[static_cast<size_t>(g.external_id - r->lo)];
       }
-      if (r == nullptr) continue;
-      if (!r->dense.empty()) {
-        if (g.external_id >= r->lo && g.external_id <= r->hi) {
-          links.activity_op[i] = r->dense[static_cast<size_t>(g.external_id - r->lo)];
-        }
-      } else {
-        auto it = r->sparse.find(g.external_id);
-        if (it != r->sparse.end()) links.activity_op[i] = it->second;
-      }
+    } else {
+      auto it = r->sparse.find(g.external_id);
+      if (it != r->sparse.end()) links->activity_op[i] = it->second;
     }
   }
+}
 
-  // Outermost enclosing operator: group by thread (counting sort), order each
-  // thread by (start, longer first) unless it already is, then one stack pass.
+uint64_t ThreadKey(int32_t rank, int32_t pid, int32_t tid) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(rank)) << 48) ^
+         (static_cast<uint64_t>(static_cast<uint32_t>(pid)) << 24) ^ static_cast<uint32_t>(tid);
+}
+
+// The launching runtime (or driver) call of each GPU activity not linked yet,
+// by (rank, correlation id); -1 where the trace has none.
+std::vector<int32_t> LaunchCalls(const Trace& trace, const OperatorLinks& links) {
+  std::unordered_map<uint64_t, int32_t> by_correlation;
+  for (size_t i = 0; i < trace.api.size(); ++i) {
+    const ApiCall& a = trace.api[i];
+    if (a.correlation < 0 || a.kind == ApiKind::kSync) continue;
+    by_correlation.emplace(ThreadKey(a.rank, 0, 0) ^ static_cast<uint64_t>(a.correlation), static_cast<int32_t>(i));
+  }
+  std::vector<int32_t> call(trace.gpu.size(), -1);
+  if (by_correlation.empty()) return call;
+  for (size_t i = 0; i < trace.gpu.size(); ++i) {
+    const GpuActivity& g = trace.gpu[i];
+    if (links.activity_op[i] >= 0 || g.correlation < 0 || g.device_index >= trace.devices.size()) continue;
+    const int32_t rank = trace.devices[g.device_index].rank;
+    auto it = by_correlation.find(ThreadKey(rank, 0, 0) ^ static_cast<uint64_t>(g.correlation));
+    if (it != by_correlation.end()) call[i] = it->second;
+  }
+  return call;
+}
+
+// Operators grouped by host thread, each thread's in (start, longer first)
+// order, with the API calls to resolve on the same threads in start order.
+struct ThreadOrder {
+  std::vector<uint32_t> offset;      // thread t's operators: ops[offset[t], offset[t + 1])
+  std::vector<uint32_t> ops;
+  std::vector<uint32_t> call_offset;  // likewise for calls
+  std::vector<uint32_t> calls;
+};
+
+ThreadOrder OrderByThread(const Trace& trace, const std::vector<int32_t>& launch_call) {
   std::unordered_map<uint64_t, uint32_t> thread_ids;
   std::vector<uint32_t> thread_of(trace.ops.size());
   std::vector<uint32_t> counts;
   for (size_t i = 0; i < trace.ops.size(); ++i) {
     const Operator& o = trace.ops[i];
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(o.rank)) << 48) ^
-                         (static_cast<uint64_t>(static_cast<uint32_t>(o.pid)) << 24) ^
-                         static_cast<uint32_t>(o.tid);
-    auto [it, fresh] = thread_ids.try_emplace(key, static_cast<uint32_t>(counts.size()));
+    auto [it, fresh] = thread_ids.try_emplace(ThreadKey(o.rank, o.pid, o.tid), static_cast<uint32_t>(counts.size()));
     if (fresh) counts.push_back(0);
     thread_of[i] = it->second;
     ++counts[it->second];
   }
-  std::vector<uint32_t> offset(counts.size() + 1, 0);
-  for (size_t t = 0; t < counts.size(); ++t) offset[t + 1] = offset[t] + counts[t];
-  std::vector<uint32_t> by_thread(trace.ops.size());
-  {
-    std::vector<uint32_t> fill(offset.begin(), offset.end() - 1);
-    for (size_t i = 0; i < trace.ops.size(); ++i) by_thread[fill[thread_of[i]]++] = static_cast<uint32_t>(i);
-  }
+  ThreadOrder order;
+  order.offset.assign(counts.size() + 1, 0);
+  for (size_t t = 0; t < counts.size(); ++t) order.offset[t + 1] = order.offset[t] + counts[t];
+  order.ops.resize(trace.ops.size());
+  std::vector<uint32_t> fill(order.offset.begin(), order.offset.end() - 1);
+  for (size_t i = 0; i < trace.ops.size(); ++i) order.ops[fill[thread_of[i]]++] = static_cast<uint32_t>(i);
   auto before = [&trace](uint32_t a, uint32_t b) {
     const Operator& x = trace.ops[a];
     const Operator& y = trace.ops[b];
     return x.start != y.start ? x.start < y.start : x.end > y.end;
   };
-  std::vector<uint32_t> stack;
   for (size_t t = 0; t < counts.size(); ++t) {
-    auto first = by_thread.begin() + offset[t];
-    auto last = by_thread.begin() + offset[t + 1];
+    auto first = order.ops.begin() + order.offset[t];
+    auto last = order.ops.begin() + order.offset[t + 1];
     if (!std::is_sorted(first, last, before)) std::sort(first, last, before);
+  }
+  // Calls that some activity needs, on threads that have operators.
+  std::vector<std::pair<uint32_t, uint32_t>> calls;  // (thread, call)
+  std::vector<bool> seen(trace.api.size(), false);
+  for (int32_t c : launch_call) {
+    if (c < 0 || seen[static_cast<size_t>(c)]) continue;
+    seen[static_cast<size_t>(c)] = true;
+    const ApiCall& a = trace.api[static_cast<size_t>(c)];
+    auto it = thread_ids.find(ThreadKey(a.rank, a.pid, a.tid));
+    if (it != thread_ids.end()) calls.emplace_back(it->second, static_cast<uint32_t>(c));
+  }
+  std::sort(calls.begin(), calls.end(), [&trace](const auto& x, const auto& y) {
+    return x.first != y.first ? x.first < y.first : trace.api[x.second].start < trace.api[y.second].start;
+  });
+  order.call_offset.assign(counts.size() + 1, 0);
+  for (const auto& c : calls) ++order.call_offset[c.first + 1];
+  for (size_t t = 0; t < counts.size(); ++t) order.call_offset[t + 1] += order.call_offset[t];
+  for (const auto& c : calls) order.calls.push_back(c.second);
+  return order;
+}
+
+// One stack pass per thread: each operator's outermost and innermost
+// enclosing operators, and each listed call's innermost enclosing operator
+// (an operator starting with the call encloses it), in `call_op`.
+void NestOperators(const Trace& trace, const ThreadOrder& order, OperatorLinks* links,
+                   std::unordered_map<uint32_t, int32_t>* call_op) {
+  std::vector<uint32_t> stack;
+  for (size_t t = 0; t + 1 < order.offset.size(); ++t) {
     stack.clear();
-    for (auto it = first; it != last; ++it) {
-      const Operator& o = trace.ops[*it];
+    uint32_t c = order.call_offset[t];
+    auto resolve_calls_before = [&](TimeNs limit, bool inclusive) {
+      for (; c < order.call_offset[t + 1]; ++c) {
+        const ApiCall& a = trace.api[order.calls[c]];
+        if (inclusive ? a.start > limit : a.start >= limit) break;
+        while (!stack.empty() && trace.ops[stack.back()].end <= a.start) stack.pop_back();
+        if (!stack.empty()) call_op->emplace(order.calls[c], static_cast<int32_t>(stack.back()));
+      }
+    };
+    for (uint32_t k = order.offset[t]; k < order.offset[t + 1]; ++k) {
+      const uint32_t i = order.ops[k];
+      const Operator& o = trace.ops[i];
+      resolve_calls_before(o.start, false);
       while (!stack.empty() && trace.ops[stack.back()].end <= o.start) stack.pop_back();
-      links.op_top[*it] = static_cast<int32_t>(stack.empty() ? *it : stack.front());
-      links.op_parent[*it] = stack.empty() ? -1 : static_cast<int32_t>(stack.back());
-      stack.push_back(*it);
+      links->op_top[i] = static_cast<int32_t>(stack.empty() ? i : stack.front());
+      links->op_parent[i] = stack.empty() ? -1 : static_cast<int32_t>(stack.back());
+      stack.push_back(i);
     }
+    resolve_calls_before(std::numeric_limits<TimeNs>::max(), true);
+  }
+}
+
+}  // namespace
+
+OperatorLinks LinkOperators(const Trace& trace) {
+  OperatorLinks links;
+  links.activity_op.assign(trace.gpu.size(), -1);
+  links.op_top.resize(trace.ops.size());
+  links.op_parent.assign(trace.ops.size(), -1);
+  LinkByExternalId(trace, RanksWithCorrelationAsExternalId(trace), &links);
+  // What external ids left unlinked: through the launching call's correlation
+  // to the innermost operator around that call on its thread.
+  const std::vector<int32_t> launch_call = LaunchCalls(trace, links);
+  const ThreadOrder order = OrderByThread(trace, launch_call);
+  std::unordered_map<uint32_t, int32_t> call_op;
+  NestOperators(trace, order, &links, &call_op);
+  for (size_t i = 0; i < trace.gpu.size(); ++i) {
+    if (launch_call[i] < 0) continue;
+    auto it = call_op.find(static_cast<uint32_t>(launch_call[i]));
+    if (it != call_op.end()) links.activity_op[i] = it->second;
   }
   return links;
 }
@@ -240,8 +357,10 @@ Resource ClassifyKernelName(std::string_view n) {
                       "layer_norm", "softmax", "elementwise", "reduce_kernel"})) {
     return Resource::kMemory;
   }
-  // cijk_: rocBLAS/Tensile GEMM kernels on AMD parts.
-  if (ContainsAny(n, {"gemm", "xmma", "cutlass", "cublas", "wgmma", "matmul", "hmma", "triton_mm",
+  // Without shapes a GEMM kernel is taken as compute bound (shapes, when
+  // linked, decide first: ResourceFromCost). nvjet_: cuBLAS's own Hopper and
+  // Blackwell GEMMs; cijk_: rocBLAS/Tensile and hipBLASLt GEMMs on AMD parts.
+  if (ContainsAny(n, {"gemm", "xmma", "cutlass", "cublas", "nvjet", "wgmma", "matmul", "hmma", "triton_mm",
                       "triton_tem", "flash", "fmha", "attention", "conv", "implicit", "winograd",
                       "fprop", "dgrad", "wgrad", "cudnn", "sm80_", "sm90_", "sm100_", "volta_",
                       "ampere_", "turing_", "cijk_"})) {
@@ -250,12 +369,47 @@ Resource ClassifyKernelName(std::string_view n) {
   return Resource::kMemory;  // elementwise, reductions, norms, copies, unknown
 }
 
+const Operator* CostCache::Parent(const Operator& op) const {
+  if (links_ == nullptr || trace_.ops.empty() || &op < trace_.ops.data() ||
+      &op >= trace_.ops.data() + trace_.ops.size()) {
+    return nullptr;
+  }
+  const int32_t parent = links_->op_parent[static_cast<size_t>(&op - trace_.ops.data())];
+  return parent >= 0 ? &trace_.ops[static_cast<size_t>(parent)] : nullptr;
+}
+
+std::string_view CostCache::ConvolutionOutput(const Operator& op) {
+  std::string key;
+  if (!ConvolutionForwardInputs(trace_.strings.Get(op.name), trace_.strings.Get(op.input_shapes), &key)) {
+    return {};
+  }
+  if (!conv_outputs_built_) {
+    conv_outputs_built_ = true;
+    std::string inputs, output;
+    for (const Operator& o : trace_.ops) {
+      if (ConvolutionOutputFromBackward(trace_.strings.Get(o.name), trace_.strings.Get(o.input_shapes),
+                                        &inputs, &output)) {
+        conv_outputs_.emplace(inputs, output);
+      }
+    }
+  }
+  auto it = conv_outputs_.find(key);
+  return it != conv_outputs_.end() ? std::string_view(it->second) : std::string_view();
+}
+
 const OpCost& CostCache::Get(const Operator& op) {
-  Key k{op.name, op.input_shapes, op.input_types};
+  const Operator* parent = Parent(op);
+  Key k{op.name, op.input_shapes, op.input_types, op.concrete_inputs,
+        parent != nullptr ? parent->name : StringId{0}, parent != nullptr ? parent->input_shapes : StringId{0}};
   auto it = cache_.find(k);
   if (it != cache_.end()) return it->second;
+  OpContext context;
+  context.concrete_inputs = trace_.strings.Get(op.concrete_inputs);
+  context.parent_name = trace_.strings.Get(k.parent_name);
+  context.parent_shapes = trace_.strings.Get(k.parent_shapes);
+  context.output_shape = ConvolutionOutput(op);
   OpCost c = EstimateOpCost(trace_.strings.Get(op.name), trace_.strings.Get(op.input_shapes),
-                            trace_.strings.Get(op.input_types));
+                            trace_.strings.Get(op.input_types), context);
   return cache_.emplace(k, c).first->second;
 }
 
@@ -268,6 +422,195 @@ Resource ResourceFromCost(const OpCost& c, const PeakRates& p, Resource fallback
   return t_compute >= t_memory ? Resource::kCompute : Resource::kMemory;
 }
 
+namespace {
+
+// What one GPU activity did: its class, and the work it is credited with.
+struct ActivityWork {
+  Resource resource = Resource::kMemory;
+  const OpCost* cost = nullptr;  // its operator's, when linked
+  double flops = 0;
+  double bytes = 0;
+};
+
+// The per-operator aggregate while a device's activities are walked.
+struct OperatorAgg {
+  OperatorRoofline r;
+  double by_resource[kResourceCount] = {};  // ns per class
+  double peak_work[kResourceCount] = {};    // sum of duration x ActivityPeak per class
+};
+
+// Classifies one device's activities and sums them per class and per operator.
+// Trace-wide state (cost cache, kernel-name classes, operators' GPU time) is
+// shared across devices.
+class DeviceClassifier {
+ public:
+  DeviceClassifier(const Trace& trace, const OperatorLinks& links, const BoundOptions& options)
+      : trace_(trace),
+        links_(links),
+        options_(options),
+        costs_(trace, &links),
+        name_class_(trace.strings.size(), -1),
+        op_gpu_ns_(trace.ops.size(), 0.0) {
+    // GPU time of each operator over its kernels, to share its cost among them.
+    for (size_t i = 0; i < trace.gpu.size(); ++i) {
+      const int32_t op = links.activity_op[i];
+      const GpuActivity& g = trace.gpu[i];
+      if (op >= 0 && g.kind == GpuKind::kKernel && g.end > g.start) {
+        op_gpu_ns_[static_cast<size_t>(op)] += static_cast<double>(g.end - g.start);
+      }
+    }
+  }
+
+  // `dr` has its device, peaks and `order` set; fills the rest.
+  void Classify(DeviceResources* dr) {
+    dr->resource.resize(dr->order.size());
+    std::unordered_map<uint64_t, size_t> agg_index;
+    std::vector<OperatorAgg> aggs;
+    StreamEnds stream_end;
+    for (size_t k = 0; k < dr->order.size(); ++k) {
+      const uint32_t i = dr->order[k];
+      ActivityWork w = Work(i, dr);
+      w.resource = LatencyOr(trace_.gpu[i], w.resource, &stream_end);
+      dr->resource[k] = w.resource;
+      AddToTotals(i, w, dr);
+      AddToOperator(i, w, dr->peaks, &agg_index, &aggs);
+    }
+    FinishTotals(dr);
+    FinishOperators(std::move(aggs), dr);
+  }
+
+ private:
+  // The class from the activity's kind, its operator's cost, or its kernel
+  // name; the work its operator's cost credits it with (kernels, in proportion
+  // to their durations) or the bytes it recorded (copies and memsets).
+  ActivityWork Work(uint32_t i, DeviceResources* dr) {
+    const GpuActivity& g = trace_.gpu[i];
+    ActivityWork w;
+    if (g.kind != GpuKind::kKernel) {
+      w.resource = g.kind == GpuKind::kMemcpy ? Resource::kCopy : Resource::kMemory;
+      w.bytes = static_cast<double>(g.bytes);
+      return w;
+    }
+    int8_t& cached = name_class_[g.name];  // the name rules, once per distinct name
+    if (cached < 0) cached = static_cast<int8_t>(ClassifyKernelName(trace_.strings.Get(g.name)));
+    const Resource by_name = static_cast<Resource>(cached);
+    w.resource = by_name;
+    const int32_t op = links_.activity_op[i];
+    if (op < 0) return w;
+    ++dr->linked_kernels;
+    w.cost = &costs_.Get(trace_.ops[static_cast<size_t>(op)]);
+    if (by_name != Resource::kCommunication) w.resource = ResourceFromCost(*w.cost, dr->peaks, by_name);
+    if (!w.cost->known()) return w;
+    ++dr->costed_kernels;
+    const double share = static_cast<double>(g.end - g.start) / std::max(1.0, op_gpu_ns_[static_cast<size_t>(op)]);
+    w.flops = w.cost->flops * share;
+    w.bytes = w.cost->bytes * share;
+    return w;
+  }
+
+  // Latency bound: a short kernel after an idle gap on its stream at least as
+  // long as itself.
+  Resource LatencyOr(const GpuActivity& g, Resource r, StreamEnds* stream_end) const {
+    const TimeNs dur = g.end - g.start;
+    TimeNs* prev_end = stream_end->Find(g.stream);
+    const bool latency = g.kind == GpuKind::kKernel && r != Resource::kCommunication &&
+                         dur < static_cast<TimeNs>(options_.latency_kernel_us * 1000.0) && *prev_end >= 0 &&
+                         g.start - *prev_end >= dur;
+    *prev_end = std::max(*prev_end, g.end);
+    return latency ? Resource::kLatency : r;
+  }
+
+  static Precision PrecisionOf(const ActivityWork& w) {
+    return w.cost != nullptr ? w.cost->precision : Precision::kUnknown;
+  }
+
+  void AddToTotals(uint32_t i, const ActivityWork& w, DeviceResources* dr) const {
+    const GpuActivity& g = trace_.gpu[i];
+    const double dur_us = static_cast<double>(g.end - g.start) / 1000.0;
+    ResourceTotals& t = dr->totals[static_cast<int>(w.resource)];
+    ++t.count;
+    t.time_us += dur_us;
+    t.flops += w.flops;
+    t.bytes += w.bytes;
+    if (w.flops > 0 || w.bytes > 0) {
+      t.costed_time_us += dur_us;
+      t.peak_work += dur_us * 1e-6 * ActivityPeak(w.resource, trace_, g, PrecisionOf(w), dr->peaks);
+    }
+  }
+
+  // Per operator name; kernels without an operator under their own name.
+  void AddToOperator(uint32_t i, const ActivityWork& w, const PeakRates& peaks,
+                     std::unordered_map<uint64_t, size_t>* agg_index, std::vector<OperatorAgg>* aggs) const {
+    const GpuActivity& g = trace_.gpu[i];
+    const bool named_by_op = links_.activity_op[i] >= 0;
+    const StringId name = named_by_op ? DisplayOperator(trace_, links_, i) : g.name;
+    const uint64_t key = (static_cast<uint64_t>(named_by_op) << 32) | name;
+    auto [it, fresh] = agg_index->try_emplace(key, aggs->size());
+    if (fresh) {
+      aggs->emplace_back();
+      aggs->back().r.from_kernel_name = !named_by_op;
+      aggs->back().r.name = std::string(trace_.strings.Get(name));
+    }
+    OperatorAgg& a = (*aggs)[it->second];
+    const double dur = static_cast<double>(g.end - g.start);
+    ++a.r.kernels;
+    a.r.gpu_us += dur / 1000.0;
+    a.r.flops += w.flops;
+    a.r.bytes += w.bytes;
+    a.by_resource[static_cast<int>(w.resource)] += dur;
+    for (int c = 0; c < kResourceCount; ++c) {
+      a.peak_work[c] += dur * 1e-9 * ActivityPeak(static_cast<Resource>(c), trace_, g, PrecisionOf(w), peaks);
+    }
+    if (w.cost != nullptr && a.r.kind == OpKind::kUnknown) a.r.kind = w.cost->kind;
+  }
+
+  static void FinishTotals(DeviceResources* dr) {
+    for (int c = 0; c < kResourceCount; ++c) {
+      ResourceTotals& t = dr->totals[c];
+      if (t.costed_time_us <= 0) continue;
+      const double s = t.costed_time_us * 1e-6;
+      t.achieved_tflops = t.flops / s / 1e12;
+      t.achieved_gbps = t.bytes / s / 1e9;
+      const double rate = c == static_cast<int>(Resource::kCompute) ? t.flops : t.bytes;
+      t.pct_of_peak = t.peak_work > 0 ? 100.0 * rate / t.peak_work : 0;
+    }
+  }
+
+  // The top operators by GPU time, each in the class holding most of its time
+  // and rated against that class's peaks over all its time.
+  void FinishOperators(std::vector<OperatorAgg> aggs, DeviceResources* dr) const {
+    std::sort(aggs.begin(), aggs.end(), [](const OperatorAgg& a, const OperatorAgg& b) {
+      return a.r.gpu_us != b.r.gpu_us ? a.r.gpu_us > b.r.gpu_us : a.r.name < b.r.name;
+    });
+    if (aggs.size() > options_.top_operators) aggs.resize(options_.top_operators);
+    for (OperatorAgg& a : aggs) {
+      int best = 0;
+      for (int c = 1; c < kResourceCount; ++c) {
+        if (a.by_resource[c] > a.by_resource[best]) best = c;
+      }
+      a.r.resource = static_cast<Resource>(best);
+      const double s = a.r.gpu_us * 1e-6;
+      if (s > 0) {
+        a.r.achieved_tflops = a.r.flops / s / 1e12;
+        a.r.achieved_gbps = a.r.bytes / s / 1e9;
+        const double rate = a.r.resource == Resource::kCompute ? a.r.flops : a.r.bytes;
+        a.r.pct_of_peak = a.peak_work[best] > 0 ? 100.0 * rate / a.peak_work[best] : 0;
+      }
+      a.r.intensity = a.r.bytes > 0 ? a.r.flops / a.r.bytes : 0;
+      dr->operators.push_back(std::move(a.r));
+    }
+  }
+
+  const Trace& trace_;
+  const OperatorLinks& links_;
+  const BoundOptions& options_;
+  CostCache costs_;
+  std::vector<int8_t> name_class_;  // ClassifyKernelName per name id, -1 until asked
+  std::vector<double> op_gpu_ns_;
+};
+
+}  // namespace
+
 std::vector<DeviceResources> ClassifyResources(const Trace& trace, const OperatorLinks& links,
                                                const BoundOptions& options) {
   const size_t n_devices = trace.devices.size();
@@ -278,17 +621,7 @@ std::vector<DeviceResources> ClassifyResources(const Trace& trace, const Operato
       per_device[g.device_index].push_back(static_cast<uint32_t>(i));
     }
   }
-  CostCache costs(trace);
-  // GPU time of each operator over its kernels, to share its cost among them.
-  std::vector<float> op_gpu_ns(trace.ops.size(), 0.0f);
-  for (size_t i = 0; i < trace.gpu.size(); ++i) {
-    const int32_t op = links.activity_op[i];
-    const GpuActivity& g = trace.gpu[i];
-    if (op >= 0 && g.end > g.start) op_gpu_ns[static_cast<size_t>(op)] += static_cast<float>(g.end - g.start);
-  }
-  const TimeNs latency_ns = static_cast<TimeNs>(options.latency_kernel_us * 1000.0);
-  std::vector<int8_t> name_class(trace.strings.size(), -1);  // ClassifyKernelName per name
-
+  DeviceClassifier classifier(trace, links, options);
   std::vector<DeviceResources> out;
   for (uint32_t d = 0; d < n_devices; ++d) {
     if (per_device[d].empty()) continue;
@@ -300,118 +633,7 @@ std::vector<DeviceResources> ClassifyResources(const Trace& trace, const Operato
     if (!std::is_sorted(dr.order.begin(), dr.order.end(), by_start)) {
       std::stable_sort(dr.order.begin(), dr.order.end(), by_start);
     }
-    dr.resource.resize(dr.order.size());
-
-    struct Agg {
-      OperatorRoofline r;
-      double by_resource[kResourceCount] = {};
-    };
-    std::unordered_map<uint64_t, size_t> agg_index;
-    std::vector<Agg> aggs;
-    StreamEnds stream_end;
-    for (size_t k = 0; k < dr.order.size(); ++k) {
-      const uint32_t i = dr.order[k];
-      const GpuActivity& g = trace.gpu[i];
-      const TimeNs dur = g.end - g.start;
-      const int32_t op = links.activity_op[i];
-      const OpCost* cost = nullptr;
-      Resource r;
-      if (g.kind == GpuKind::kMemcpy) {
-        r = Resource::kCopy;
-      } else if (g.kind == GpuKind::kMemset) {
-        r = Resource::kMemory;
-      } else {
-        int8_t& cached = name_class[g.name];  // the name rules, once per distinct name
-        if (cached < 0) cached = static_cast<int8_t>(ClassifyKernelName(trace.strings.Get(g.name)));
-        const Resource by_name = static_cast<Resource>(cached);
-        r = by_name;
-        if (op >= 0) {
-          ++dr.linked_kernels;
-          cost = &costs.Get(trace.ops[static_cast<size_t>(op)]);
-          if (cost->known()) ++dr.costed_kernels;
-          if (by_name != Resource::kCommunication) r = ResourceFromCost(*cost, dr.peaks, by_name);
-        }
-      }
-      TimeNs* prev_end = stream_end.Find(g.stream);
-      if (g.kind == GpuKind::kKernel && r != Resource::kCommunication && dur < latency_ns &&
-          *prev_end >= 0 && g.start - *prev_end >= dur) {
-        r = Resource::kLatency;
-      }
-      *prev_end = std::max(*prev_end, g.end);
-      dr.resource[k] = r;
-
-      double flops = 0;
-      double bytes = g.kind != GpuKind::kKernel ? static_cast<double>(g.bytes) : 0;
-      if (cost != nullptr && cost->known()) {
-        const double share = static_cast<double>(dur) /
-                             std::max(1.0, static_cast<double>(op_gpu_ns[static_cast<size_t>(op)]));
-        flops = cost->flops * share;
-        bytes = cost->bytes * share;
-      }
-      ResourceTotals& t = dr.totals[static_cast<int>(r)];
-      ++t.count;
-      t.time_us += static_cast<double>(dur) / 1000.0;
-      if (flops > 0 || bytes > 0) t.costed_time_us += static_cast<double>(dur) / 1000.0;
-      t.flops += flops;
-      t.bytes += bytes;
-      if (g.kind == GpuKind::kMemcpy && bytes > 0) {
-        t.peak_bytes += static_cast<double>(dur) * 1e-9 * CopyPeak(trace, g, dr.peaks);
-      }
-
-      // Per operator name; kernels without an operator under their own name.
-      const bool named_by_op = op >= 0;
-      const StringId name = named_by_op ? DisplayOperator(trace, links, i) : g.name;
-      const uint64_t key = (static_cast<uint64_t>(named_by_op) << 32) | name;
-      auto [it, fresh] = agg_index.try_emplace(key, aggs.size());
-      if (fresh) {
-        aggs.emplace_back();
-        aggs.back().r.from_kernel_name = !named_by_op;
-        aggs.back().r.kind = cost != nullptr ? cost->kind : OpKind::kUnknown;
-      }
-      Agg& a = aggs[it->second];
-      ++a.r.kernels;
-      a.r.gpu_us += static_cast<double>(dur) / 1000.0;
-      a.r.flops += flops;
-      a.r.bytes += bytes;
-      a.by_resource[static_cast<int>(r)] += static_cast<double>(dur);
-      if (cost != nullptr && a.r.kind == OpKind::kUnknown) a.r.kind = cost->kind;
-      if (fresh) a.r.name = std::string(trace.strings.Get(name));
-    }
-    for (int c = 0; c < kResourceCount; ++c) {
-      ResourceTotals& t = dr.totals[c];
-      if (t.costed_time_us <= 0) continue;
-      const double s = t.costed_time_us * 1e-6;
-      t.achieved_tflops = t.flops / s / 1e12;
-      t.achieved_gbps = t.bytes / s / 1e9;
-      if (c == static_cast<int>(Resource::kCopy)) {
-        t.pct_of_peak = t.peak_bytes > 0 ? 100.0 * t.bytes / t.peak_bytes : 0;
-        continue;
-      }
-      const double peak = PeakFor(static_cast<Resource>(c), dr.peaks);
-      const double rate = c == static_cast<int>(Resource::kCompute) ? t.flops : t.bytes;
-      t.pct_of_peak = peak > 0 ? 100.0 * rate / s / peak : 0;
-    }
-    std::sort(aggs.begin(), aggs.end(), [](const Agg& a, const Agg& b) {
-      return a.r.gpu_us != b.r.gpu_us ? a.r.gpu_us > b.r.gpu_us : a.r.name < b.r.name;
-    });
-    if (aggs.size() > options.top_operators) aggs.resize(options.top_operators);
-    for (Agg& a : aggs) {
-      int best = 0;
-      for (int c = 1; c < kResourceCount; ++c) {
-        if (a.by_resource[c] > a.by_resource[best]) best = c;
-      }
-      a.r.resource = static_cast<Resource>(best);
-      const double s = a.r.gpu_us * 1e-6;
-      if (s > 0) {
-        a.r.achieved_tflops = a.r.flops / s / 1e12;
-        a.r.achieved_gbps = a.r.bytes / s / 1e9;
-        const double peak = PeakFor(a.r.resource, dr.peaks);
-        const double rate = a.r.resource == Resource::kCompute ? a.r.flops : a.r.bytes;
-        a.r.pct_of_peak = peak > 0 ? 100.0 * rate / s / peak : 0;
-      }
-      a.r.intensity = a.r.bytes > 0 ? a.r.flops / a.r.bytes : 0;
-      dr.operators.push_back(std::move(a.r));
-    }
+    classifier.Classify(&dr);
     out.push_back(std::move(dr));
   }
   return out;

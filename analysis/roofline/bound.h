@@ -58,7 +58,10 @@ struct PeakRates {
 PeakRates PeakRatesFor(const DeviceInfo& device);
 
 // Links between the trace's records, built once per trace in linear time
-// (plus one sort of the operators per thread).
+// (plus one sort of the operators per thread). A GPU activity links to the
+// operator its External id names; failing that (older Kineto traces write the
+// correlation id there, nsys has none), to the innermost operator around its
+// launching runtime call (same rank and correlation id) on that call's thread.
 struct OperatorLinks {
   std::vector<int32_t> activity_op;  // per Trace::gpu: the launching operator, -1 when none
   std::vector<int32_t> op_top;       // per Trace::ops: outermost enclosing operator on its thread
@@ -90,11 +93,11 @@ struct ResourceTotals {
   double bytes = 0;
   double achieved_tflops = 0;  // flops / costed time
   double achieved_gbps = 0;    // bytes / costed time
-  // Of the class's own peak: BF16 tensor cores for compute, HBM for memory,
-  // the link for communication; for copies, each copy's own path (HBM for
-  // device-to-device, NVLink for peer, PCIe for host copies).
+  // Of the work the class's peaks allow in its costed time (ActivityPeak):
+  // compute at each operator's precision (FP8, BF16/FP16, TF32, FP32), HBM
+  // for memory, the link for communication, each copy's own path.
   double pct_of_peak = 0;
-  double peak_bytes = 0;  // copies: sum over copies of duration x their path's bandwidth
+  double peak_work = 0;  // sum over costed activities of duration x ActivityPeak
 };
 
 // One operator name (or kernel name when no operator is linked) on a device.
@@ -110,7 +113,7 @@ struct OperatorRoofline {
   double intensity = 0;  // FLOP per byte, 0 when unknown
   double achieved_tflops = 0;
   double achieved_gbps = 0;
-  double pct_of_peak = 0;  // of the peak of its bound resource
+  double pct_of_peak = 0;  // of the peak of its bound resource, as ResourceTotals
 };
 
 struct DeviceResources {
@@ -128,30 +131,54 @@ struct DeviceResources {
 std::vector<DeviceResources> ClassifyResources(const Trace& trace, const OperatorLinks& links,
                                                const BoundOptions& options);
 
-// The operator cost of `op`, memoised per (name, shapes, types): call through
-// one CostCache per trace.
+// The operator cost of `op`, memoised per (name, shapes, types, concrete
+// inputs, enclosing operator): call through one CostCache per trace. With
+// `links`, an operator whose own shapes are incomplete (a convolution's
+// weight gradient) reads what it lacks from its enclosing operator. A forward
+// convolution takes its output size from the backward of the same shapes
+// when the trace has one (older profilers record no stride or padding).
 class CostCache {
  public:
-  explicit CostCache(const Trace& trace) : trace_(trace) {}
+  explicit CostCache(const Trace& trace, const OperatorLinks* links = nullptr)
+      : trace_(trace), links_(links) {}
+  // `op` is an element of trace.ops (its parent is found by its position).
   const OpCost& Get(const Operator& op);
 
  private:
   struct Key {
-    StringId name, shapes, types;
+    StringId name, shapes, types, concrete, parent_name, parent_shapes;
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {
     size_t operator()(const Key& k) const {
       return (static_cast<size_t>(k.name) * 0x9E3779B97F4A7C15ull) ^
-             (static_cast<size_t>(k.shapes) * 0xC2B2AE3D27D4EB4Full) ^ k.types;
+             (static_cast<size_t>(k.shapes) * 0xC2B2AE3D27D4EB4Full) ^ k.types ^
+             (static_cast<size_t>(k.concrete) << 20) ^ (static_cast<size_t>(k.parent_shapes) << 40) ^
+             (static_cast<size_t>(k.parent_name) * 0x165667B19E3779F9ull);
     }
   };
+  const Operator* Parent(const Operator& op) const;
+  // Forward convolutions' output shapes by "[x,w]", from the trace's
+  // convolution backwards (ConvolutionOutputFromBackward); built on first use.
+  std::string_view ConvolutionOutput(const Operator& op);
   const Trace& trace_;
+  const OperatorLinks* links_;
   std::unordered_map<Key, OpCost, KeyHash> cache_;
+  bool conv_outputs_built_ = false;
+  std::unordered_map<std::string, std::string> conv_outputs_;
 };
 
 // The bound resource of an operator's kernels from its cost, or nullopt-like
-// `fallback` when the cost is unknown.
+// `fallback` when the cost is unknown. GEMMs and every other kind alike: the
+// FLOPs at the operator's precision against its bytes at HBM bandwidth, so a
+// decode GEMM (small M) is memory bound whatever its kernel's name.
 Resource ResourceFromCost(const OpCost& cost, const PeakRates& peaks, Resource fallback);
+
+// The peak rate (FLOP/s for compute, byte/s otherwise) activity `g`'s work is
+// measured against when it is in class `r`: compute at `precision`, memory at
+// HBM, communication on the link, a memcpy on its own path (HBM for
+// device-to-device, the link for peer copies, PCIe to or from the host).
+double ActivityPeak(Resource r, const Trace& trace, const GpuActivity& g, Precision precision,
+                    const PeakRates& peaks);
 
 }  // namespace dynaflow

@@ -138,3 +138,111 @@ TEST(BoundTest, LinksAndClassifiesAndMeasuresAchievedRates) {
 
 }  // namespace
 }  // namespace dynaflow
+
+namespace dynaflow {
+namespace {
+
+// An FP32 GEMM is measured against the FP32 peak (67 TFLOP/s on an H200),
+// not the BF16 tensor cores' 989.4; a BF16 one against BF16.
+TEST(BoundTest, ComputePeakFollowsThePrecision) {
+  TinyTrace tt;
+  const size_t fp32 = tt.Op("aten::mm", "[[4096,4096],[4096,4096]]", R"(["float","float"])", 0, 10);
+  tt.Kernel("sm90_gemm_fp32", tt.t.ops[fp32].external_id, 1000, 4001000);  // 4 ms
+  const OperatorLinks links = LinkOperators(tt.t);
+  const DeviceResources d = ClassifyResources(tt.t, links, BoundOptions{})[0];
+  const double flops = 2.0 * 4096 * 4096 * 4096;
+  ASSERT_EQ(d.operators.size(), 1u);
+  EXPECT_EQ(d.operators[0].resource, Resource::kCompute);
+  EXPECT_NEAR(d.operators[0].pct_of_peak, 100.0 * flops / 4e-3 / 67e12, 1e-9);  // 51.3%
+  EXPECT_NEAR(d.totals[static_cast<int>(Resource::kCompute)].pct_of_peak, d.operators[0].pct_of_peak, 1e-9);
+  const PeakRates h200 = PeakRatesFor(DeviceInfo{0, 0, "NVIDIA H200"});
+  EXPECT_DOUBLE_EQ(h200.Flops(Precision::kFp32), 67e12);
+  EXPECT_DOUBLE_EQ(h200.Flops(Precision::kTf32), 494.7e12);
+  EXPECT_DOUBLE_EQ(h200.Flops(Precision::kHalf), 989.4e12);
+  EXPECT_DOUBLE_EQ(h200.Flops(Precision::kFp8), 1978.9e12);
+  // V100 has no TF32: cuDNN's FP32 convolutions run at the FP32 peak.
+  EXPECT_DOUBLE_EQ(PeakRatesFor(DeviceInfo{0, 0, "Tesla V100-SXM2-32GB"}).Flops(Precision::kTf32), 15.7e12);
+}
+
+// A device-to-device copy under aten::copy_ moves its recorded bytes at HBM
+// speed: 64 MiB in 100 us is 671 GB/s, 14% of the H200's 4.8 TB/s (against
+// PCIe, as before, it read 1220%).
+TEST(BoundTest, DeviceToDeviceCopiesAreRatedAgainstHbm) {
+  TinyTrace tt;
+  const size_t copy = tt.Op("aten::copy_", "[[4096,8192],[4096,8192]]", R"(["c10::BFloat16","c10::BFloat16"])", 0, 10);
+  tt.Kernel("Memcpy DtoD (Device -> Device)", tt.t.ops[copy].external_id, 1000, 101000, 7, GpuKind::kMemcpy);
+  tt.t.gpu.back().bytes = 64 << 20;
+  tt.t.gpu.back().copy_kind = tt.t.strings.Intern("DtoD");
+  const OperatorLinks links = LinkOperators(tt.t);
+  const DeviceResources d = ClassifyResources(tt.t, links, BoundOptions{})[0];
+  ASSERT_EQ(d.operators.size(), 1u);
+  EXPECT_EQ(d.operators[0].resource, Resource::kCopy);
+  EXPECT_DOUBLE_EQ(d.operators[0].bytes, 64 << 20);
+  EXPECT_NEAR(d.operators[0].pct_of_peak, 100.0 * (64 << 20) / 100e-6 / 4.8e12, 1e-9);
+  EXPECT_NEAR(d.totals[static_cast<int>(Resource::kCopy)].pct_of_peak, d.operators[0].pct_of_peak, 1e-9);
+}
+
+// Shapes first: a decode GEMM (M = 8) under a hipBLASLt Cijk_ kernel is
+// memory bound; names second: an nvjet GEMM with no operator is compute bound.
+TEST(BoundTest, GemmClassFromShapesThenNames) {
+  TinyTrace tt;
+  tt.t.devices[0].name = "AMD Instinct MI300X";
+  const size_t mm = tt.Op("aten::mm", "[[8,8192],[8192,8192]]", R"(["c10::BFloat16","c10::BFloat16"])", 0, 10);
+  tt.Kernel("Cijk_Alik_Bljk_BBS_BH_MT64x16x128_MI16x16x16", tt.t.ops[mm].external_id, 1000, 101000);
+  tt.Kernel("nvjet_tst_192x192_64x3_2x1_v_bz_coopB_TNT", -1, 102000, 202000);
+  const DeviceResources d = ClassifyResources(tt.t, LinkOperators(tt.t), BoundOptions{})[0];
+  EXPECT_EQ(d.resource[0], Resource::kMemory);
+  EXPECT_EQ(d.resource[1], Resource::kCompute);
+  EXPECT_EQ(ClassifyKernelName("nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NNT"), Resource::kCompute);
+}
+
+// Older Kineto traces write the correlation id into "External id" of kernels
+// and runtime calls (hta_a100_alexnet, hta_sampled_rank-*): kernels link
+// through the runtime call to the innermost operator around it, even where
+// the correlation id happens to equal some operator's external id.
+TEST(BoundTest, LinksThroughTheRuntimeCallsCorrelation) {
+  TinyTrace tt;
+  const size_t outer = tt.Op("aten::conv2d", "", "", 0, 1000);            // external id 100
+  const size_t inner = tt.Op("aten::cudnn_convolution", "", "", 100, 900);  // 101
+  const size_t other = tt.Op("aten::add", "", "", 2000, 2100);               // 102
+  // Correlation 100 is aten::conv2d's external id, 101 cudnn_convolution's.
+  for (int64_t corr : {100, 101}) {
+    ApiCall call;
+    call.start = corr == 100 ? 200 : 2010;
+    call.end = call.start + 20;
+    call.tid = 1;
+    call.correlation = corr;
+    call.external_id = corr;
+    tt.t.api.push_back(call);
+    tt.Kernel("kernel", corr, 5000 + corr * 10, 5005 + corr * 10);
+    tt.t.gpu.back().correlation = corr;
+  }
+  const OperatorLinks links = LinkOperators(tt.t);
+  EXPECT_EQ(links.activity_op[0], static_cast<int32_t>(inner));
+  EXPECT_EQ(links.activity_op[1], static_cast<int32_t>(other));
+  EXPECT_EQ(links.op_parent[inner], static_cast<int32_t>(outer));
+}
+
+// A current trace links by external id; a kernel without one still links
+// through its runtime call.
+TEST(BoundTest, ExternalIdFirstThenCorrelation) {
+  TinyTrace tt;
+  const size_t a = tt.Op("aten::mm", "", "", 0, 100);     // 100
+  const size_t b = tt.Op("aten::add", "", "", 200, 300);  // 101
+  tt.Kernel("k0", tt.t.ops[a].external_id, 1000, 1010);
+  tt.t.gpu.back().correlation = 7;
+  ApiCall call;
+  call.start = 210;
+  call.end = 220;
+  call.tid = 1;
+  call.correlation = 8;
+  tt.t.api.push_back(call);
+  tt.Kernel("k1", -1, 1020, 1030);
+  tt.t.gpu.back().correlation = 8;
+  const OperatorLinks links = LinkOperators(tt.t);
+  EXPECT_EQ(links.activity_op[0], static_cast<int32_t>(a));
+  EXPECT_EQ(links.activity_op[1], static_cast<int32_t>(b));
+}
+
+}  // namespace
+}  // namespace dynaflow

@@ -43,3 +43,37 @@ TEST(DeviceTableTest, FillKeepsWhatTheTraceRecorded) {
 
 }  // namespace
 }  // namespace dynaflow
+
+namespace dynaflow {
+namespace {
+
+TEST(DeviceTableTest, CoversTheIssuesParts) {
+  for (const char* name : {"NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA B200",
+                           "NVIDIA L40S", "Tesla V100-SXM2-32GB", "AMD Instinct MI250X", "AMD Instinct MI300X",
+                           "AMD Instinct MI325X"}) {
+    const DevicePeaks* p = LookupDevice(name);
+    ASSERT_NE(p, nullptr) << name;
+    EXPECT_GT(p->tflops_bf16, p->tflops_fp32) << name;
+    EXPECT_GT(p->memory_bandwidth_gbps, 0) << name;
+  }
+  EXPECT_DOUBLE_EQ(LookupDevice("AMD Instinct MI325X")->memory_bandwidth_gbps, 6000);
+  EXPECT_DOUBLE_EQ(LookupDevice("AMD Instinct MI300X")->memory_bandwidth_gbps, 5300);
+  EXPECT_DOUBLE_EQ(LookupDevice("NVIDIA B200")->tflops_bf16, 2250);
+  EXPECT_DOUBLE_EQ(LookupDevice("NVIDIA H100 NVL")->memory_bandwidth_gbps, 3900);
+  EXPECT_DOUBLE_EQ(LookupDevice("Tesla V100-SXM2-32GB")->tflops_tf32, 0);
+  // One GCD of an MI250X, as ROCm shows it.
+  EXPECT_EQ(LookupDevice("AMD Instinct MI250X")->sm_count, 110);
+  EXPECT_DOUBLE_EQ(LookupDevice("AMD Instinct MI250X")->tflops_bf16, 191.5);
+}
+
+// ROCm names parts missing from its table "AMD Radeon Graphics" (hta_mi250_minitoy:
+// 104 CUs, one MI250 GCD); the CU count names them.
+TEST(DeviceTableTest, GenericAmdNameByComputeUnits) {
+  EXPECT_EQ(LookupDevice("AMD Radeon Graphics", 104)->name, "AMD Instinct MI250 (one GCD)");
+  EXPECT_EQ(LookupDevice("AMD Radeon Graphics", 304), nullptr);  // MI300X or MI325X
+  EXPECT_EQ(LookupDevice("AMD Radeon Graphics", 12), nullptr);
+  EXPECT_EQ(LookupDevice("AMD Radeon Graphics"), nullptr);
+}
+
+}  // namespace
+}  // namespace dynaflow

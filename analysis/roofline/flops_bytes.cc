@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <string>
 
 namespace dynaflow {
 namespace {
@@ -310,35 +311,240 @@ bool Matmul(std::string_view base, const Inputs& in, OpCost* c) {
   return false;
 }
 
-bool Convolution(std::string_view base, const Inputs& in, OpCost* c) {
-  const bool backward = ContainsIgnoringCase(base, "backward");
-  // Forward: (input [N, C, spatial...], weight [Co, C/groups, kernel...], ...).
-  // Backward: (grad_output, input, weight, ...). The output's spatial size is
-  // taken equal to the input's (stride 1, "same" padding): exact for most
-  // layers of modern networks, an overestimate for strided ones.
-  const Arg& x = backward ? in[1] : in[0];
-  const Arg& w = backward ? in[2] : in[1];
-  if (x.ndim < 3 || w.ndim != x.ndim) return false;
-  const int e = x.elem > 0 ? x.elem : 2;
-  double spatial = 1;
-  double kernel = 1;
-  for (int i = 2; i < x.ndim; ++i) {
-    spatial *= static_cast<double>(x.dims[i]);
-    kernel *= static_cast<double>(w.dims[i]);
+// Argument `index` of Kineto's "Concrete Inputs" (["","","[2, 2]","1"]): the
+// recorded string, empty when not recorded.
+std::string_view ConcreteValue(std::string_view concrete, int index) {
+  Cursor c(concrete);
+  if (!c.Eat('[')) return {};
+  for (int i = 0; i < index; ++i) {
+    if (!c.SkipValue() || !c.Eat(',')) return {};
   }
-  const double n = static_cast<double>(x.dims[0]);
-  const double co = static_cast<double>(w.dims[0]);
-  const double cig = static_cast<double>(w.dims[1]);
-  const double out = n * co * spatial;
-  const double fwd = 2.0 * out * cig * kernel;
-  if (fwd <= 0) return false;
-  c->kind = OpKind::kConvolution;
-  c->flops = backward ? 2.0 * fwd : fwd;  // data gradient + weight gradient
-  const double io = x.Bytes(e) + w.Bytes(e) + out * e;
-  c->bytes = backward ? 2.0 * io : io;
-  c->weight_bytes = backward ? 2.0 * w.Bytes(e) : w.Bytes(e);
-  c->tokens = n;
+  return c.Eat('"') ? c.String() : std::string_view();
+}
+
+// An int list "[2, 2]" or an int "2" at argument `index`. Returns the number
+// of values read (0: not recorded).
+int ConcreteInts(std::string_view concrete, int index, int64_t* out, int max) {
+  Cursor v(ConcreteValue(concrete, index));
+  const bool list = v.Eat('[');
+  int n = 0;
+  do {
+    while (v.Eat(' ')) {
+    }
+    int64_t x = 0;
+    if (!v.Number(&x)) return n;
+    if (n < max) out[n++] = x;
+  } while (list && v.Eat(','));
+  return n;
+}
+
+// Whether element `element` of the bool list at argument `index` ("[True,
+// True, False]") was recorded as False.
+bool ConcreteFalse(std::string_view concrete, int index, int element) {
+  const std::string_view value = ConcreteValue(concrete, index);
+  int seen = 0;
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (value[i] == 'T' || value[i] == 'F') {
+      if (seen++ == element) return value[i] == 'F';
+      while (i < value.size() && value[i] != ',') ++i;
+    }
+  }
+  return false;
+}
+
+// Positions of stride, padding and dilation in a convolution's arguments, -1
+// where the schema has none. aten::convolution(input, weight, bias, stride,
+// padding, dilation, transposed, output_padding, groups); conv2d(input, weight,
+// bias, stride, padding, dilation, groups); cudnn_convolution(self, weight,
+// padding, stride, dilation, groups, ...); miopen_convolution(self, weight,
+// bias, padding, stride, dilation, groups, ...).
+struct ConvArgPositions {
+  int stride = -1, padding = -1, dilation = -1;
+};
+
+ConvArgPositions ForwardConvArgs(std::string_view base) {
+  if (base.rfind("cudnn_convolution", 0) == 0) return {3, 2, 4};
+  if (base.rfind("miopen_convolution", 0) == 0) return {4, 3, 5};
+  return {3, 4, 5};
+}
+
+// Output spatial size along dimension `i` (0-based among spatial dims) of a
+// forward convolution: floor((in + 2p - d(k-1) - 1) / s) + 1 with the recorded
+// stride, padding and dilation. Unrecorded, stride 1 with "same" padding is
+// assumed (out = in): exact for most layers, an overestimate for strided ones.
+double ConvOutputSize(int64_t in, int64_t k, int i, std::string_view concrete, ConvArgPositions pos) {
+  int64_t stride[kMaxDims], padding[kMaxDims], dilation[kMaxDims];
+  const int ns = pos.stride >= 0 ? ConcreteInts(concrete, pos.stride, stride, kMaxDims) : 0;
+  const int np = pos.padding >= 0 ? ConcreteInts(concrete, pos.padding, padding, kMaxDims) : 0;
+  const int nd = pos.dilation >= 0 ? ConcreteInts(concrete, pos.dilation, dilation, kMaxDims) : 0;
+  // conv2d's padding may be the string "valid" (none) or "same".
+  const bool valid = pos.padding >= 0 && ConcreteValue(concrete, pos.padding) == "valid";
+  const int64_t s = ns > 0 ? stride[std::min(i, ns - 1)] : 1;
+  if (s <= 0 || (ns == 0 && np == 0 && !valid)) return static_cast<double>(in);
+  if (np == 0 && !valid) return static_cast<double>((in + s - 1) / s);  // "same" padding, strided
+  const int64_t p = valid ? 0 : padding[std::min(i, np - 1)];
+  const int64_t d = nd > 0 ? dilation[std::min(i, nd - 1)] : 1;
+  const int64_t out = (in + 2 * p - d * (k - 1) - 1) / s + 1;
+  return static_cast<double>(std::max<int64_t>(out, 0));
+}
+
+// FLOPs of one pass of a convolution: 2 x output elements x (C_in / groups) x
+// kernel volume, from the output grad (or output) `y` [N, C_out, spatial...]
+// and the weight `w` [C_out, C_in/groups, kernel...]. Groups need no argument:
+// the weight's second dimension already is C_in / groups.
+double ConvPassFlops(double y_numel, const Arg& w) {
+  double kernel = 1;
+  for (int i = 2; i < w.ndim; ++i) kernel *= static_cast<double>(w.dims[i]);
+  return 2.0 * y_numel * static_cast<double>(w.dims[1]) * kernel;
+}
+
+// Elements of a [N, C, spatial...] tensor with `channels` channels in place of C.
+double WithChannels(const Arg& t, double channels) {
+  return t.dims[1] > 0 ? t.numel / static_cast<double>(t.dims[1]) * channels : 0;
+}
+
+// The output shape the trace showed elsewhere (OpContext::output_shape), if it
+// fits input `x` and weight `w`: same rank, batch and output channels.
+bool KnownOutput(std::string_view output_shape, const Arg& x, const Arg& w, Arg* y) {
+  Cursor c(output_shape);
+  if (output_shape.empty() || !ParseShape(c, y)) return false;
+  return y->ndim == x.ndim && y->dims[0] == x.dims[0] && y->dims[1] == w.dims[0];
+}
+
+bool ConvolutionForward(std::string_view base, const Inputs& in, const OpContext& ctx, OpCost* c) {
+  const Arg &x = in[0], &w = in[1];
+  if (x.ndim < 3 || w.ndim != x.ndim) return false;
+  const std::string_view concrete = ctx.concrete_inputs;
+  const int e = x.elem > 0 ? x.elem : 2;
+  // Transposed: the weight is [C_in, C_out/groups, kernel...] and each input
+  // element is scattered over the kernel, so x plays the output's role in
+  // ConvPassFlops; the output is taken at the input's spatial size.
+  const bool transposed = ContainsIgnoringCase(base, "transpose");
+  double out_elems = 0;
+  Arg y;
+  if (!transposed && KnownOutput(ctx.output_shape, x, w, &y)) {
+    out_elems = y.numel;
+  } else if (transposed) {
+    out_elems = WithChannels(x, static_cast<double>(w.dims[1]));
+  } else {
+    const ConvArgPositions pos = ForwardConvArgs(base);
+    out_elems = static_cast<double>(x.dims[0]) * static_cast<double>(w.dims[0]);
+    for (int i = 2; i < x.ndim; ++i) out_elems *= ConvOutputSize(x.dims[i], w.dims[i], i - 2, concrete, pos);
+  }
+  const double flops = ConvPassFlops(transposed ? x.numel : out_elems, w);
+  if (flops <= 0) return false;
+  c->flops = flops;
+  c->bytes = x.Bytes(e) + w.Bytes(e) + out_elems * e;
+  c->weight_bytes = w.Bytes(e);
+  c->tokens = static_cast<double>(x.dims[0]);
   c->precision = PrecisionOf(x, true);
+  return true;
+}
+
+// The weight of a convolution backward: its own weight argument, or for
+// cudnn_convolution_backward_weight (whose weight_size int list the profiler
+// does not record) the enclosing convolution backward's weight tensor.
+bool BackwardWeight(std::string_view base, const Inputs& in, const OpContext& ctx, Arg* w) {
+  if (base == "cudnn_convolution_backward_weight" || base == "miopen_convolution_backward_weight") {
+    // (weight_size, grad_output, self, padding, stride, dilation, groups, ...)
+    int64_t dims[kMaxDims];
+    const int n = ConcreteInts(ctx.concrete_inputs, 0, dims, kMaxDims);
+    if (n == in[1].ndim) {
+      w->ndim = n;
+      w->numel = 1;
+      for (int i = 0; i < n; ++i) {
+        w->dims[i] = dims[i];
+        w->numel *= static_cast<double>(dims[i]);
+      }
+      w->elem = in[1].elem;
+      return true;
+    }
+    const std::string_view parent = BaseName(ctx.parent_name);
+    Inputs p;
+    if (ctx.parent_shapes.empty() || !ParseInputs(ctx.parent_shapes, "", &p)) return false;
+    // cudnn_convolution_backward(self, grad_output, weight, ...) and
+    // convolution_backward(grad_output, input, weight, ...) both hold it third.
+    if (parent != "cudnn_convolution_backward" && parent != "convolution_backward" &&
+        parent != "miopen_convolution_backward") {
+      return false;
+    }
+    *w = p[2];
+    w->elem = in[1].elem;
+    return w->ndim == in[1].ndim;
+  }
+  // cudnn_convolution_backward_input(self_size, grad_output, weight, ...),
+  // cudnn_convolution_backward(self, grad_output, weight, ...),
+  // convolution_backward(grad_output, input, weight, ...).
+  *w = in[2];
+  return w->ndim >= 3;
+}
+
+// Backward: the data gradient (dy, w -> dx) and the weight gradient (dy, x ->
+// dw) each cost one forward pass; output_mask, when recorded, drops the ones
+// not computed (the first layer has no data gradient).
+bool ConvolutionBackward(std::string_view base, const Inputs& in, const OpContext& ctx, OpCost* c) {
+  const bool input_part = base.ends_with("backward_input");
+  const bool weight_part = base.ends_with("backward_weight");
+  // grad_output and input positions by schema (see BackwardWeight).
+  const bool cudnn_order = base.rfind("cudnn_", 0) == 0 || base.rfind("miopen_", 0) == 0;
+  const Arg& dy = cudnn_order ? in[1] : in[0];
+  const Arg& x = cudnn_order ? (weight_part ? in[2] : in[0]) : in[1];
+  Arg w;
+  if (dy.ndim < 3 || !BackwardWeight(base, in, ctx, &w) || w.ndim != dy.ndim) return false;
+  const int e = dy.elem > 0 ? dy.elem : 2;
+  const double pass = ConvPassFlops(dy.numel, w);
+  if (pass <= 0) return false;
+  // output_mask is argument 10 of both convolution_backward and
+  // cudnn_convolution_backward.
+  constexpr int kOutputMask = 10;
+  const bool data = !weight_part && !ConcreteFalse(ctx.concrete_inputs, kOutputMask, 0);
+  const bool weight = !input_part && !ConcreteFalse(ctx.concrete_inputs, kOutputMask, 1);
+  // dx has the input's size: the input itself, or (backward_input, whose input
+  // is an unrecorded size) C_in = w[1] channels (groups 1) at the output's
+  // spatial size, a lower bound.
+  const double dx = x.ndim == dy.ndim ? x.Bytes(e) : WithChannels(dy, static_cast<double>(w.dims[1])) * e;
+  c->flops = (data ? pass : 0) + (weight ? pass : 0);
+  c->bytes = (data ? dy.Bytes(e) + w.Bytes(e) + dx : 0) + (weight ? dy.Bytes(e) + dx + w.Bytes(e) : 0);
+  c->weight_bytes = (data ? w.Bytes(e) : 0) + (weight ? w.Bytes(e) : 0);
+  c->tokens = static_cast<double>(dy.dims[0]);
+  c->precision = PrecisionOf(dy, true);
+  return c->flops > 0;
+}
+
+bool Convolution(std::string_view base, const Inputs& in, const OpContext& ctx, OpCost* c) {
+  c->kind = OpKind::kConvolution;
+  return ContainsIgnoringCase(base, "backward") ? ConvolutionBackward(base, in, ctx, c)
+                                                 : ConvolutionForward(base, in, ctx, c);
+}
+
+// Variable-length layout: q [total_q, H, D], k and v [total_k, H_kv, D]. With
+// cu_seqlens (the first 1-D integer tensor after v, B + 1 offsets) the FLOPs
+// of B sequences of equal length, total_q x total_k / B per head: a lower
+// bound, since sum(sq_i x sk_i) >= total_q x total_k / B when the lengths
+// agree as in self-attention. Without it (paged decode: the KV context is a
+// cache the inputs do not describe) only the bytes of the listed tensors.
+bool VarlenAttention(const Inputs& in, int qi, bool backward, OpCost* c) {
+  const Arg &q = in[qi], &k = in[qi + 1], &v = in[qi + 2];
+  const int e = q.elem > 0 ? q.elem : 2;
+  const double tq = static_cast<double>(q.dims[0]);
+  const double tk = static_cast<double>(k.dims[0]);
+  c->tokens = tq;
+  const double d = static_cast<double>(q.dims[2]);
+  const double dv = v.ndim == 3 ? static_cast<double>(v.dims[2]) : d;
+  const double qo = tq * static_cast<double>(q.dims[1]) * (d + dv) * e;
+  const double kv = tk * static_cast<double>(k.dims[1]) * (d + dv) * e;
+  c->bytes = backward ? 2.0 * (qo + kv) + qo : qo + kv;
+  const Arg* cu_seqlens = nullptr;
+  for (int i = qi + 3; i < in.n && cu_seqlens == nullptr; ++i) {
+    const Arg& a = in.a[i];
+    if (a.ndim == 1 && !a.floating && a.elem >= 4 && a.dims[0] >= 2) cu_seqlens = &a;
+  }
+  if (cu_seqlens == nullptr) return true;
+  const double sequences = static_cast<double>(cu_seqlens->dims[0] - 1);
+  double fwd = 2.0 * static_cast<double>(q.dims[1]) * tq * tk / sequences * (d + dv);
+  if (tq == tk) fwd *= 0.5;  // causal, as for Attention's dense layouts
+  c->flops = backward ? 2.5 * fwd : fwd;
+  c->decode = tq <= 16 * sequences && tk > 4 * tq;
   return true;
 }
 
@@ -357,13 +563,7 @@ bool Attention(std::string_view base, const Inputs& in, OpCost* c) {
   c->kind = OpKind::kAttention;
   c->precision = PrecisionOf(q, false);
   const int e = q.elem > 0 ? q.elem : 2;
-  if (q.ndim == 3 && k.ndim == 3) {
-    // Variable-length or paged layout [tokens, heads, dim]: the KV context is
-    // not in the inputs, so only the bytes of the listed tensors are known.
-    c->bytes = q.Bytes(e) * 2 + k.Bytes(e) + (v.tensor() ? v.Bytes(e) : k.Bytes(e));
-    c->tokens = static_cast<double>(q.dims[0]);
-    return true;
-  }
+  if (q.ndim == 3 && k.ndim == 3) return VarlenAttention(in, qi, backward, c);
   if (q.ndim != 4 || k.ndim != 4) return false;
   double b, h, sq, d, hkv, skv;
   if (bshd) {
@@ -528,9 +728,14 @@ bool IsCommunicationOp(std::string_view name) {
                             "reduce_scatter", "all_to_all", "alltoall"});
 }
 
+// Dense optimizer steps, which touch every parameter they are given. Sparse
+// ones fused into an embedding lookup (fbgemm's split_embedding_codegen_
+// lookup_rowwise_adagrad...) touch only the rows their indices name, which
+// the shapes do not tell: not costed.
 bool IsOptimizerOp(std::string_view name) {
   return ContainsAny(name, {"adam", "_foreach_", "optimizer", "sgd", "lamb", "adagrad",
-                            "rmsprop"});
+                            "rmsprop"}) &&
+         !ContainsAny(name, {"embedding", "lookup"});
 }
 
 }  // namespace
@@ -576,7 +781,8 @@ int ElementBytes(std::string_view t) {
   return 0;
 }
 
-OpCost EstimateOpCost(std::string_view name, std::string_view shapes, std::string_view types) {
+OpCost EstimateOpCost(std::string_view name, std::string_view shapes, std::string_view types,
+                      const OpContext& context) {
   OpCost c;
   const std::string_view base = BaseName(name);
   if (IsCommunicationOp(name)) {
@@ -613,7 +819,7 @@ OpCost EstimateOpCost(std::string_view name, std::string_view shapes, std::strin
     if (ok) c.precision = PrecisionOf(in[base == "addmm" || base == "baddbmm" ? 1 : 0], false);
     if (!ok) c.kind = OpKind::kMatmul;
   } else if (ContainsIgnoringCase(base, "conv") && !ContainsIgnoringCase(base, "convert")) {
-    ok = Convolution(base, in, &c);
+    ok = Convolution(base, in, context, &c);
     if (!ok) c.kind = OpKind::kConvolution;
   } else if (ContainsIgnoringCase(base, "attention") || ContainsIgnoringCase(base, "flash_attn")) {
     ok = Attention(base, in, &c);
@@ -656,6 +862,67 @@ OpCost EstimateOpCost(std::string_view name, std::string_view shapes, std::strin
     c = OpCost{};
   }
   return c;
+}
+
+namespace {
+
+// The top-level elements of a compact JSON array, up to `max`.
+int SplitTopLevel(std::string_view array, std::string_view* out, int max) {
+  if (array.size() < 2 || array.front() != '[') return 0;
+  int n = 0, depth = 0;
+  size_t begin = 1;
+  for (size_t i = 1; i < array.size(); ++i) {
+    const char ch = array[i];
+    if (ch == '[') ++depth;
+    if (ch == ']' && depth-- == 0) {
+      if (i > begin && n < max) out[n++] = array.substr(begin, i - begin);
+      break;
+    }
+    if (ch == ',' && depth == 0) {
+      if (n < max) out[n++] = array.substr(begin, i - begin);
+      begin = i + 1;
+    }
+  }
+  return n;
+}
+
+bool IsTensorShape(std::string_view s) { return s.size() > 2 && s.front() == '[' && s[1] != '['; }
+
+}  // namespace
+
+bool ConvolutionOutputFromBackward(std::string_view name, std::string_view shapes,
+                                   std::string* forward_inputs, std::string* output) {
+  const std::string_view base = BaseName(name);
+  // convolution_backward(grad_output, input, weight, ...);
+  // cudnn_/miopen_convolution_backward(self, grad_output, weight, ...).
+  int dy, x;
+  if (base == "convolution_backward") {
+    dy = 0, x = 1;
+  } else if (base == "cudnn_convolution_backward" || base == "miopen_convolution_backward") {
+    dy = 1, x = 0;
+  } else {
+    return false;
+  }
+  std::string_view a[3];
+  if (SplitTopLevel(shapes, a, 3) < 3 || !IsTensorShape(a[dy]) || !IsTensorShape(a[x]) ||
+      !IsTensorShape(a[2])) {
+    return false;
+  }
+  *forward_inputs = "[" + std::string(a[x]) + "," + std::string(a[2]) + "]";
+  *output = std::string(a[dy]);
+  return true;
+}
+
+bool ConvolutionForwardInputs(std::string_view name, std::string_view shapes, std::string* forward_inputs) {
+  const std::string_view base = BaseName(name);
+  if (!ContainsIgnoringCase(base, "conv") || ContainsIgnoringCase(base, "backward") ||
+      ContainsIgnoringCase(base, "transpose") || ContainsIgnoringCase(base, "convert")) {
+    return false;
+  }
+  std::string_view a[2];
+  if (SplitTopLevel(shapes, a, 2) < 2 || !IsTensorShape(a[0]) || !IsTensorShape(a[1])) return false;
+  *forward_inputs = "[" + std::string(a[0]) + "," + std::string(a[1]) + "]";
+  return true;
 }
 
 bool ContainsIgnoringCase(std::string_view s, std::string_view needle) {

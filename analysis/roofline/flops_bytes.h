@@ -7,11 +7,13 @@
 // what a profiler counter would show. Unknown operators, or known ones whose
 // shapes are missing or malformed, yield an OpCost with kind kUnknown or with
 // zero flops and bytes; this function never fails and never allocates on the
-// heap.
+// heap (ConvolutionOutputFromBackward and ConvolutionForwardInputs, which
+// build keys, excepted).
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <string_view>
 
 namespace dynaflow {
@@ -46,9 +48,39 @@ struct OpCost {
   bool known() const { return flops > 0 || bytes > 0; }
 };
 
+// What the trace recorded around an operator's shapes, all optional.
+struct OpContext {
+  // Kineto's "Concrete Inputs" (["","","[2, 2]","1"]): a convolution's stride,
+  // padding, dilation and groups, a backward's output_mask, weight sizes.
+  std::string_view concrete_inputs;
+  // The innermost enclosing operator: cudnn_convolution_backward_weight takes
+  // the weight's size as an int list the profiler does not record; the
+  // enclosing (cudnn_)convolution_backward holds the weight tensor itself.
+  std::string_view parent_name;
+  std::string_view parent_shapes;
+  // A forward convolution's output shape ("[32,64,112,112]") when the trace
+  // shows it elsewhere: the grad_output of the backward of the same input and
+  // weight shapes (ConvolutionOutputFromBackward). Stride and padding are not
+  // recorded by older profilers; this is how the output size is still exact.
+  std::string_view output_shape;
+};
+
+// For a convolution backward (convolution_backward, cudnn_ or
+// miopen_convolution_backward): `forward_inputs` = "[x,w]", the shapes of its
+// forward's input and weight as a forward convolution lists them first, and
+// `output` = the grad_output's shape, i.e. the forward's output. False for
+// other operators or incomplete shapes.
+bool ConvolutionOutputFromBackward(std::string_view name, std::string_view input_shapes,
+                                   std::string* forward_inputs, std::string* output);
+
+// The "[x,w]" key of a forward convolution's first two shapes, as above; false
+// for other operators.
+bool ConvolutionForwardInputs(std::string_view name, std::string_view input_shapes,
+                              std::string* forward_inputs);
+
 // The cost of operator `name` (e.g. "aten::mm") given its recorded inputs.
 OpCost EstimateOpCost(std::string_view name, std::string_view input_shapes,
-                      std::string_view input_types);
+                      std::string_view input_types, const OpContext& context = {});
 
 // Bytes of one element of a profiler dtype name ("c10::BFloat16" -> 2, "float"
 // -> 4, "long int" -> 8); 0 for non-tensors ("Scalar", "", "TensorList").

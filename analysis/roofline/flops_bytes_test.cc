@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 namespace dynaflow {
 namespace {
 
@@ -162,6 +164,123 @@ TEST(FlopsBytesTest, UnknownAndMalformedInputsNeverFail) {
   EXPECT_EQ(ElementBytes("bool"), 1);
   EXPECT_EQ(ElementBytes("Scalar"), 0);
   EXPECT_EQ(ElementBytes(""), 0);
+}
+
+}  // namespace
+}  // namespace dynaflow
+
+namespace dynaflow {
+namespace {
+
+constexpr const char* kFloatx2 = R"(["float","float"])";
+
+// ResNet-50's first layer: 7x7, stride 2, padding 3 -> 112x112 outputs, not 224x224.
+TEST(FlopsBytesTest, ConvolutionStridePaddingDilationGroups) {
+  OpContext ctx;
+  ctx.concrete_inputs = R"(["","","","[2, 2]","[3, 3]","[1, 1]","False","[0, 0]","1"])";
+  OpCost c = EstimateOpCost("aten::convolution", "[[32,3,224,224],[64,3,7,7],[],[],[],[],[],[],[]]",
+                            kFloatx2, ctx);
+  EXPECT_DOUBLE_EQ(c.flops, 2.0 * 32 * 64 * 112 * 112 * 3 * 49);
+  EXPECT_DOUBLE_EQ(c.bytes, 4.0 * (32.0 * 3 * 224 * 224 + 64 * 3 * 49 + 32.0 * 64 * 112 * 112));
+  // cudnn_convolution takes (self, weight, padding, stride, dilation, groups).
+  ctx.concrete_inputs = R"(["","","[3, 3]","[2, 2]","[1, 1]","1"])";
+  EXPECT_DOUBLE_EQ(EstimateOpCost("aten::cudnn_convolution", "[[32,3,224,224],[64,3,7,7]]", kFloatx2, ctx).flops,
+                   c.flops);
+  // Dilation 2 with padding 2 keeps 56x56; groups = 64 (depthwise) shows in
+  // the weight's C_in / groups = 1.
+  ctx.concrete_inputs = R"(["","","","[1, 1]","[2, 2]","[2, 2]","False","[0, 0]","64"])";
+  OpCost dw = EstimateOpCost("aten::convolution", "[[8,64,56,56],[64,1,3,3]]", kFloatx2, ctx);
+  EXPECT_DOUBLE_EQ(dw.flops, 2.0 * 8 * 64 * 56 * 56 * 1 * 9);
+  // Padding 0, dilation 2: 56 - 2*(3-1) = 52.
+  ctx.concrete_inputs = R"(["","","","[1, 1]","[0, 0]","[2, 2]","False","[0, 0]","1"])";
+  EXPECT_DOUBLE_EQ(EstimateOpCost("aten::convolution", "[[8,64,56,56],[64,64,3,3]]", kFloatx2, ctx).flops,
+                   2.0 * 8 * 64 * 52 * 52 * 64 * 9);
+  // conv2d(input, weight, bias, stride, padding="valid"): 56 - 2 = 54.
+  ctx.concrete_inputs = R"(["","","","[1, 1]","valid","[1, 1]","1"])";
+  EXPECT_DOUBLE_EQ(EstimateOpCost("aten::conv2d", "[[8,64,56,56],[64,64,3,3]]", kFloatx2, ctx).flops,
+                   2.0 * 8 * 64 * 54 * 54 * 64 * 9);
+}
+
+// Legacy traces record no stride: the output size comes from the trace's
+// backward of the same input and weight shapes.
+TEST(FlopsBytesTest, ConvolutionOutputFromTheBackward) {
+  std::string inputs, output;
+  ASSERT_TRUE(ConvolutionOutputFromBackward("aten::cudnn_convolution_backward",
+                                            "[[32,3,224,224],[32,64,112,112],[64,3,7,7],[],[]]", &inputs, &output));
+  EXPECT_EQ(inputs, "[[32,3,224,224],[64,3,7,7]]");
+  EXPECT_EQ(output, "[32,64,112,112]");
+  std::string forward;
+  ASSERT_TRUE(ConvolutionForwardInputs("aten::cudnn_convolution", "[[32,3,224,224],[64,3,7,7],[],[]]", &forward));
+  EXPECT_EQ(forward, inputs);
+  OpContext ctx;
+  ctx.output_shape = output;
+  EXPECT_DOUBLE_EQ(EstimateOpCost("aten::cudnn_convolution", "[[32,3,224,224],[64,3,7,7]]", kFloatx2, ctx).flops,
+                   2.0 * 32 * 64 * 112 * 112 * 3 * 49);
+  // A shape that does not fit (other channel count) is ignored: stride 1 assumed.
+  ctx.output_shape = "[32,128,112,112]";
+  EXPECT_DOUBLE_EQ(EstimateOpCost("aten::cudnn_convolution", "[[32,3,224,224],[64,3,7,7]]", kFloatx2, ctx).flops,
+                   2.0 * 32 * 64 * 224 * 224 * 3 * 49);
+}
+
+// The backward schemas' own argument orders (kineto_legacy_v100_resnet50's
+// shapes): the weight gradient was read as a forward, 2462% of peak.
+TEST(FlopsBytesTest, ConvolutionBackwardArgumentOrders) {
+  const char* types = R"(["GenericList","float","float"])";
+  const double pass = 2.0 * 32 * 2048 * 7 * 7 * 512 * 1;
+  OpContext parent;
+  parent.parent_name = "aten::cudnn_convolution_backward";
+  parent.parent_shapes = "[[32,512,7,7],[32,2048,7,7],[2048,512,1,1],[],[]]";
+  OpCost w = EstimateOpCost("aten::cudnn_convolution_backward_weight", "[[],[32,2048,7,7],[32,512,7,7]]", types,
+                            parent);
+  EXPECT_EQ(w.kind, OpKind::kConvolution);
+  EXPECT_DOUBLE_EQ(w.flops, pass);
+  EXPECT_EQ(w.precision, Precision::kTf32);
+  // Without the enclosing backward the kernel size is unknown: not costed.
+  OpCost alone = EstimateOpCost("aten::cudnn_convolution_backward_weight", "[[],[32,2048,7,7],[32,512,7,7]]", types);
+  EXPECT_EQ(alone.kind, OpKind::kConvolution);
+  EXPECT_FALSE(alone.known());
+  OpCost in = EstimateOpCost("aten::cudnn_convolution_backward_input", "[[],[32,2048,7,7],[2048,512,1,1]]", types);
+  EXPECT_DOUBLE_EQ(in.flops, pass);
+  EXPECT_DOUBLE_EQ(EstimateOpCost("aten::cudnn_convolution_backward",
+                                  "[[32,512,7,7],[32,2048,7,7],[2048,512,1,1]]", R"(["float","float","float"])")
+                       .flops,
+                   2 * pass);
+  // convolution_backward(grad_output, input, weight, ..., output_mask): the
+  // first layer computes no input gradient.
+  OpContext mask;
+  mask.concrete_inputs = R"(["","","","","","","","","","","[False, True, True]"])";
+  EXPECT_DOUBLE_EQ(EstimateOpCost("aten::convolution_backward", "[[32,2048,7,7],[32,512,7,7],[2048,512,1,1]]",
+                                  R"(["float","float","float"])", mask)
+                       .flops,
+                   pass);
+}
+
+// flash_attn's varlen entry: q [total_q, H, D], k and v [total_k, H_kv, D],
+// cu_seqlens [B + 1]; four causal sequences of 1024 tokens.
+TEST(FlopsBytesTest, VarlenAttentionFromCuSeqlens) {
+  OpCost c = EstimateOpCost("flash_attn::_flash_attn_varlen_forward",
+                            "[[4096,32,128],[4096,8,128],[4096,8,128],[5],[5],[],[]]",
+                            R"(["c10::BFloat16","c10::BFloat16","c10::BFloat16","int","int","Scalar","Scalar"])");
+  EXPECT_EQ(c.kind, OpKind::kAttention);
+  EXPECT_DOUBLE_EQ(c.flops, 0.5 * 2.0 * 32 * 4 * 1024.0 * 1024 * 256);
+  EXPECT_DOUBLE_EQ(c.tokens, 4096);
+  // Paged decode (vLLM's unified attention): the context is in a cache the
+  // shapes do not describe; bytes of the listed tensors only.
+  OpCost paged = EstimateOpCost("vllm::unified_attention_with_output",
+                                "[[888,8,64],[888,1,64],[888,1,64],[888,8,64],[],[],[]]",
+                                R"(["c10::BFloat16","c10::BFloat16","c10::BFloat16","c10::BFloat16","","",""])");
+  EXPECT_EQ(paged.kind, OpKind::kAttention);
+  EXPECT_DOUBLE_EQ(paged.flops, 0);
+  EXPECT_GT(paged.bytes, 0);
+}
+
+// fbgemm's fused lookup + rowwise adagrad touches the rows its indices name,
+// not whole tables (costed as a dense optimizer it read 205% of HBM).
+TEST(FlopsBytesTest, SparseOptimizerInEmbeddingLookupIsNotCosted) {
+  OpCost c = EstimateOpCost("fbgemm::split_embedding_codegen_lookup_rowwise_adagrad_function",
+                            "[[1000000000],[4096]]", kFloatx2);
+  EXPECT_FALSE(c.known());
+  EXPECT_TRUE(EstimateOpCost("aten::_fused_adam_", "[[1024],[1024]]", kFloatx2).known());
 }
 
 }  // namespace

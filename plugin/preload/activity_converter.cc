@@ -326,7 +326,17 @@ void ActivityConverter::AddDevice(const CUpti_ActivityDevice5& d) {
       std::to_string(d.l2CacheSize);
 }
 
+// A record CUPTI handed over before the GPU filled in its times (a forced
+// flush at exit returns incomplete records) has a zero start or ends before it
+// starts: written as it is, it would stretch the timeline to the epoch.
+bool Untimed(TimeNs start, TimeNs end) { return start <= 0 || end < start; }
+
 void ActivityConverter::AddGpu(GpuActivity g, uint32_t correlation) {
+  if (Untimed(g.start, g.end)) {
+    Count("cupti_untimed_record", "data_loss",
+          "GPU or API records without valid timestamps (flushed before they completed); dropped");
+    return;
+  }
   g.correlation = OptionalId(correlation);
   const CorrelationTable::Link* link = links_.Find(correlation);
   const bool linked = link != nullptr && ApplyLink(*link, &g);
@@ -337,6 +347,11 @@ void ActivityConverter::AddGpu(GpuActivity g, uint32_t correlation) {
 }
 
 void ActivityConverter::AddApiCall(ApiCall a, uint32_t correlation) {
+  if (Untimed(a.start, a.end)) {
+    Count("cupti_untimed_record", "data_loss",
+          "GPU or API records without valid timestamps (flushed before they completed); dropped");
+    return;
+  }
   a.correlation = OptionalId(correlation);
   const CorrelationTable::Link* link = links_.Find(correlation);
   const bool linked = link != nullptr && ApplyLink(*link, &a);

@@ -133,7 +133,7 @@ TEST_F(ActivityConverterTest, KernelRecordBecomesOneGpuActivity) {
 }
 
 TEST_F(ActivityConverterTest, GraphLaunchedKernelKeepsGraphAndNode) {
-  CUpti_ActivityKernel10 k = Kernel(12, "graph_kernel", 0);
+  CUpti_ActivityKernel10 k = Kernel(12, "graph_kernel", 10);
   k.graphId = 4;
   k.graphNodeId = 90;
   Add(k);
@@ -144,9 +144,9 @@ TEST_F(ActivityConverterTest, GraphLaunchedKernelKeepsGraphAndNode) {
 }
 
 TEST_F(ActivityConverterTest, NcclKernelsKeepTheirNames) {
-  Add(Kernel(1, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 0));
+  Add(Kernel(1, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 10));
   Add(Kernel(2, "_Z40ncclDevKernel_AllReduce_Sum_bf16_RING_LL24ncclDevKernelArgsStorageILm4096EE",
-             0));
+             10));
   Trace t = converter_.TakeBatch(true);
   ASSERT_EQ(t.gpu.size(), 2u);
   EXPECT_EQ(Name(t, t.gpu[0].name), "ncclDevKernel_AllReduce_Sum_bf16_RING_LL");
@@ -239,8 +239,8 @@ TEST_F(ActivityConverterTest, SynchronizationTakesTheThreadOfItsCallInEitherOrde
 TEST_F(ActivityConverterTest, ExternalCorrelationLinksRecordsInBothArrivalOrders) {
   Add(External(5, 1001));  // before the launch and its kernel
   Add(Api(CUPTI_ACTIVITY_KIND_RUNTIME, 5, 211, 77));
-  Add(Kernel(5, "early", 0));
-  Add(Kernel(6, "late", 0));  // kernel and launch first, then the link
+  Add(Kernel(5, "early", 10));
+  Add(Kernel(6, "late", 10));  // kernel and launch first, then the link
   Add(Api(CUPTI_ACTIVITY_KIND_RUNTIME, 6, 211, 77));
   Add(External(6, 1002));
   Trace t = converter_.TakeBatch(false);
@@ -253,7 +253,7 @@ TEST_F(ActivityConverterTest, ExternalCorrelationLinksRecordsInBothArrivalOrders
 }
 
 TEST_F(ActivityConverterTest, LateLinkReachesARecordHeldOverOneBatch) {
-  CUpti_ActivityKernel10 waiting = Kernel(7, "waits", 0);
+  CUpti_ActivityKernel10 waiting = Kernel(7, "waits", 10);
   waiting.deviceId = 3;
   Add(waiting);
   Add(Kernel(8, "never_linked", 10));
@@ -276,7 +276,7 @@ TEST_F(ActivityConverterTest, LateLinkReachesARecordHeldOverOneBatch) {
 
 TEST_F(ActivityConverterTest, ForeignExternalCorrelationIsCountedNotLinked) {
   Add(External(9, 77, CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM1));
-  Add(Kernel(9, "k", 0));
+  Add(Kernel(9, "k", 10));
   Trace t = converter_.TakeBatch(true);
   ASSERT_EQ(t.gpu.size(), 1u);
   EXPECT_EQ(t.gpu[0].external_id, -1);
@@ -319,7 +319,7 @@ TEST_F(ActivityConverterTest, DeviceRecordDescribesTheDeviceOnce) {
   d.coreClockRate = 1980000;
   d.l2CacheSize = 50 << 20;
   Add(d);
-  Add(Kernel(1, "k", 0));
+  Add(Kernel(1, "k", 10));
   Trace t = converter_.TakeBatch(true);
   ASSERT_EQ(t.devices.size(), 1u);
   const DeviceInfo& info = t.devices[0];
@@ -341,12 +341,30 @@ TEST_F(ActivityConverterTest, DeviceRecordDescribesTheDeviceOnce) {
   EXPECT_TRUE(again.devices.empty());
 }
 
+// A forced flush at exit hands over records the GPU has not completed: a zero
+// start, or an end before the start. Dropped and counted, never written.
+TEST_F(ActivityConverterTest, UntimedRecordsAreDroppedAndCounted) {
+  Add(Kernel(1, "zero_start", 0));
+  CUpti_ActivityKernel10 inverted = Kernel(2, "inverted", 5000);
+  inverted.end = 4000;
+  Add(inverted);
+  CUpti_ActivityAPI api = Api(CUPTI_ACTIVITY_KIND_RUNTIME, 3, 211, 77);
+  api.start = 0;
+  Add(api);
+  Add(Kernel(4, "fine", 7000));
+  Trace t = converter_.TakeBatch(true);
+  ASSERT_EQ(t.gpu.size(), 1u);
+  EXPECT_EQ(Name(t, t.gpu[0].name), "fine");
+  EXPECT_TRUE(t.api.empty());
+  EXPECT_EQ(t.stats.Get("cupti_untimed_record"), 3);
+}
+
 TEST_F(ActivityConverterTest, UnknownKindIsCountedNotFatal) {
   CUpti_ActivityContext3 context = {};
   context.kind = CUPTI_ACTIVITY_KIND_CONTEXT;
   Add(context);
   Add(context);
-  Add(Kernel(1, "k", 0));
+  Add(Kernel(1, "k", 10));
   Trace t = converter_.TakeBatch(true);
   EXPECT_EQ(t.stats.Get("cupti_unknown_activity_kind"), 2);
   EXPECT_EQ(t.gpu.size(), 1u);
@@ -354,7 +372,7 @@ TEST_F(ActivityConverterTest, UnknownKindIsCountedNotFatal) {
 
 TEST_F(ActivityConverterTest, BufferIsReadRecordByRecordThroughCupti) {
   FakeActivityBuffer buffer;
-  buffer.Add(External(5, 9)).Add(Kernel(5, "a", 0)).Add(Kernel(6, "b", 10));
+  buffer.Add(External(5, 9)).Add(Kernel(5, "a", 5)).Add(Kernel(6, "b", 10));
   std::vector<uint8_t> bytes(buffer.data(), buffer.data() + buffer.size());
   EXPECT_EQ(CountActivityRecords(cupti_, bytes.data(), bytes.size()), 3u);
   converter_.AddBuffer(bytes.data(), bytes.size());

@@ -47,7 +47,9 @@ int dynaflow_tracer_record_ops(void);
  * CLOCK_REALTIME otherwise), in nanoseconds. */
 int64_t dynaflow_now_ns(void);
 
-/* A process-unique operator id, to pass to push/record. */
+/* An operator id unique within the trace, to pass to push/record: a process's
+ * ids count up from (pid << 31) + 1 (below 2^53 for any Linux pid, so JSON
+ * readers keep them exact), and a forked child starts at its own. */
 uint64_t dynaflow_next_operator_id(void);
 
 /* Marks GPU work launched by this thread until the matching pop as caused by
@@ -57,6 +59,13 @@ void dynaflow_pop_operator(void);
 
 /* Queues a finished operator for the writer thread. */
 void dynaflow_record_operator(const DynaflowOperatorRecord* record);
+
+/* The process's rank in torch.distributed's default process group, recorded by
+ * the Python side when the program calls init_process_group: it replaces the
+ * rank of the environment (RANK) as the process metadata "rank", which the
+ * merge gives every record of the process (ranks started by
+ * torch.multiprocessing carry no RANK). Added within ABI version 1, as below. */
+void dynaflow_record_process_group_rank(int32_t rank);
 
 /* Records the structure fingerprint of a root module of class `root_class`
  * (dynaflow._module_paths.module_fingerprint) as the process metadata

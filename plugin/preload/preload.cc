@@ -41,7 +41,13 @@ namespace {
 // libraries' destructors and late threads may still call in.
 Tracer* g_tracer = nullptr;
 
+// Operator ids (also the CUPTI external correlation ids) are unique per trace,
+// not only per process: a process's ids start at FirstOperatorId(its pid), so
+// the operators of DataLoader workers, spawned ranks and forked children never
+// share an id with another process's, and a forked child starts afresh.
 std::atomic<uint64_t> g_next_operator_id{1};
+
+void SeedOperatorIds() { g_next_operator_id.store(FirstOperatorId(getpid())); }
 
 // The C library's _exit, resolved by the constructor before anything could
 // call ours (dlsym is no call to make from a vfork child or signal handler).
@@ -56,7 +62,19 @@ struct HookedSignal {
   int signal;
   struct sigaction previous;
 };
-std::array<HookedSignal, 2> g_hooked_signals = {{{SIGINT, {}}, {SIGTERM, {}}}};
+// SIGINT and SIGTERM, and the signals of a crash: a program that dies of one
+// keeps what it recorded since the last timed flush (a sub-second program
+// kept nothing). A crash handler runs in a damaged process, but only signals
+// the writer thread, which was not the one to fault (or the wait times out),
+// and waits at most kSignalFlushTimeout. A stack overflow, with no alternate
+// stack to run on, still dies unflushed.
+std::array<HookedSignal, 7> g_hooked_signals = {{{SIGINT, {}},
+                                                {SIGTERM, {}},
+                                                {SIGSEGV, {}},
+                                                {SIGBUS, {}},
+                                                {SIGFPE, {}},
+                                                {SIGILL, {}},
+                                                {SIGABRT, {}}}};
 
 bool TerminatesProcess(const struct sigaction& action) {
   return !(action.sa_flags & SA_SIGINFO) && action.sa_handler == SIG_DFL;
@@ -72,7 +90,7 @@ void OnSignal(int signal) {
     if (g_tracer != nullptr) {
       // A signal that kills the process gets the store closed (no -wal left).
       if (TerminatesProcess(hooked.previous)) {
-        (void)g_tracer->Finish(kSignalFlushTimeout);
+        (void)g_tracer->FinishOnSignal(signal, kSignalFlushTimeout);
       } else {
         (void)g_tracer->Flush(kSignalFlushTimeout);
       }
@@ -83,7 +101,7 @@ void OnSignal(int signal) {
   errno = saved_errno;
 }
 
-// Hooks SIGINT and SIGTERM unless the program ignores them.
+// Hooks g_hooked_signals unless the program ignores them.
 void HookSignals() {
   for (HookedSignal& hooked : g_hooked_signals) {
     struct sigaction current;
@@ -155,6 +173,7 @@ void OnExit() {
 void PrepareFork() { g_tracer->PrepareFork(); }
 void ParentAfterFork() { g_tracer->ParentAfterFork(); }
 void ChildAfterFork() {
+  SeedOperatorIds();
   try {
     g_tracer->ChildAfterFork();
   } catch (...) {
@@ -164,6 +183,7 @@ void ChildAfterFork() {
 
 __attribute__((constructor)) void LoadTracer() {
   g_libc_exit = reinterpret_cast<ExitFunction>(dlsym(RTLD_NEXT, "_exit"));
+  SeedOperatorIds();
   try {
     std::vector<std::string> problems;
     TracerConfig config = ReadTracerConfig(getenv, &problems);
@@ -232,6 +252,14 @@ DYNAFLOW_EXPORT void dynaflow_record_operator(const DynaflowOperatorRecord* reco
     if (g_tracer != nullptr && record != nullptr) g_tracer->RecordOperator(*record);
   } catch (...) {
     // Counted as dropped by the writer where it could be; never thrown.
+  }
+}
+
+DYNAFLOW_EXPORT void dynaflow_record_process_group_rank(int32_t rank) {
+  try {
+    if (g_tracer != nullptr && rank >= 0) g_tracer->RecordProcessGroupRank(rank);
+  } catch (...) {
+    // Out of memory: the process keeps the rank of its environment.
   }
 }
 

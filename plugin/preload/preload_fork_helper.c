@@ -3,6 +3,8 @@
  * when the tracer is loaded (found with dlsym, as the torch extension finds
  * it); the second child records nothing. The parent exits with 5 when its
  * children exited with 3 and 4, so the test sees exit statuses pass through.
+ * The parent takes an operator id before it forks, so a child that continued
+ * its parent's counter would record the parent's second id.
  */
 #include <dlfcn.h>
 #include <stddef.h>
@@ -11,6 +13,13 @@
 
 #include "plugin/preload/dynaflow_tracer.h"
 
+typedef uint64_t (*NextIdFn)(void);
+
+static uint64_t next_id(void) {
+  NextIdFn next = (NextIdFn)dlsym(RTLD_DEFAULT, "dynaflow_next_operator_id");
+  return next == NULL ? 0 : next();
+}
+
 static void record(const char* name) {
   typedef void (*RecordFn)(const DynaflowOperatorRecord*);
   typedef int64_t (*NowFn)(void);
@@ -18,7 +27,7 @@ static void record(const char* name) {
   NowFn now = (NowFn)dlsym(RTLD_DEFAULT, "dynaflow_now_ns");
   if (record_operator == NULL || now == NULL) return;
   DynaflowOperatorRecord op = {0};
-  op.id = 1;
+  op.id = next_id();
   op.start_ns = now();
   op.end_ns = op.start_ns + 1;
   op.sequence = -1;
@@ -35,6 +44,7 @@ static int exit_status(pid_t child) {
 }
 
 int main(void) {
+  (void)next_id();
   pid_t recording = fork();
   if (recording < 0) return 1;
   if (recording == 0) {

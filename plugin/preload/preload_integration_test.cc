@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "analysis/store/store.h"
+#include "plugin/preload/tracer.h"
 
 namespace dynaflow {
 namespace {
@@ -174,6 +175,8 @@ TEST_F(PreloadTest, ForkedChildrenAreTracedUnderTheirOwnPids) {
   Trace p = Read(parent);
   ASSERT_EQ(p.ops.size(), 1u);
   EXPECT_EQ(p.strings.Get(p.ops[0].name), "parent_op");
+  // Ids unique across the processes: the parent's second, the child's first.
+  EXPECT_EQ(p.ops[0].external_id, static_cast<int64_t>(FirstOperatorId(parent) + 1));
   int recording_children = 0;
   int idle_children = 0;
   for (const std::string& name : stores) {
@@ -189,6 +192,7 @@ TEST_F(PreloadTest, ForkedChildrenAreTracedUnderTheirOwnPids) {
     ASSERT_EQ(c.ops.size(), 1u);
     EXPECT_EQ(c.strings.Get(c.ops[0].name), "child_op");
     EXPECT_EQ(c.ops[0].pid, child);
+    EXPECT_EQ(c.ops[0].external_id, static_cast<int64_t>(FirstOperatorId(child)));
   }
   EXPECT_EQ(recording_children, 1);
   EXPECT_EQ(idle_children, 1);

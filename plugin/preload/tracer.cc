@@ -74,6 +74,10 @@ void Tracer::RecordOperator(const DynaflowOperatorRecord& record) {
   if (WriterThread* writer = EnsureWriter()) writer->EnqueueOperator(record);
 }
 
+void Tracer::RecordProcessGroupRank(int32_t rank) {
+  if (WriterThread* writer = EnsureWriter()) writer->SetMeta("rank", std::to_string(rank));
+}
+
 void Tracer::RecordModuleFingerprint(const std::string& root_class,
                                      const std::string& fingerprint) {
   if (WriterThread* writer = EnsureWriter()) {
@@ -130,6 +134,14 @@ bool Tracer::Finish(std::chrono::milliseconds timeout) noexcept {
   if (!OwnsProcess()) return false;
   WriterThread* writer = writer_.load();
   return writer == nullptr || writer->Finish(timeout);
+}
+
+bool Tracer::FinishOnSignal(int signal, std::chrono::milliseconds timeout) noexcept {
+  if (!OwnsProcess()) return false;
+  WriterThread* writer = writer_.load();
+  if (writer == nullptr) return true;
+  writer->NoteExitSignal(signal);
+  return writer->Finish(timeout);
 }
 
 void Tracer::Shutdown() {

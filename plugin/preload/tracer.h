@@ -38,6 +38,11 @@ enum class CuptiStart {
   kAtWindowOpen,
 };
 
+// The first operator id of process `pid` (dynaflow_next_operator_id): ids are
+// unique across the processes of a trace, and below 2^53 for any Linux pid
+// (pid_max is at most 2^22), so JSON readers keep them exact.
+constexpr uint64_t FirstOperatorId(int32_t pid) { return (static_cast<uint64_t>(pid) << 31) + 1; }
+
 class Tracer {
  public:
   // Precondition: config.output_dir is set. Nothing starts until StartWriter().
@@ -60,6 +65,9 @@ class Tracer {
   void RecordOperator(const DynaflowOperatorRecord& record);
   void PushOperator(uint64_t id);
   void PopOperator();
+  // Metadata "rank": the torch.distributed rank, which replaces the
+  // environment's (TracerConfig::rank) for the whole process at the merge.
+  void RecordProcessGroupRank(int32_t rank);
   // Metadata "module_fingerprint.<root_class>" (a later value replaces it;
   // the Python side records each class once).
   void RecordModuleFingerprint(const std::string& root_class, const std::string& fingerprint);
@@ -80,6 +88,9 @@ class Tracer {
   // OwnsProcess(). Async-signal-safe.
   bool Flush(std::chrono::milliseconds timeout) noexcept;
   bool Finish(std::chrono::milliseconds timeout) noexcept;
+  // Finish() for a process dying of `signal`, which the store then names
+  // (metadata "exit_signal"). Async-signal-safe.
+  bool FinishOnSignal(int signal, std::chrono::milliseconds timeout) noexcept;
   // At exit: disables CUPTI, writes what remains and closes the store. Every
   // process that started a tracer leaves its <pid>.db, even if it recorded
   // nothing. Later records are ignored.

@@ -316,6 +316,11 @@ void WriterThread::WriteBatch(bool release_all) {
   const uint64_t cupti_dropped = cupti_dropped_.load();
   AddDropCounts(&batch, dropped, cupti_dropped);
   for (auto& [key, value] : meta_to_write_) batch.metadata[key] = value;
+  if (const int signal = exit_signal_.load(); signal != 0) {
+    const char* abbrev = sigabbrev_np(signal);
+    batch.metadata["exit_signal"] = abbrev != nullptr ? std::string("SIG") + abbrev
+                                                      : std::to_string(signal);
+  }
   if (!store_) return;
   const Status written = store_->Write(batch);
   if (!written.ok()) {

@@ -83,6 +83,10 @@ class WriterThread {
   void AddCuptiDropped(size_t records) noexcept;
   // Written with the next flush.
   void SetMeta(std::string key, std::string value) noexcept;
+  // The fatal signal the process is dying of, written by the writer thread
+  // with the next flush as metadata "exit_signal" (e.g. "SIGSEGV").
+  // Async-signal-safe (an atomic).
+  void NoteExitSignal(int signal) noexcept { exit_signal_.store(signal); }
 
   // Ask for everything queued so far to be committed (Flush) or, in
   // addition, for the store to be closed and the thread to end (Finish), and
@@ -157,6 +161,7 @@ class WriterThread {
 
   std::atomic<uint64_t> operators_queued_{0};
   std::atomic<uint64_t> buffers_queued_{0};
+  std::atomic<int> exit_signal_{0};
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> cupti_dropped_{0};
   std::atomic<uint64_t> batches_written_{0};

@@ -100,6 +100,8 @@ TEST(WriterThreadTest, OperatorsAndCuptiBuffersReachTheStore) {
   launch.cbid = 211;
   launch.correlationId = 1;
   launch.threadId = 7;
+  launch.start = 900;
+  launch.end = 950;
   FakeActivityBuffer buffer;
   buffer.Add(device).Add(External(1, 42)).Add(launch).Add(Kernel(1)).Add(Kernel(2)).Add(Kernel(3));
   ASSERT_TRUE(cupti.CompleteBuffer(buffer, /*dropped=*/5));

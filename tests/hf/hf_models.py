@@ -46,9 +46,12 @@ def build(family):
     return model
 
 
+DEVICE = "cpu"
+
+
 def prompts():
     g = torch.Generator().manual_seed(1)
-    return torch.randint(2, VOCAB, (BATCH, PROMPT), generator=g)
+    return torch.randint(2, VOCAB, (BATCH, PROMPT), generator=g).to(DEVICE)
 
 
 def greedy(model, **kwargs):
@@ -112,10 +115,13 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--apply", help="a plan to apply in process with dynaflow.apply")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (float32 either way)")
     ap.add_argument("--inference-mode", action="store_true",
                     help="run under torch.inference_mode() instead of torch.no_grad()")
     args = ap.parse_args()
-    model = build(args.family)
+    global DEVICE
+    DEVICE = args.device
+    model = build(args.family).to(DEVICE)
     if args.apply:
         import dynaflow
         model = dynaflow.apply(model, args.apply)
@@ -125,7 +131,8 @@ def main():
     results = {}
     with torch.inference_mode() if args.inference_mode else torch.no_grad():
         for name in names:
-            results[name] = PATTERNS[name](model, prompts())
+            r = PATTERNS[name](model, prompts())
+            results[name] = {"tokens": r["tokens"].cpu(), "logits": [t.cpu() for t in r["logits"]]}
             print(f"{name}: tokens {results[name]['tokens'][:, -NEW_TOKENS:].tolist()}",
                   flush=True)
     if args.apply:

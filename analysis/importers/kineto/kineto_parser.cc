@@ -125,6 +125,7 @@ struct RawEvent {
   std::string_view copy_kind;    // args.kind of memcpy
   std::string_view input_dims;   // raw JSON arrays, compacted when interned
   std::string_view input_types;
+  std::string_view concrete_inputs;
   std::string_view module_path;
 };
 
@@ -212,6 +213,9 @@ void ReadArgs(od::object args, RawEvent* e) {
         } else if (key == "Input type") {
           e->input_types = RawArray(v);
         }
+        break;
+      case 'C':
+        if (key == "Concrete Inputs") e->concrete_inputs = RawArray(v);
         break;
       case 'M':
         if (key == "Module Hierarchy" && v.type() == od::json_type::string) {
@@ -575,6 +579,7 @@ void KinetoParser::OnEvent(std::string_view json) {
       o.sequence = e.sequence;
       o.input_shapes = t.strings.Intern(CompactJson(e.input_dims, &impl_->compact));
       o.input_types = t.strings.Intern(CompactJson(e.input_types, &impl_->compact));
+      o.concrete_inputs = t.strings.Intern(CompactJson(e.concrete_inputs, &impl_->compact));
       o.module_path = t.strings.Intern(e.module_path);
       if (e.backward_thread || e.name.rfind("autograd::engine::evaluate_function", 0) == 0) {
         o.pass = Pass::kBackward;
@@ -611,11 +616,31 @@ void KinetoParser::OnEvent(std::string_view json) {
   }
 }
 
+namespace {
+
+// The deviceProperties entry of device `device` as the trace's events name it.
+// CUDA traces list properties by the same index. ROCm traces list them by the
+// process's visible index (0..n-1) while events name the physical index (2,
+// 9...), so an index without an entry takes the entry all entries agree with
+// (a node of one GPU model, the common case), else none.
+const DeviceProps* PropsFor(const std::unordered_map<int64_t, DeviceProps>& props, int32_t device) {
+  auto it = props.find(device);
+  if (it != props.end()) return &it->second;
+  const DeviceProps* common = nullptr;
+  for (const auto& [id, p] : props) {
+    if (common != nullptr && (common->name != p.name || common->sm_count != p.sm_count)) return nullptr;
+    common = &p;
+  }
+  return common;
+}
+
+}  // namespace
+
 void KinetoParser::Finish() {
   for (DeviceInfo& d : part_->devices) {
-    auto it = impl_->props.find(d.device);
-    if (it == impl_->props.end()) continue;
-    const DeviceProps& p = it->second;
+    const DeviceProps* found = PropsFor(impl_->props, d.device);
+    if (found == nullptr) continue;
+    const DeviceProps& p = *found;
     d.name = p.name;
     d.sm_count = p.sm_count;
     d.cc_major = p.cc_major;

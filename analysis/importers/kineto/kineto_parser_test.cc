@@ -226,3 +226,56 @@ TEST(KinetoParserTest, TruncatedDocumentIsBadInput) {
 
 }  // namespace
 }  // namespace dynaflow
+
+namespace dynaflow {
+namespace {
+
+// ROCm lists deviceProperties by the process's visible index (0) while its
+// events name the physical device (2), as tracelens_mi300_bert_small does.
+TEST(KinetoParserTest, RocmDevicePropertiesMatchThePhysicalIndex) {
+  Trace t;
+  ASSERT_TRUE(ParseKinetoJson(R"json({
+  "deviceProperties": [{"id": 0, "name": "AMD Instinct MI300X VF", "numSms": 304}],
+  "traceEvents": [
+    {"ph": "X", "cat": "kernel", "name": "Cijk_Alik_Bljk_BBS_BH_MT64x16x64", "pid": 2, "tid": 1,
+     "ts": 10, "dur": 5, "args": {"device": 2, "stream": 1, "correlation": 7}}
+  ]})json", 0, &t).ok());
+  ASSERT_EQ(t.devices.size(), 1u);
+  EXPECT_EQ(t.devices[0].device, 2);
+  EXPECT_EQ(t.devices[0].name, "AMD Instinct MI300X VF");
+  EXPECT_EQ(t.devices[0].sm_count, 304);
+}
+
+// With properties of different parts, an unlisted index is left unnamed
+// rather than guessed.
+TEST(KinetoParserTest, MixedDevicePropertiesAreNotGuessed) {
+  Trace t;
+  ASSERT_TRUE(ParseKinetoJson(R"json({
+  "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132},
+                       {"id": 1, "name": "NVIDIA A100-SXM4-40GB", "numSms": 108}],
+  "traceEvents": [
+    {"ph": "X", "cat": "kernel", "name": "k", "pid": 5, "tid": 1, "ts": 10, "dur": 5,
+     "args": {"device": 5, "stream": 1}},
+    {"ph": "X", "cat": "kernel", "name": "k", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
+     "args": {"device": 1, "stream": 1}}
+  ]})json", 0, &t).ok());
+  ASSERT_EQ(t.devices.size(), 2u);
+  for (const DeviceInfo& d : t.devices) {
+    EXPECT_EQ(d.name, d.device == 1 ? "NVIDIA A100-SXM4-40GB" : "") << d.device;
+  }
+}
+
+// "Concrete Inputs" are kept for the cost model (a convolution's stride).
+TEST(KinetoParserTest, KeepsConcreteInputs) {
+  Trace t;
+  ASSERT_TRUE(ParseKinetoJson(R"json({"traceEvents": [
+    {"ph": "X", "cat": "cpu_op", "name": "aten::convolution", "pid": 1, "tid": 1, "ts": 1, "dur": 9,
+     "args": {"External id": 3, "Input Dims": [[1, 3, 8, 8], [4, 3, 3, 3]],
+              "Concrete Inputs": ["", "", "[2, 2]"]}}
+  ]})json", 0, &t).ok());
+  ASSERT_EQ(t.ops.size(), 1u);
+  EXPECT_EQ(t.strings.Get(t.ops[0].concrete_inputs), R"(["","","[2, 2]"])");
+}
+
+}  // namespace
+}  // namespace dynaflow

@@ -10,7 +10,8 @@ It does three things and never stops the program (unless `dynaflow apply
    comparison per import, so a program that never imports torch never loads
    torch or the extension;
 3. right after torch is imported, installs the plan of `dynaflow apply` (env
-   DYNAFLOW_PLAN, see dynaflow/_apply.py), and, when tracing, loads the
+   DYNAFLOW_PLAN, see dynaflow/_apply.py), and, when tracing, has the tracer
+   told the torch.distributed rank once the program initialises it, loads the
    dynaflow torch extension (env DYNAFLOW_TORCH_EXT) and installs the module
    path hooks on every nn.Module.
 Any failure prints one "dynaflow: ..." line on stderr; the program then runs
@@ -72,6 +73,10 @@ def _on_torch_imported():
     try:
         from dynaflow import _module_paths
 
+        _module_paths.watch_process_group()
+    except Exception as e:  # noqa: BLE001 - the program must run on
+        _warn(f"{e!r}; ranks come from the environment only")
+    try:
         lib = _module_paths.load_extension()
         if _module_paths.install_recorder(lib) == _module_paths.RECORDING:
             _module_paths.install_global_hooks(lib)

@@ -28,8 +28,9 @@ unmodified; with strict, the process exits with code 2 instead.
 Environment (set by `dynaflow apply`): DYNAFLOW_PLAN, DYNAFLOW_APPLY_LIB (the
 runtime library), DYNAFLOW_APPLY_STRICT=1, DYNAFLOW_APPLY_VERIFY=1 (run the
 original forward on a snapshot of each planned call's arguments and state, and
-compare outputs and state), DYNAFLOW_APPLY_REPORT
-(a JSON summary written at exit, which the CLI prints).
+compare outputs and state), DYNAFLOW_APPLY_REPORT (a folder: each process
+writes its JSON summary there at exit, <pid>.json, which the CLI merges and
+prints).
 """
 
 import atexit
@@ -261,13 +262,16 @@ class _Runtime:
             raise PlanMismatch(f"runtime: {err.value.decode()}")
         return h
 
-    def micro_batch_schedule(self, name, splits, task_fn):
-        """`splits` independent tasks, micro-batch i on stream i."""
+    def micro_batch_schedule(self, name, splits, task_fn, ordered=False):
+        """`splits` tasks, micro-batch i on stream i: independent, or each
+        after the one before when `ordered`."""
         err = ctypes.create_string_buffer(512)
         idx = list(range(splits))
+        dep_begin = [max(0, i - 1) for i in range(splits + 1)] if ordered else [0] * (splits + 1)
+        deps = list(range(splits - 1)) if ordered else []
         h = self.lib.dynaflow_apply_schedule_new(
             name.encode(), splits, splits, self._ints(idx), self._ints(idx),
-            self._ints([0] * (splits + 1)), self._ints([]), task_fn, None, err, len(err))
+            self._ints(dep_begin), self._ints(deps), task_fn, None, err, len(err))
         if not h:
             raise PlanMismatch(f"runtime: {err.value.decode()}")
         return h
@@ -497,7 +501,13 @@ class _PlannedForward:
             "inference": torch.is_inference_mode_enabled(),
             "caller": torch.cuda.current_stream() if a.cuda else None,
         }
-        handle, _, shared = self._schedule(split.parts)
+        # Collectives are paired across ranks by the order each rank issues
+        # them in. The CPU workers would issue the micro-batches' in whatever
+        # order the threads run, differently on each rank (gloo then sums
+        # one rank's micro-batch 0 with another's micro-batch 1), so with
+        # torch.distributed on the CPU the micro-batches run one after the
+        # other. On CUDA every task is launched from this thread, in order.
+        handle, _, shared = self._schedule(split.parts, not a.cuda and _distributed())
         shared.update(state)  # what the schedule's task function reads
         caller = state["caller"].cuda_stream if a.cuda else 0
         try:
@@ -524,13 +534,14 @@ class _PlannedForward:
             raise RuntimeError(f"dynaflow apply: {self.path}: {e}") from None
         return out
 
-    def _schedule(self, splits):
-        if splits not in self.schedules:
+    def _schedule(self, splits, ordered):
+        key = (splits, ordered)
+        if key not in self.schedules:
             state = {}
             fn = _Runtime.TASK_FN(lambda _u, _t, mb, stream: self._task(state, mb, stream))
-            handle = self.applier.runtime.micro_batch_schedule(self.path, splits, fn)
-            self.schedules[splits] = (handle, fn, state)
-        return self.schedules[splits]
+            handle = self.applier.runtime.micro_batch_schedule(self.path, splits, fn, ordered)
+            self.schedules[key] = (handle, fn, state)
+        return self.schedules[key]
 
     def _task(self, state, mb, stream):
         import torch
@@ -552,6 +563,13 @@ class _PlannedForward:
             if state.get("error") is None:
                 state["error"] = e
             return 1
+
+
+def _distributed():
+    """Whether this process is one of several ranks of torch.distributed."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _record_on(values, stream):
@@ -780,17 +798,26 @@ class _FromEnvironment:
             os._exit(2)
 
     def write_report(self):
+        """This process's summary, <DYNAFLOW_APPLY_REPORT>/<pid>.json: the CLI
+        merges those of every process of the program (ranks, workers). That
+        the plan's model never ran here is said by the CLI, and only when it
+        ran in no process; without the CLI, here."""
+        out = self.report.as_json(self.verify)
+        out["ran_model"] = self.applier is not None
+        out["refusal_said"] = bool(self.report.refused)
         if self.plan is not None and self.root is not None and self.applier is None \
                 and not self.report.refused:
-            self.report.refused = f"no module {_cut(self.root)} ran"
-            _say(f"plan not applied: no module {_cut(self.root)} ran")
+            out["refused"] = f"no module {_cut(self.root)} ran"
+            if not self.report_path:
+                _say(f"plan not applied: {out['refused']}")
         if not self.report_path:
             return
+        path = os.path.join(self.report_path, f"{os.getpid()}.json")
         try:
-            with open(self.report_path, "w", encoding="utf-8") as f:
-                json.dump(self.report.as_json(self.verify), f)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(out, f)
         except OSError as e:
-            _say(f"cannot write {self.report_path}: {e}")
+            _say(f"cannot write {path}: {e}")
 
 
 def install_from_env():

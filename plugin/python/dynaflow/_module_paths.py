@@ -87,16 +87,46 @@ def module_fingerprint(root):
     return h.hexdigest()[:16]
 
 
-def _tracer_fingerprint_recorder():
-    """The tracer's dynaflow_record_module_fingerprint, or None when this
-    process has no tracer (LD_PRELOAD) or an older one."""
+def _tracer_function(name, argtypes):
+    """The tracer's C function `name` (plugin/preload/dynaflow_tracer.h), or
+    None when this process has no tracer (LD_PRELOAD) or an older one."""
     try:
-        fn = ctypes.CDLL(None).dynaflow_record_module_fingerprint
+        fn = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    fn.argtypes = argtypes
     fn.restype = None
     return fn
+
+
+def watch_process_group():
+    """Tells the tracer this process's torch.distributed rank as soon as the
+    program initialises its default process group (init_process_group is
+    wrapped; the call itself is unchanged). Ranks started by
+    torch.multiprocessing have no RANK in their environment: without this
+    every one of them would be traced as rank 0."""
+    import functools
+
+    try:
+        import torch.distributed as dist
+    except ImportError:  # a torch built without it: no process group to watch
+        return
+    record = _tracer_function("dynaflow_record_process_group_rank", [ctypes.c_int32])
+    if record is None or not dist.is_available():
+        return
+    original = dist.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        try:
+            record(dist.get_rank())
+        except Exception:  # noqa: BLE001 - the program goes on; the rank stays RANK's
+            pass
+        return result
+
+    dist.init_process_group = init_process_group
+    dist.distributed_c10d.init_process_group = init_process_group
 
 
 class ModuleTracker:
@@ -118,7 +148,8 @@ class ModuleTracker:
         self._children = weakref.WeakKeyDictionary()  # module -> {child: attribute name}
         self._interned = {}  # path -> the extension's pointer for it
         self._warned = False
-        self._record_fingerprint = _tracer_fingerprint_recorder()
+        self._record_fingerprint = _tracer_function("dynaflow_record_module_fingerprint",
+                                                    [ctypes.c_char_p, ctypes.c_char_p])
         self._fingerprinted = set()  # root classes recorded
 
     def pre_hook(self, module, args):

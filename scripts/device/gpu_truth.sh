@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Every GPU check of the project in one prepared run (issue "GPU truth on the
+# H200"), for the machine lent through the device tool. Builds dynaflow once
+# there against that machine's torch, then runs, each under its own time
+# limit so that one slow step cannot eat the others' time:
+#   1. trace    scripts/device/trace_check.py: kernels and kernel time against
+#               torch.profiler, overhead, small trace.db fixtures;
+#   2. predict  scripts/device/predict_check.py: a Llama-8B-shaped decoder,
+#               decode at batch 64 and 4096 context, prefill at 512 and 4096
+#               tokens: the replayed sequential step and the predicted
+#               nano-batch step against the measured ones;
+#   3. micro    scripts/device/overlap_micro.py: a GEMM beside a bandwidth-bound
+#               kernel, two bandwidth-bound kernels, two GEMMs, on two streams;
+#   4. apply    scripts/device/apply_bench.py: eager, one CUDA graph and the
+#               advised plan, predicted and measured speedups side by side;
+#   5. hf       tests/hf_apply_test.py on the GPU: tiny Hugging Face models
+#               under a forced plan through the runtime's CUDA streams, outputs
+#               against the unmodified run.
+#
+#   bash scripts/device/gpu_truth.sh fetch     # here, once: .device-deps/*.deb
+#   run(command="bash scripts/device/gpu_truth.sh", carry=[".device-deps"], timeout_s=360)
+#
+# The time limits (seconds, TRUTH_*_S to change) add up to 5.5 minutes, so
+# that a 15-minute lease holds a rerun; TRUTH_STEPS=trace,apply (a comma list
+# of the step names above) reruns only those. Results in $OUT (at most 8 files come
+# back from the device tool): summary.txt (every step's output and exit
+# code), results.json (every step's JSON), build.log, and the fixtures
+# llama_decode_h200.db and train_step_h200.db for tests/data.
+#
+# A dry run without a GPU: DEVICE=cpu bash scripts/device/gpu_truth.sh (CPU
+# sizes; checks the flow end to end, measures nothing meaningful).
+# Exit code: 0 when every step passed, 1 when one failed or ran out of time,
+# 2 when the machine lacks something.
+set -euo pipefail
+
+script=gpu_truth
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+out="${OUT:-$build/truth-out}"
+device="${DEVICE:-cuda}"
+work="$build/truth-work"
+
+BUILD_S=${TRUTH_BUILD_S:-100}
+TRACE_S=${TRUTH_TRACE_S:-60}
+PREDICT_S=${TRUTH_PREDICT_S:-25}  # each of three workloads
+MICRO_S=${TRUTH_MICRO_S:-15}
+APPLY_S=${TRUTH_APPLY_S:-50}
+HF_S=${TRUTH_HF_S:-30}
+STEPS=",${TRUTH_STEPS:-trace,predict,micro,apply,hf},"
+
+failed=0
+
+# step NAME SECONDS CMD...: runs CMD under a time limit, its output into
+# summary.txt and on stdout, and records its exit code; skipped when NAME's
+# first word is not in TRUTH_STEPS.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  [[ "$STEPS" == *",${name%%-*},"* ]] || return 0
+  echo "== $name (limit ${limit}s): $*" | tee -a "$out/summary.txt"
+  local start=$SECONDS code=0
+  timeout --kill-after=5 "$limit" "$@" 2>&1 | tee -a "$out/summary.txt" || code=${PIPESTATUS[0]}
+  local took=$((SECONDS - start))
+  if [ "$code" -eq 124 ] || [ "$code" -eq 137 ]; then
+    echo "== $name: NOT FINISHED within ${limit}s" | tee -a "$out/summary.txt"
+  else
+    echo "== $name: exit $code after ${took}s" | tee -a "$out/summary.txt"
+  fi
+  [ "$code" -eq 0 ] || failed=1
+}
+
+# The small outputs that come back: one JSON of every step's JSON, and the
+# fixtures.
+collect() {
+  "$python" - "$work" "$out/results.json" <<'PY'
+import json, os, sys
+work, dest = sys.argv[1], sys.argv[2]
+results = {}
+for folder, _, files in sorted(os.walk(work)):
+    for f in sorted(files):
+        if f.endswith(".json") and ("summary" in f or "check" in f or "micro" in f):
+            path = os.path.join(folder, f)
+            try:
+                results[os.path.relpath(path, work)] = json.load(open(path))
+            except ValueError as e:
+                results[os.path.relpath(path, work)] = {"unreadable": str(e)}
+json.dump(results, open(dest, "w"), indent=1)
+PY
+  local db
+  for db in llama_decode_h200.db train_step_h200.db; do
+    [ ! -f "$work/trace/$db" ] || cp "$work/trace/$db" "$out/"
+  done
+}
+
+main() {
+  check_machine "$device"
+  mkdir -p "$out" "$work"
+  : >"$out/summary.txt"
+  unpack_carried "$device"
+  local cuda=ON  # the tracer's CUPTI parts; AUTO on a dry run (on where the toolkit is)
+  [ "$device" = cuda ] || cuda=AUTO
+  echo "== build (limit ${BUILD_S}s, log: build.log)" | tee -a "$out/summary.txt"
+  if ! timeout "$BUILD_S" bash -c "$(declare -f device_build); prefix='$prefix' build='$build' \
+      root='$root' device_build dynaflow dynaflow_preload dynaflow_torch dynaflow_apply -- \
+      -DDYNAFLOW_WITH_CUDA=$cuda -DDYNAFLOW_WITH_TORCH=ON -DDYNAFLOW_PYTHON='$python'" \
+      >"$out/build.log" 2>&1; then
+    tail -n 40 "$out/build.log" | tee -a "$out/summary.txt" >&2
+    die 1 "the build failed or ran out of time"
+  fi
+  export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PYTHONUNBUFFERED=1
+  local bin="$build/cli/dynaflow" runtime="$build/plugin/apply/libdynaflow_apply.so"
+  local reps=3 layers=8 iters=20
+  local decode=(--batch 64 --context 4096) p512=(--batch 4 --seq 128) p4096=(--batch 8 --seq 512)
+  if [ "$device" != cuda ]; then
+    reps=2 layers=2 iters=3
+    decode=(--batch 4 --context 64) p512=(--batch 4 --seq 16) p4096=(--batch 4 --seq 32)
+  fi
+
+  step trace "$TRACE_S" "$python" "$root/scripts/device/trace_check.py" --dynaflow "$bin" \
+    --out "$work/trace" --device "$device" --reps "$reps"
+  local pc=("$python" "$root/scripts/device/predict_check.py" --dynaflow "$bin"
+            --device "$device" --layers "$layers" --iters "$iters")
+  step predict-decode "$PREDICT_S" "${pc[@]}" --out "$work/predict" --workload decode "${decode[@]}"
+  step predict-prefill-512 "$PREDICT_S" "${pc[@]}" --out "$work/predict512" --workload prefill \
+    "${p512[@]}"
+  step predict-prefill-4096 "$PREDICT_S" "${pc[@]}" --out "$work/predict4096" \
+    --workload prefill "${p4096[@]}"
+  step micro "$MICRO_S" "$python" "$root/scripts/device/overlap_micro.py" --out "$work/micro" \
+    --device "$device" --iters "$iters"
+  step apply "$APPLY_S" "$python" "$root/scripts/device/apply_bench.py" --dynaflow "$bin" \
+    --runtime "$runtime" --out "$work/apply" --device "$device"
+  step hf "$HF_S" env DYNAFLOW_BIN="$bin" DYNAFLOW_SOURCE_DIR="$root" DYNAFLOW_PYTHON="$python" \
+    DYNAFLOW_APPLY_LIB_BUILT="$runtime" DYNAFLOW_HF_DEVICE="$device" \
+    "$python" "$root/tests/hf_apply_test.py" HfApplyTest.test_llama HfApplyTest.test_mixtral
+  collect
+  echo "gpu_truth: $( [ "$failed" -eq 0 ] && echo "every step passed" || echo "a step failed" ) \
+(summary.txt, results.json in $out)" | tee -a "$out/summary.txt"
+  return "$failed"
+}
+
+case "${1:-}" in
+  fetch) fetch ;;
+  "") main ;;
+  *) die 2 "usage: bash scripts/device/gpu_truth.sh [fetch]" ;;
+esac
