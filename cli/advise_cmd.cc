@@ -57,6 +57,12 @@ int RunAdvise(const AdviseArgs& args) {
     if (args.plan.empty()) return Fail(Status::BadInput("--force-strategy needs --plan FILE"));
     advise.force = s;
   }
+  // Output paths are checked before the work: a missing directory fails at
+  // once, not after the report was printed.
+  for (const std::string* path : {&args.output, &args.plan}) {
+    const Status writable = CheckOutputPath(*path);
+    if (!writable.ok()) return Fail(writable);
+  }
   Trace trace;
   Status st = LoadInputs(args.inputs, &trace);
   if (!st.ok()) return Fail(st);
@@ -66,12 +72,15 @@ int RunAdvise(const AdviseArgs& args) {
   AdviseReport report;
   report.inputs = args.inputs;
   report.trace = &trace;
+  ShowPhase("measuring the GPU timeline");
   report.devices = AnalyzeTimelines(trace, options);
   AdviceResult advice;
   if (!args.no_advice) {
+    ShowPhase("simulating the candidate schedules");
     advice = Advise(trace, args.inputs, advise);
     report.advice = &advice;
   }
+  ShowPhase("");
   std::string text;
   if (args.format == "json") {
     // Invalid UTF-8 in a trace's names becomes U+FFFD rather than an exception.
@@ -118,7 +127,10 @@ void AddAdviseCommand(CLI::App& app, int* exit_code) {
       "memcpy, idle), per-stream idle causes, the top kernels, the bound resource of every "
       "kernel, idle-resource windows, and recommend an overlap strategy per workload bucket "
       "from a simulation of the step.");
-  cmd->add_option("IN", args->inputs, "Trace files or trace.db")->required();
+  cmd->add_option("IN", args->inputs, "Trace files or trace.db; - reads standard input")->required();
+  cmd->footer(
+      "Example: an HTML report of two ranks, and the plan for `dynaflow apply`:\n"
+      "  dynaflow advise rank0.json.gz rank1.json.gz --format html -o report.html --plan plan.json");
   cmd->add_option("--format", args->format, "Report format")
       ->check(CLI::IsMember({"text", "json", "html"}))
       ->capture_default_str();

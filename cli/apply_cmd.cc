@@ -206,6 +206,10 @@ void AddApplyCommand(CLI::App& app, int* exit_code) {
       "not fit the program is refused with one line and the program runs unmodified. The exit "
       "code is CMD's.\nIn code: import dynaflow; model = dynaflow.apply(model, \"plan.json\").");
   cmd->add_option("PLAN", args->plan, "plan.json from `dynaflow advise --plan`")->required();
+  cmd->footer(
+      "Example: advise a traced run, then serve with the plan, checking its outputs:\n"
+      "  dynaflow advise run.db --plan plan.json\n"
+      "  dynaflow apply --verify plan.json -- python serve.py --batch 64");
   cmd->add_flag("--strict", args->strict,
                 "A plan that does not fit the program ends it with exit code 2");
   cmd->add_flag("--verify", args->verify,

@@ -32,13 +32,24 @@ extern const CLI::Validator kPositive;
 // Prints "dynaflow: <message>" on stderr and returns the status's exit code.
 int Fail(const Status& status);
 
-// Imports `inputs` into `trace`, with progress on stderr when it is a terminal.
+// Imports `inputs` into `trace`, with progress on stderr when it is a terminal
+// ("importing NAME: 45%"). "-" is standard input.
 // With `sink`, readers may hand records to it while reading (see reader.h).
 Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace,
                   RecordSink* sink = nullptr);
 
+// On stderr when it is a terminal: "PHASE..." on the progress line, replacing
+// what was there; "" clears the line. Nothing otherwise.
+void ShowPhase(const std::string& phase);
+
 // "PATH: cannot write: <errno's reason>", after a failed stream write.
 Status CannotWrite(const std::string& path);
+
+// Whether WriteOutput could write `path`, checked before any work: creates and
+// removes the temporary file WriteOutput would write. BadInput naming the path
+// and the reason (a missing directory, no permission) when not; "-", empty, and
+// existing devices or FIFOs (written in place, not probed) pass.
+Status CheckOutputPath(const std::string& path);
 
 // Writes `text` to `path` through a temporary file, so a failure leaves no
 // partial output; "-" or empty means stdout.

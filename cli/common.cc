@@ -6,11 +6,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
+#include <vector>
 
 #include "analysis/importers/reader.h"
 #include "cli/commands.h"
+#include "reports/format.h"
 
 namespace dynaflow {
 
@@ -41,20 +44,33 @@ int Fail(const Status& status) {
 
 namespace {
 
-// Progress on stderr, only when it is a terminal, at most four times a second.
-ImportOptions ProgressOptions() {
+bool ProgressShown() { return isatty(STDERR_FILENO) != 0; }
+
+// Progress on stderr, only when it is a terminal, at most four times a second:
+// "importing NAME: 45%". `display` maps a path to the name shown.
+ImportOptions ProgressOptions(std::function<std::string(const std::string&)> display) {
   ImportOptions options;
-  if (isatty(STDERR_FILENO) == 0) return options;
-  auto last = std::make_shared<std::chrono::steady_clock::time_point>();
-  options.progress = [last](int64_t done, int64_t total) {
+  if (!ProgressShown()) return options;
+  struct State {
+    std::chrono::steady_clock::time_point last;
+    std::string name;
+  };
+  auto state = std::make_shared<State>();
+  options.on_file = [state, display](const std::string& path) {
+    state->name = std::filesystem::path(display(path)).filename().string();
+    state->last = {};  // show the new name at once
+  };
+  options.progress = [state](int64_t done, int64_t total) {
     auto now = std::chrono::steady_clock::now();
-    if (now - *last < std::chrono::milliseconds(250)) return;
-    *last = now;
+    if (now - state->last < std::chrono::milliseconds(250)) return;
+    state->last = now;
+    const std::string name = Shorten(state->name, 40);
     if (total > 0) {
-      std::fprintf(stderr, "\rimporting: %3d%% of %.1f MB", static_cast<int>(100 * done / total),
-                   static_cast<double>(total) / 1e6);
+      std::fprintf(stderr, "\r\033[Kimporting %s: %3d%%", name.c_str(),
+                   static_cast<int>(100 * done / total));
     } else {
-      std::fprintf(stderr, "\rimporting: %.1f MB", static_cast<double>(done) / 1e6);
+      std::fprintf(stderr, "\r\033[Kimporting %s: %.1f MB", name.c_str(),
+                   static_cast<double>(done) / 1e6);
     }
     std::fflush(stderr);
   };
@@ -63,16 +79,107 @@ ImportOptions ProgressOptions() {
 
 }  // namespace
 
+namespace {
+
+// Standard input copied into a fresh temporary file, removed on destruction:
+// the readers need a file (SQLite opens one; gzip and format detection probe
+// its head before reading).
+class StdinSpool {
+ public:
+  ~StdinSpool() {
+    if (!path_.empty()) std::remove(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+
+  Status Fill() {
+    if (isatty(STDIN_FILENO) != 0) {
+      return Status::BadInput("-: standard input is a terminal; pipe a trace into it");
+    }
+    std::string templ = (std::filesystem::temp_directory_path() / "dynaflow-stdin-XXXXXX").string();
+    const int fd = mkstemp(templ.data());
+    if (fd < 0) return Status::Failure("cannot create a temporary file in " + templ + ": " + std::strerror(errno));
+    path_ = templ;
+    std::FILE* out = fdopen(fd, "wb");
+    if (out == nullptr) {
+      close(fd);
+      return CannotWrite(path_);
+    }
+    std::vector<char> buf(1 << 20);
+    size_t n = 0;
+    bool ok = true;
+    while (ok && (n = std::fread(buf.data(), 1, buf.size(), stdin)) > 0) {
+      ok = std::fwrite(buf.data(), 1, n, out) == n;
+    }
+    ok = ok && !std::ferror(stdin);
+    const bool closed = std::fclose(out) == 0;
+    if (!ok || !closed) return Status::Failure("-: cannot copy standard input to " + path_);
+    return Status::Ok();
+  }
+
+ private:
+  std::string path_;
+};
+
+// `message` with every `from` replaced by `to`.
+std::string ReplaceAll(std::string message, const std::string& from, const std::string& to) {
+  for (size_t at = message.find(from); at != std::string::npos; at = message.find(from, at + to.size())) {
+    message.replace(at, from.size(), to);
+  }
+  return message;
+}
+
+}  // namespace
+
 Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace, RecordSink* sink) {
-  ImportOptions options = ProgressOptions();
+  // "-" is standard input, once.
+  std::vector<std::string> paths = inputs;
+  StdinSpool spool;
+  for (std::string& path : paths) {
+    if (path != "-") continue;
+    if (!spool.path().empty()) return Status::BadInput("-: standard input given twice");
+    DF_RETURN_IF_ERROR(spool.Fill());
+    path = spool.path();
+  }
+  const std::string spooled = spool.path();
+  ImportOptions options = ProgressOptions(
+      [spooled](const std::string& path) { return !spooled.empty() && path == spooled ? "-" : path; });
   options.sink = sink;
-  Status st = ImportFiles(inputs, options, trace);
-  if (options.progress) std::fprintf(stderr, "\r%40s\r", "");
+  Status st = ImportFiles(paths, options, trace);
+  ShowPhase("");
+  if (!st.ok() && !spool.path().empty()) {
+    // Messages name the input as the user did.
+    const std::string message = ReplaceAll(st.message(), spool.path(), "-");
+    return st.code() == StatusCode::kBadInput ? Status::BadInput(message) : Status::Failure(message);
+  }
   return st;
+}
+
+void ShowPhase(const std::string& phase) {
+  if (!ProgressShown()) return;
+  if (phase.empty()) {
+    std::fprintf(stderr, "\r\033[K");
+  } else {
+    std::fprintf(stderr, "\r\033[K%s...", phase.c_str());
+  }
+  std::fflush(stderr);
 }
 
 Status CannotWrite(const std::string& path) {
   return Status::Failure(path + ": cannot write: " + std::strerror(errno));
+}
+
+Status CheckOutputPath(const std::string& path) {
+  if (path.empty() || path == "-") return Status::Ok();
+  std::error_code probe;
+  const auto status = std::filesystem::status(path, probe);
+  if (std::filesystem::is_directory(status)) return Status::BadInput(path + ": cannot write: is a directory");
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) return Status::Ok();
+  const std::string tmp = path + ".tmp-" + std::to_string(getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) return Status::BadInput(path + ": cannot write: " + std::strerror(errno));
+  std::fclose(f);
+  std::remove(tmp.c_str());
+  return Status::Ok();
 }
 
 Status WriteOutput(const std::string& path, const std::string& text) {

@@ -87,7 +87,10 @@ void AddExportCommand(CLI::App& app, int* exit_code) {
       "Write a trace as Chrome-trace JSON in Kineto's conventions, for Perfetto UI "
       "(ui.perfetto.dev), chrome://tracing and tools that read PyTorch profiler traces. "
       "Several ranks give one file per rank: out.json -> out.rank0.json, out.rank1.json...");
-  cmd->add_option("IN", args->inputs, "Trace files or trace.db")->required();
+  cmd->add_option("IN", args->inputs, "Trace files or trace.db; - reads standard input")->required();
+  cmd->footer(
+      "Example: open a trace.db in Perfetto UI (ui.perfetto.dev, Open trace file):\n"
+      "  dynaflow export run.db --format perfetto -o run.json");
   cmd->add_option("--format", args->format, "Output format")
       ->check(CLI::IsMember({"perfetto"}))
       ->capture_default_str();

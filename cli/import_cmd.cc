@@ -50,8 +50,13 @@ void AddImportCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<ImportArgs>();
   CLI::App* cmd = app.add_subcommand(
       "import", "Import traces into one trace.db (SQLite; schema in schemas/trace.sql).");
-  cmd->add_option("IN", args->inputs, "Trace files; several Kineto rank files at once")
+  cmd->add_option("IN", args->inputs,
+                  "Trace files; several Kineto rank files at once; - reads standard input")
       ->required();
+  cmd->footer(
+      "Example: two ranks' torch.profiler traces into one store, queried with SQL:\n"
+      "  dynaflow import rank0.json.gz rank1.json.gz -o run.db\n"
+      "  sqlite3 run.db 'SELECT rank, count(*) FROM gpu_activity GROUP BY rank'");
   cmd->add_option("-o,--output", args->output, "The trace.db to write (replaced if present)")
       ->required();
   cmd->final_callback([args, exit_code] { *exit_code = RunImport(*args); });

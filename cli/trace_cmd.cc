@@ -45,6 +45,7 @@ struct TraceTools {
   // _dynaflow_torch.so; empty when there is no such file (not built, or a
   // DYNAFLOW_TORCH_EXT naming nothing, which stays for the bootstrap to report).
   std::string torch_ext;
+  std::string torch_ext_looked_at;  // where torch_ext was looked for
 };
 
 StatusOr<TraceTools> FindTools() {
@@ -58,6 +59,7 @@ StatusOr<TraceTools> FindTools() {
   }
   tools.bootstrap_dir = fs::absolute(plugins / "python" / "bootstrap").lexically_normal();
   tools.torch_ext = EnvOr("DYNAFLOW_TORCH_EXT", plugins / "torch" / "_dynaflow_torch.so");
+  tools.torch_ext_looked_at = fs::path(tools.torch_ext).lexically_normal();
   if (!fs::is_regular_file(tools.torch_ext)) tools.torch_ext.clear();
   tools.preload = fs::absolute(tools.preload).lexically_normal();
   if (!tools.torch_ext.empty()) tools.torch_ext = fs::absolute(tools.torch_ext).lexically_normal();
@@ -193,7 +195,11 @@ void ReportMissingGpu(const Trace& trace, const MergeSummary& summary) {
             << (trace.ops.empty() ? "" : "; operators only") << "\n";
 }
 
-void PrintSummary(const Trace& trace, const MergeSummary& summary, const std::string& output) {
+// `missing_ext`: where the torch extension was looked for when operators were
+// asked for and it is not there ("" otherwise); the summary then says why
+// there are no operators instead of a bare "0 operators".
+void PrintSummary(const Trace& trace, const MergeSummary& summary, const std::string& output,
+                  const std::string& missing_ext) {
   const int64_t kernels =
       std::count_if(trace.gpu.begin(), trace.gpu.end(),
                     [](const GpuActivity& g) { return g.kind == GpuKind::kKernel; });
@@ -201,7 +207,12 @@ void PrintSummary(const Trace& trace, const MergeSummary& summary, const std::st
   for (const std::string& crash : summary.crashes) {
     std::cerr << "dynaflow: process " << crash << "; what it recorded up to then is kept\n";
   }
-  std::cerr << "dynaflow: " << kernels << " kernels, " << trace.ops.size() << " operators, "
+  std::cerr << "dynaflow: " << kernels << " kernels, " << trace.ops.size() << " operators"
+            << (missing_ext.empty() || !trace.ops.empty()
+                    ? ""
+                    : " (no torch extension at " + missing_ext +
+                          ": PyTorch operators are not recorded; build the dynaflow_torch target)")
+            << ", "
             << summary.dropped_records << " dropped records, " << summary.processes
             << (summary.processes == 1 ? " process" : " processes") << " -> " << output << "\n";
 }
@@ -236,7 +247,8 @@ int RunTrace(const TraceArgs& args) {
   }
   std::error_code ec;
   fs::remove_all(*parts_dir, ec);
-  PrintSummary(trace, summary, args.output);
+  PrintSummary(trace, summary, args.output,
+               args.ops == "on" && tools->torch_ext.empty() ? tools->torch_ext_looked_at : "");
   return exit_code;
 }
 
@@ -251,6 +263,10 @@ void AddTraceCommand(CLI::App& app, int* exit_code) {
       "Environment: DYNAFLOW_OPS_SAMPLE=N records one top-level operator in N per thread "
       "(bounds the overhead of operator-heavy programs); DYNAFLOW_PRELOAD and "
       "DYNAFLOW_TORCH_EXT override where the tracer and the torch extension are found.");
+  cmd->footer(
+      "Example: trace 20 steps of a training script, then see where the GPU idles:\n"
+      "  dynaflow trace -o run.db -- python train.py --steps 20\n"
+      "  dynaflow advise run.db");
   cmd->add_option("-o,--output", args->output, "The trace.db to write (replaced if present)")
       ->capture_default_str();
   cmd->add_option("--delay", args->delay_s, "Start recording this many seconds after CMD starts")

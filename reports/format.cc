@@ -25,9 +25,32 @@ std::string FormatPercent(double part, double whole) {
   return buf;
 }
 
-std::string Shorten(std::string_view s, size_t width) {
-  if (s.size() <= width) return std::string(s);
-  return std::string(s.substr(0, width - 3)) + "...";
+std::string Printable(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7F) {
+      out += c;
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", u);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+std::string Shorten(std::string_view raw, size_t width) {
+  const std::string s = Printable(raw);
+  if (s.size() <= width) return s;
+  return s.substr(0, width - 3) + "...";
 }
 
 }  // namespace dynaflow

@@ -12,7 +12,12 @@ std::string FormatDuration(double us);
 // Percentage of `part` in `whole` with one decimal, "-" when whole is zero.
 std::string FormatPercent(double part, double whole);
 
-// Cuts long kernel names to `width` characters with a trailing "...".
+// `s` with its control characters (U+0000..U+001F, U+007F) written as C
+// escapes (\t, \n, \r, \xHH): a name from a trace cannot split a table row
+// or put a NUL byte into a report.
+std::string Printable(std::string_view s);
+
+// Printable(s), cut to `width` characters with a trailing "...".
 std::string Shorten(std::string_view s, size_t width);
 
 }  // namespace dynaflow

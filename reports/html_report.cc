@@ -9,7 +9,10 @@
 namespace dynaflow {
 namespace {
 
-std::string Escape(std::string_view s) {
+// HTML-escaped Printable(s): no markup and no control characters (a NUL
+// byte is not allowed in an HTML document).
+std::string Escape(std::string_view raw) {
+  const std::string s = Printable(raw);
   std::string out;
   out.reserve(s.size());
   for (char c : s) {

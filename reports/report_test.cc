@@ -83,6 +83,27 @@ TEST(HtmlReportTest, SelfContainedWithEscapedNames) {
   EXPECT_EQ(html.find("src=\"http"), std::string::npos);
 }
 
+// A tab, newline or NUL byte in a name (a trace is user data) is written as a
+// C escape: it cannot split a table row, and no NUL byte reaches the HTML.
+TEST(ReportTest, ControlCharactersInNamesAreEscaped) {
+  Trace trace;
+  AdviseReport report = SampleReport(&trace);
+  report.devices[0].name = std::string("GPU\tA\nB\0C", 9);
+  report.devices[0].top_kernels[0].name = std::string("k\tx\ny\0z\x7f", 8);
+  const std::string text = ReportToText(report);
+  EXPECT_NE(text.find("rank 0 · device 0 · GPU\\tA\\nB\\x00C\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("k\\tx\\ny\\x00z\\x7F\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find('\t'), std::string::npos);
+  EXPECT_EQ(text.find('\0'), std::string::npos);
+  const std::string html = ReportToHtml(report);
+  EXPECT_EQ(html.find('\0'), std::string::npos);
+  EXPECT_EQ(html.find('\x7f'), std::string::npos);
+  EXPECT_NE(html.find("GPU\\tA\\nB\\x00C"), std::string::npos);
+  EXPECT_NE(html.find("k\\tx\\ny\\x00z\\x7F"), std::string::npos);
+  EXPECT_EQ(Printable("plain · UTF-8"), "plain · UTF-8");
+  EXPECT_EQ(Shorten(std::string("a\tb", 3), 10), "a\\tb");
+}
+
 TEST(FormatTest, Durations) {
   EXPECT_EQ(FormatDuration(0.42), "420 ns");
   EXPECT_EQ(FormatDuration(388.34), "388.3 us");

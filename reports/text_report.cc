@@ -17,7 +17,7 @@ void Line(std::ostringstream& out, const char* label, double us, double total) {
 void DeviceSection(std::ostringstream& out, const DeviceTimeline& d) {
   const TimelineBreakdown& t = d.timeline;
   out << "rank " << d.rank << " · device " << d.device << " · "
-      << (d.name.empty() ? "unknown GPU" : d.name) << "\n";
+      << (d.name.empty() ? "unknown GPU" : Printable(d.name)) << "\n";
   out << "  " << d.events << " GPU events";
   if (d.profiler_steps > 0) out << " inside " << d.profiler_steps << " ProfilerStep window(s)";
   out << "\n\n  GPU timeline\n";
@@ -116,7 +116,7 @@ void Recommendations(std::ostringstream& out, const AdviceResult& a) {
     std::snprintf(buf, sizeof buf, "    %-22s %5.2fx  %s -> %s  +%.0f MB\n", name.c_str(),
                   r.predicted_speedup, FormatDuration(r.baseline_step_us).c_str(),
                   FormatDuration(r.predicted_step_us).c_str(), r.extra_memory_bytes / 1e6);
-    out << buf << "        " << r.rationale << "\n";
+    out << buf << "        " << Printable(r.rationale) << "\n";
   }
   if (a.has_graph) {
     out << "\n  Plan by tokens per step";
@@ -140,7 +140,7 @@ void Recommendations(std::ostringstream& out, const AdviceResult& a) {
 std::string ReportToText(const AdviseReport& report) {
   std::ostringstream out;
   out << "dynaflow advise: " << report.devices.size() << " GPU(s) in";
-  for (const std::string& in : report.inputs) out << " " << in;
+  for (const std::string& in : report.inputs) out << " " << Printable(in);
   out << "\n\n";
   if (report.devices.empty()) out << "No GPU activity in this trace (host events only).\n\n";
   for (const DeviceTimeline& d : report.devices) {

@@ -117,7 +117,7 @@ if [ -d "$shared" ]; then
     "$shared/kineto/hta_sampled_rank-1.json.gz" --format json -o "$work/ranks.json" --plan "$work/ranks.plan.json"
   check "two ranks agree" agrees "$work/ranks.json" "$work/ranks.plan.json"
 else
-  echo "advise_plan_test: $shared absent: real traces skipped"
+  skipped="$shared absent: the real-trace checks did not run"
 fi
 
 finish

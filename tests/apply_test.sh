@@ -42,6 +42,18 @@ expect_code "advise forced" 0 "$bin" advise "$work/run.db" --plan "$work/plan.js
   --force-strategy nanobatch_overlap --splits 2
 check "plan splits the decoder layers" has "$work/plan.json" '"LlamaForCausalLM.model.layers.*"'
 expect_code "command not found" 127 "$bin" apply "$work/plan.json" -- "$work/no-such-program"
+# Past the schema's bounds: refused in one line before the program starts
+# (splits: 100000 used to abort it with exit 134; long names are quoted cut).
+edit_plan "$work/plan.json" "$work/huge_splits.json" \
+  'p["splits"] = 100000; [b.update(splits=100000) for b in p["buckets"] if b["splits"] > 1]'
+expect_code "splits past the bound" 2 "$bin" apply "$work/huge_splits.json" -- /bin/touch "$work/ran"
+check "splits bound named" has "$work/err" "splits: must be an integer in [1, 16]"
+check "one line" test "$(wc -l <"$work/err")" -eq 1
+check "the program never started" test ! -e "$work/ran"
+edit_plan "$work/plan.json" "$work/long_name.json" \
+  '[r.update(modules=["M." + "n" * 10**7]) for r in p["partition_rules"] if r["role"] == "split"]'
+expect_code "long module name" 2 "$bin" apply "$work/long_name.json" -- /bin/true
+check "long name not echoed" test "$(wc -c <"$work/err")" -lt 400
 
 # --- applied, verified, same tokens
 "${decode[@]}" >"$work/base.out" 2>&1

@@ -9,6 +9,9 @@ trap 'rm -rf "$work"' EXIT
 
 failures=0
 passes=0
+# Set when checks were left out (e.g. ../shared/traces absent): finish then
+# exits 77, which ctest reports as skipped (SKIP_RETURN_CODE), not passed.
+skipped=""
 
 pass() { passes=$((passes + 1)); }
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
@@ -39,5 +42,9 @@ has() { grep -qF -- "$2" "$1"; }
 # finish: the summary line and the script's exit code.
 finish() {
   echo "$passes passed, $failures failed"
-  [ "$failures" -eq 0 ]
+  [ "$failures" -eq 0 ] || return 1
+  if [ -n "$skipped" ]; then
+    echo "SKIPPED: $skipped"
+    exit 77
+  fi
 }

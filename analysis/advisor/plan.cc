@@ -1,5 +1,7 @@
 #include "analysis/advisor/plan.h"
 
+#include <cmath>
+#include <cstdint>
 #include <set>
 
 namespace dynaflow {
@@ -12,6 +14,23 @@ const std::vector<std::string> kRoles = {"split",       "compute",    "memory", 
 const std::vector<std::string> kStreamRoles = {"compute", "memory", "communication"};
 
 json Strings(const std::vector<std::string>& v) { return json(v); }
+
+// A value of the plan quoted in a message: at most kQuoted bytes, then an
+// ellipsis and its length (a 100 MB module name is not echoed whole).
+constexpr size_t kQuoted = 200;
+std::string Quote(const std::string& s) {
+  if (s.size() <= kQuoted) return "\"" + s + "\"";
+  size_t n = kQuoted;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;  // whole UTF-8 characters
+  return "\"" + s.substr(0, n) + "...\" (" + std::to_string(s.size()) + " bytes)";
+}
+
+// Unicode code points of UTF-8 text: what JSON Schema's maxLength counts.
+size_t CodePoints(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
 
 // Small checking helpers: each returns an error naming `where`, the key path
 // ("" for the top level).
@@ -30,7 +49,7 @@ Status Object(const json& j, const std::string& where, const std::vector<std::st
     bool known = false;
     for (const std::string& k : required) known = known || it.key() == k;
     for (const std::string& k : optional) known = known || it.key() == k;
-    DF_RETURN_IF_ERROR(Expect(known, where, "unexpected key \"" + it.key() + "\""));
+    DF_RETURN_IF_ERROR(Expect(known, where, "unexpected key " + Quote(it.key())));
   }
   return Status::Ok();
 }
@@ -40,17 +59,50 @@ Status Number(const json& j, const std::string& where, double minimum) {
   return Expect(j.get<double>() >= minimum, where, "must be >= " + json(minimum).dump());
 }
 
-Status Integer(const json& j, const std::string& where, int64_t minimum) {
-  DF_RETURN_IF_ERROR(Expect(j.is_number_integer(), where, "must be an integer"));
-  return Expect(j.get<int64_t>() >= minimum, where, "must be >= " + std::to_string(minimum));
+Status Number(const json& j, const std::string& where, double minimum, double maximum) {
+  DF_RETURN_IF_ERROR(Number(j, where, minimum));
+  return Expect(j.get<double>() <= maximum, where, "must be <= " + json(maximum).dump());
+}
+
+// An integer in [minimum, maximum]. As JSON Schema, a number with a zero
+// fraction (2.0) is an integer.
+Status Integer(const json& j, const std::string& where, int64_t minimum, int64_t maximum) {
+  bool in_range = false;
+  if (j.is_number_unsigned()) {
+    const uint64_t u = j.get<uint64_t>();
+    in_range = minimum <= 0 || u >= static_cast<uint64_t>(minimum);
+    in_range = in_range && maximum >= 0 && u <= static_cast<uint64_t>(maximum);
+  } else if (j.is_number_integer()) {
+    const int64_t i = j.get<int64_t>();
+    in_range = i >= minimum && i <= maximum;
+  } else {
+    const bool integral = j.is_number_float() && std::isfinite(j.get<double>()) &&
+                          std::floor(j.get<double>()) == j.get<double>();
+    DF_RETURN_IF_ERROR(Expect(integral, where, "must be an integer"));
+    const double d = j.get<double>();
+    in_range = d >= static_cast<double>(minimum) && d <= static_cast<double>(maximum);
+  }
+  return Expect(in_range, where,
+                "must be an integer in [" + std::to_string(minimum) + ", " + std::to_string(maximum) + "]");
 }
 
 Status String(const json& j, const std::string& where) {
-  return Expect(j.is_string(), where, "must be a string");
+  DF_RETURN_IF_ERROR(Expect(j.is_string(), where, "must be a string"));
+  const std::string& s = j.get_ref<const std::string&>();
+  return Expect(CodePoints(s) <= PlanLimits::kMaxString, where,
+                "is longer than " + std::to_string(PlanLimits::kMaxString) + " characters (" +
+                    std::to_string(CodePoints(s)) + ")");
+}
+
+// An array of at most `max_items` items.
+Status Array(const json& j, const std::string& where, size_t max_items) {
+  DF_RETURN_IF_ERROR(Expect(j.is_array(), where, "must be an array"));
+  return Expect(j.size() <= max_items, where,
+                "has " + std::to_string(j.size()) + " items; at most " + std::to_string(max_items));
 }
 
 Status StringArray(const json& j, const std::string& where) {
-  DF_RETURN_IF_ERROR(Expect(j.is_array(), where, "must be an array"));
+  DF_RETURN_IF_ERROR(Array(j, where, PlanLimits::kMaxItems));
   for (size_t i = 0; i < j.size(); ++i) {
     DF_RETURN_IF_ERROR(String(j[i], where + "[" + std::to_string(i) + "]"));
   }
@@ -58,11 +110,11 @@ Status StringArray(const json& j, const std::string& where) {
 }
 
 Status Enum(const json& j, const std::string& where, const std::vector<std::string>& values) {
-  DF_RETURN_IF_ERROR(String(j, where));
+  DF_RETURN_IF_ERROR(Expect(j.is_string(), where, "must be a string"));
   for (const std::string& v : values) {
     if (j.get<std::string>() == v) return Status::Ok();
   }
-  return Status::BadInput("plan: " + where + ": \"" + j.get<std::string>() + "\" is not allowed");
+  return Status::BadInput("plan: " + where + ": " + Quote(j.get<std::string>()) + " is not allowed");
 }
 
 std::vector<std::string> StrategyNames() {
@@ -72,11 +124,12 @@ std::vector<std::string> StrategyNames() {
 }
 
 Status ValidateStreams(const json& j, const std::string& where) {
-  DF_RETURN_IF_ERROR(Expect(j.is_array() && !j.empty(), where, "must be a non-empty array"));
+  DF_RETURN_IF_ERROR(Array(j, where, PlanLimits::kMaxStreams));
+  DF_RETURN_IF_ERROR(Expect(!j.empty(), where, "must be a non-empty array"));
   for (size_t i = 0; i < j.size(); ++i) {
     const std::string w = where + "[" + std::to_string(i) + "]";
     DF_RETURN_IF_ERROR(Object(j[i], w, {"id", "role"}, {}));
-    DF_RETURN_IF_ERROR(Integer(j[i]["id"], w + ".id", 0));
+    DF_RETURN_IF_ERROR(Integer(j[i]["id"], w + ".id", 0, PlanLimits::kMaxStreams - 1));
     DF_RETURN_IF_ERROR(Enum(j[i]["role"], w + ".role", kStreamRoles));
   }
   return Status::Ok();
@@ -188,9 +241,9 @@ Status ValidatePlanJson(const json& j) {
                              "peak_tflops_bf16", "peaks_known"},
                             {}));
   DF_RETURN_IF_ERROR(String(dev["name"], "device.name"));
-  DF_RETURN_IF_ERROR(Integer(dev["rank"], "device.rank", 0));
-  DF_RETURN_IF_ERROR(Integer(dev["device"], "device.device", 0));
-  DF_RETURN_IF_ERROR(Integer(dev["sm_count"], "device.sm_count", 0));
+  DF_RETURN_IF_ERROR(Integer(dev["rank"], "device.rank", 0, PlanLimits::kMaxInt));
+  DF_RETURN_IF_ERROR(Integer(dev["device"], "device.device", 0, PlanLimits::kMaxInt));
+  DF_RETURN_IF_ERROR(Integer(dev["sm_count"], "device.sm_count", 0, PlanLimits::kMaxInt));
   DF_RETURN_IF_ERROR(Number(dev["memory_bandwidth_gbps"], "device.memory_bandwidth_gbps", 0));
   DF_RETURN_IF_ERROR(Number(dev["peak_tflops_bf16"], "device.peak_tflops_bf16", 0));
   DF_RETURN_IF_ERROR(Expect(dev["peaks_known"].is_boolean(), "device.peaks_known", "must be a boolean"));
@@ -202,16 +255,16 @@ Status ValidatePlanJson(const json& j) {
     DF_RETURN_IF_ERROR(String(model["module_fingerprint"], "model.module_fingerprint"));
   }
   if (!model["tokens_per_step"].is_null()) {
-    DF_RETURN_IF_ERROR(Number(model["tokens_per_step"], "model.tokens_per_step", 0));
+    DF_RETURN_IF_ERROR(Number(model["tokens_per_step"], "model.tokens_per_step", 0, PlanLimits::kMaxCount));
   }
-  DF_RETURN_IF_ERROR(Integer(model["kernels_per_step"], "model.kernels_per_step", 0));
+  DF_RETURN_IF_ERROR(Integer(model["kernels_per_step"], "model.kernels_per_step", 0, PlanLimits::kMaxCount));
   DF_RETURN_IF_ERROR(Expect(j["forced"].is_boolean(), "forced", "must be a boolean"));
   DF_RETURN_IF_ERROR(Enum(j["strategy"], "strategy", StrategyNames()));
-  DF_RETURN_IF_ERROR(Integer(j["splits"], "splits", 1));
+  DF_RETURN_IF_ERROR(Integer(j["splits"], "splits", 1, PlanLimits::kMaxSplits));
 
   std::set<std::string> rule_names;
   const json& rules = j["partition_rules"];
-  DF_RETURN_IF_ERROR(Expect(rules.is_array(), "partition_rules", "must be an array"));
+  DF_RETURN_IF_ERROR(Array(rules, "partition_rules", PlanLimits::kMaxRules));
   for (size_t i = 0; i < rules.size(); ++i) {
     const std::string w = "partition_rules[" + std::to_string(i) + "]";
     DF_RETURN_IF_ERROR(Object(rules[i], w, {"name", "role", "operators", "modules"}, {}));
@@ -223,23 +276,24 @@ Status ValidatePlanJson(const json& j) {
   }
 
   const json& buckets = j["buckets"];
-  DF_RETURN_IF_ERROR(Expect(buckets.is_array() && !buckets.empty(), "buckets", "must be a non-empty array"));
+  DF_RETURN_IF_ERROR(Array(buckets, "buckets", PlanLimits::kMaxBuckets));
+  DF_RETURN_IF_ERROR(Expect(!buckets.empty(), "buckets", "must be a non-empty array"));
   for (size_t i = 0; i < buckets.size(); ++i) {
     const json& b = buckets[i];
     const std::string w = "buckets[" + std::to_string(i) + "]";
     DF_RETURN_IF_ERROR(Object(b, w, PlanBucketRequiredKeys(), {}));
-    DF_RETURN_IF_ERROR(Number(b["min_tokens"], w + ".min_tokens", 0));
+    DF_RETURN_IF_ERROR(Number(b["min_tokens"], w + ".min_tokens", 0, PlanLimits::kMaxCount));
     if (!b["max_tokens"].is_null()) {
-      DF_RETURN_IF_ERROR(Number(b["max_tokens"], w + ".max_tokens", 0));
+      DF_RETURN_IF_ERROR(Number(b["max_tokens"], w + ".max_tokens", 0, PlanLimits::kMaxCount));
       DF_RETURN_IF_ERROR(Expect(b["max_tokens"].get<double>() > b["min_tokens"].get<double>(), w + ".max_tokens",
                                 "must exceed min_tokens"));
     }
     DF_RETURN_IF_ERROR(Enum(b["strategy"], w + ".strategy", StrategyNames()));
-    DF_RETURN_IF_ERROR(Integer(b["splits"], w + ".splits", 1));
+    DF_RETURN_IF_ERROR(Integer(b["splits"], w + ".splits", 1, PlanLimits::kMaxSplits));
     DF_RETURN_IF_ERROR(StringArray(b["rules"], w + ".rules"));
     for (const json& r : b["rules"]) {
       DF_RETURN_IF_ERROR(Expect(rule_names.count(r.get<std::string>()) > 0, w + ".rules",
-                                "names no partition rule \"" + r.get<std::string>() + "\""));
+                                "names no partition rule " + Quote(r.get<std::string>())));
     }
     DF_RETURN_IF_ERROR(ValidateStreams(b["streams"], w + ".streams"));
     DF_RETURN_IF_ERROR(Number(b["predicted_speedup"], w + ".predicted_speedup", 0));

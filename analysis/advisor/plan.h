@@ -2,7 +2,9 @@
 // advisor predicted for it. Schema dynaflow.plan/1, described by
 // schemas/plan.schema.json; ValidatePlanJson checks the same rules in C++ (the
 // subset of JSON Schema that file uses: types, required keys, enums, minimums,
-// no extra keys where the schema forbids them).
+// maximums, string and list lengths, no extra keys where the schema forbids
+// them). plan_schema_test validates a corpus of good and bad plans with both
+// and demands the same verdict for each.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -16,6 +18,26 @@
 namespace dynaflow {
 
 inline constexpr const char* kPlanSchema = "dynaflow.plan/1";
+
+// Upper bounds of a plan, stated with the same numbers in
+// schemas/plan.schema.json. A plan is a few kilobytes; the bounds keep a
+// corrupt or hostile one from exhausting the program `dynaflow apply` runs
+// (100000 splits made the runtime start 100000 threads; 2M module patterns
+// hung the Python side).
+struct PlanLimits {
+  // Micro-batches per call: the runtime runs one stream (one worker thread on
+  // the CPU) per micro-batch; `advise --splits` accepts 2..16.
+  static constexpr int kMaxSplits = 16;
+  static constexpr int kMaxStreams = 16;  // streams of a bucket; ids 0..kMaxStreams-1
+  // Characters (Unicode code points, as JSON Schema's maxLength counts) of
+  // any string: names, module patterns, operator names, trace paths (PATH_MAX).
+  static constexpr size_t kMaxString = 4096;
+  static constexpr size_t kMaxItems = 4096;   // operators, modules, traces, a bucket's rules
+  static constexpr size_t kMaxRules = 256;    // partition_rules
+  static constexpr size_t kMaxBuckets = 64;   // advise writes one per workload point, ~10
+  static constexpr int64_t kMaxInt = 2147483647;  // rank, device, sm_count (C int)
+  static constexpr int64_t kMaxCount = 9007199254740991;  // kernels_per_step: 2^53-1
+};
 
 struct PlanRule {
   std::string name;  // "<strategy>.<role>", referenced by buckets

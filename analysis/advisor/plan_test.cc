@@ -98,7 +98,7 @@ TEST(PlanTest, RejectsWhatTheSchemaRejects) {
   EXPECT_EQ(s.code(), StatusCode::kBadInput);
   EXPECT_EQ(s.message(), "plan: missing required key \"buckets\"");
   EXPECT_EQ(broken([](nlohmann::json& j) { j["device"]["sm_count"] = -1; }).message(),
-            "plan: device.sm_count: must be >= 0");
+            "plan: device.sm_count: must be an integer in [0, 2147483647]");
   EXPECT_EQ(ValidatePlanJson(nlohmann::json::array()).message(), "plan: must be an object");
   EXPECT_FALSE(broken([](nlohmann::json& j) { j["schema"] = "dynaflow.plan/2"; }).ok());
   EXPECT_FALSE(broken([](nlohmann::json& j) { j["strategy"] = "magic"; }).ok());
@@ -114,6 +114,52 @@ TEST(PlanTest, RejectsWhatTheSchemaRejects) {
   EXPECT_FALSE(broken([](nlohmann::json& j) { j["buckets"][1]["max_tokens"] = 4096; }).ok());
   EXPECT_FALSE(broken([](nlohmann::json& j) { j["buckets"][1]["rules"][0] = "nope"; }).ok());
   EXPECT_FALSE(PlanFromJson(nlohmann::json::array()).ok());
+}
+
+// Upper bounds (PlanLimits): past each, one line naming the key; long values
+// are quoted cut. tests/plan_schema_test.py checks the schema file agrees.
+TEST(PlanTest, RefusesWhatExceedsTheLimits) {
+  const nlohmann::json good = PlanToJson(Sample());
+  auto broken = [&](const std::function<void(nlohmann::json&)>& f) {
+    nlohmann::json j = good;
+    f(j);
+    return ValidatePlanJson(j);
+  };
+  EXPECT_TRUE(broken([](nlohmann::json& j) { j["buckets"][1]["splits"] = PlanLimits::kMaxSplits; }).ok());
+  EXPECT_EQ(broken([](nlohmann::json& j) { j["splits"] = 100000; }).message(),
+            "plan: splits: must be an integer in [1, 16]");
+  EXPECT_EQ(broken([](nlohmann::json& j) { j["buckets"][1]["splits"] = 17; }).message(),
+            "plan: buckets[1].splits: must be an integer in [1, 16]");
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["buckets"][1]["splits"] = 1e300; }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["buckets"][1]["splits"] = 18446744073709551615ull; }).ok());
+  EXPECT_TRUE(broken([](nlohmann::json& j) { j["splits"] = 2.0; }).ok());  // JSON Schema's integer
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["splits"] = 2.5; }).ok());
+  const std::string at_bound(PlanLimits::kMaxString, 'm');
+  EXPECT_TRUE(broken([&](nlohmann::json& j) { j["partition_rules"][2]["modules"] = {at_bound}; }).ok());
+  EXPECT_EQ(broken([&](nlohmann::json& j) { j["partition_rules"][2]["modules"] = {at_bound + "m"}; }).message(),
+            "plan: partition_rules[2].modules[0]: is longer than 4096 characters (4097)");
+  std::string accents;
+  for (size_t i = 0; i < PlanLimits::kMaxString; ++i) accents += "\xc3\xa9";  // 2 bytes, 1 character
+  EXPECT_TRUE(broken([&](nlohmann::json& j) { j["device"]["name"] = accents; }).ok());
+  EXPECT_FALSE(broken([&](nlohmann::json& j) { j["device"]["name"] = accents + "e"; }).ok());
+  EXPECT_EQ(broken([](nlohmann::json& j) {
+              j["partition_rules"][2]["modules"] = std::vector<std::string>(PlanLimits::kMaxItems + 1, "m");
+            }).message(),
+            "plan: partition_rules[2].modules: has 4097 items; at most 4096");
+  EXPECT_FALSE(broken([](nlohmann::json& j) {
+                 j["partition_rules"] = std::vector<nlohmann::json>(PlanLimits::kMaxRules + 1, j["partition_rules"][0]);
+               }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) {
+                 j["buckets"][1]["streams"] = std::vector<nlohmann::json>(17, j["buckets"][1]["streams"][0]);
+               }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["buckets"][1]["streams"][0]["id"] = 16; }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["device"]["rank"] = 2147483648ll; }).ok());
+  EXPECT_FALSE(broken([](nlohmann::json& j) { j["buckets"][0]["max_tokens"] = 1e16; }).ok());
+  // A 1 MB unknown key or rule name is quoted cut: 200 bytes, then its length.
+  const std::string huge(1 << 20, 'k');
+  const std::string msg = broken([&](nlohmann::json& j) { j[huge] = 1; }).message();
+  EXPECT_EQ(msg, "plan: unexpected key \"" + huge.substr(0, 200) + "...\" (1048576 bytes)");
+  EXPECT_LT(broken([&](nlohmann::json& j) { j["buckets"][1]["rules"][0] = huge; }).message().size(), 300u);
 }
 
 // schemas/plan.schema.json and ValidatePlanJson describe the same document.

@@ -81,6 +81,7 @@ Status ImportFiles(const std::vector<std::string>& paths, const ImportOptions& o
     if (!probe.ok()) return probe.status();
     auto reader = FindReader(*probe);
     if (!reader.ok()) return reader.status();
+    if (options.on_file) options.on_file(paths[i]);
     DF_RETURN_IF_ERROR((*reader)->Read(*probe, static_cast<int>(i), options, trace));
   }
   return Status::Ok();

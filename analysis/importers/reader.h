@@ -32,6 +32,9 @@ struct ImportOptions {
   // Called now and then with the bytes consumed so far and the total (0 when
   // unknown). Must be cheap; may be empty.
   std::function<void(int64_t done, int64_t total)> progress;
+  // Called with each path just before it is read (progress then counts that
+  // file). May be empty.
+  std::function<void(const std::string& path)> on_file;
   // Readers that can hand records over while reading do so here; the others
   // ignore it. Only for a single input file read into an empty trace, whose
   // StringIds and device indices then stay those of the file's own trace.

@@ -42,6 +42,10 @@ StatusOr<runtime::Schedule> BuildSchedule(const char* name, int num_streams, int
       micro_batches == nullptr || dep_begin == nullptr) {
     return Status::BadInput("a schedule needs at least one stream, one task and a callback");
   }
+  if (num_streams > DYNAFLOW_APPLY_MAX_STREAMS) {
+    return Status::BadInput("a schedule has at most " + std::to_string(DYNAFLOW_APPLY_MAX_STREAMS) +
+                            " streams, not " + std::to_string(num_streams));
+  }
   runtime::ScheduleBuilder builder(num_streams);
   for (int i = 0; i < num_tasks; ++i) {
     if (dep_begin[i] < 0 || dep_begin[i + 1] < dep_begin[i] ||
@@ -74,8 +78,9 @@ namespace runtime = dynaflow::runtime;
 extern "C" {
 
 void* dynaflow_apply_executor_new(int backend, int num_streams, char* err, size_t err_len) {
-  if (num_streams < 1) {
-    SetError(err, err_len, "an executor needs at least one stream");
+  if (num_streams < 1 || num_streams > DYNAFLOW_APPLY_MAX_STREAMS) {
+    SetError(err, err_len, "an executor has 1 to " + std::to_string(DYNAFLOW_APPLY_MAX_STREAMS) +
+                               " streams, not " + std::to_string(num_streams));
     return nullptr;
   }
   try {

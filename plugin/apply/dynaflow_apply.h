@@ -35,7 +35,14 @@ enum DynaflowApplyCode { DYNAFLOW_APPLY_OK = 0, DYNAFLOW_APPLY_FAILED = 1, DYNAF
  * The CPU backend calls it from one worker thread per stream. */
 typedef int (*dynaflow_apply_task_fn)(void* user, int task, int micro_batch, uintptr_t stream);
 
-/* An executor with `num_streams` streams. CUDA: streams and events are
+/* The most streams an executor or a schedule may have: the CPU backend runs
+ * one thread per stream, and a plan splits a batch 16 ways at most
+ * (schemas/plan.schema.json). More is refused with an error, not started. */
+#define DYNAFLOW_APPLY_MAX_STREAMS 64
+
+/* An executor with `num_streams` streams (1..DYNAFLOW_APPLY_MAX_STREAMS).
+ * NULL with err set when the system refuses a thread or a stream.
+ * CUDA: streams and events are
  * created at the first run, on the device current then; NULL when this
  * library was built without CUDA. */
 DYNAFLOW_APPLY_API void* dynaflow_apply_executor_new(int backend, int num_streams, char* err,

@@ -102,6 +102,13 @@ TEST(ApplyAbiTest, MalformedSchedulesAreRefusedWithTheReason) {
                                         &rec, err, sizeof(err)),
             nullptr);
   EXPECT_EQ(dynaflow_apply_executor_new(DYNAFLOW_APPLY_CPU, 0, err, sizeof(err)), nullptr);
+  // 100000 streams (a plan's `splits: 100000`) are refused, not started.
+  EXPECT_EQ(dynaflow_apply_executor_new(DYNAFLOW_APPLY_CPU, 100000, err, sizeof(err)), nullptr);
+  EXPECT_EQ(std::string(err), "an executor has 1 to 64 streams, not 100000");
+  EXPECT_EQ(dynaflow_apply_schedule_new("n", 100000, 1, streams, mbs, none_begin, nullptr, &Record,
+                                        &rec, err, sizeof(err)),
+            nullptr);
+  EXPECT_EQ(std::string(err), "a schedule has at most 64 streams, not 100000");
   EXPECT_EQ(dynaflow_apply_executor_new(7, 1, err, sizeof(err)), nullptr);
   EXPECT_NE(std::string(err).find("unknown backend"), std::string::npos) << err;
   // A one-byte buffer still gets its terminator.

@@ -6,6 +6,7 @@ import importlib.util
 import io
 import os
 import sys
+import time
 import unittest
 from contextlib import redirect_stderr
 
@@ -103,6 +104,34 @@ class PureFunctionsTest(unittest.TestCase):
         p["buckets"][0]["strategy"] = "comm_overlap"
         with self.assertRaisesRegex(_apply.PlanMismatch, "comm_overlap"):
             _apply.check_strategies(p)
+
+    def test_split_units_deduplicates_in_plan_order_in_linear_time(self):
+        p = plan(["M.b.*", "M.a", "M.b.*"])
+        p["partition_rules"][0]["modules"] += [f"M.x{i % 1000}" for i in range(2_000_000)]
+        start = time.monotonic()
+        units = _apply.split_units(p)
+        self.assertLess(time.monotonic() - start, 5.0)  # quadratic: did not finish in minutes
+        self.assertEqual(units[:3], ["M.b.*", "M.a", "M.x0"])
+        self.assertEqual(len(units), 1002)
+
+    def test_bucket_table_refuses_more_splits_than_the_schema_allows(self):
+        self.assertEqual(_apply.bucket_table(plan(["M.b.*"], splits=16))[2], [16])
+        with self.assertRaisesRegex(_apply.PlanMismatch, "splits 100000 ways; at most 16"):
+            _apply.bucket_table(plan(["M.b.*"], splits=100000))
+
+    def test_long_names_are_cut_in_messages(self):
+        self.assertEqual(_apply._cut("M.a"), "M.a")
+        long_name = "M." + "n" * 10_000_000
+
+        class M:  # a model without torch: only named_modules is used
+            def named_modules(self):
+                return [("", self), ("a", None)]
+
+        with self.assertRaises(_apply.PlanMismatch) as cm:
+            _apply.resolve_units(M(), plan([long_name]))
+        message = str(cm.exception)
+        self.assertLess(len(message), 400)
+        self.assertIn(f"unknown module {long_name[:200]}... (10000002 characters)", message)
 
 
 @unittest.skipUnless(HAS_TORCH and RUNTIME, "needs torch and the built runtime library")

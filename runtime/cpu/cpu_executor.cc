@@ -31,15 +31,29 @@ inline void CpuRelax() {
 }  // namespace
 
 CpuExecutor::CpuExecutor(int num_streams) : num_streams_(num_streams) {
-  for (int s = 0; s < num_streams_; ++s) workers_.emplace_back([this, s] { WorkerLoop(s); });
+  workers_.reserve(static_cast<size_t>(num_streams_));
+  try {
+    for (int s = 0; s < num_streams_; ++s) workers_.emplace_back([this, s] { WorkerLoop(s); });
+  } catch (...) {
+    // The system refused a thread: the destructor does not run for a
+    // half-built object, and a joinable std::thread destroyed unjoined calls
+    // std::terminate (the abort of `splits: 100000`). Stop the workers started.
+    StopWorkers();
+    throw;
+  }
 }
 
 CpuExecutor::~CpuExecutor() {
   if (in_flight_) (void)Wait();
+  StopWorkers();
+}
+
+void CpuExecutor::StopWorkers() {
   stopping_.store(true, std::memory_order_relaxed);
   generation_.fetch_add(1, std::memory_order_release);
   generation_.notify_all();
   for (std::thread& worker : workers_) worker.join();
+  workers_.clear();
 }
 
 Status CpuExecutor::Submit(const Schedule& schedule, const Call& call) {

@@ -24,6 +24,8 @@ namespace dynaflow::runtime {
 // Submit and Wait must be called from one thread at a time.
 class CpuExecutor final : public Executor {
  public:
+  // Throws std::system_error when the system refuses a thread; the workers
+  // already started are stopped first.
   explicit CpuExecutor(int num_streams);
   ~CpuExecutor() override;  // waits for a call in flight, then stops the workers
 
@@ -34,6 +36,7 @@ class CpuExecutor final : public Executor {
   Status Wait() override;
 
  private:
+  void StopWorkers();  // stops and joins every worker; no call may be in flight
   void WorkerLoop(int stream);
   void RunQueue(int stream);
   void RunTask(const Task& task);

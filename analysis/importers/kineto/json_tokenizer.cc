@@ -274,7 +274,17 @@ Status ChromeJsonTokenizer::Feed(std::string_view chunk) {
 
       case State::kEvent: {
         const char* begin = p;
-        if (ScanValue(&p, end) == Scan::kComplete) {
+        const Scan scan = ScanValue(&p, end);
+        if (carry_.size() + static_cast<size_t>(p - begin) > max_event_bytes_) {
+          const int64_t at = offset_ + (begin - chunk.data()) - static_cast<int64_t>(carry_.size());
+          std::string().swap(carry_);
+          const std::string limit = max_event_bytes_ % (size_t{1} << 20) == 0
+                                        ? std::to_string(max_event_bytes_ >> 20) + " MiB"
+                                        : std::to_string(max_event_bytes_) + " bytes";
+          return Status::BadInput("the trace event at byte " + std::to_string(at) + " is longer than " +
+                                  limit + ": refused, to bound memory");
+        }
+        if (scan == Scan::kComplete) {
           if (carry_.empty()) {
             EmitEvent(begin, p, /*in_place=*/true);
           } else {

@@ -27,7 +27,13 @@ class ChromeJsonTokenizer {
     virtual void OnNonObjectEvent() = 0;
   };
 
-  explicit ChromeJsonTokenizer(Sink* sink) : sink_(sink) {}
+  // The longest event the tokenizer buffers: a longer one (a 3 GB string in
+  // an event's args) is BadInput, so memory stays bounded whatever the input.
+  // Real events are at most a few hundred kilobytes.
+  static constexpr size_t kMaxEventBytes = size_t{64} << 20;
+
+  explicit ChromeJsonTokenizer(Sink* sink, size_t max_event_bytes = kMaxEventBytes)
+      : sink_(sink), max_event_bytes_(max_event_bytes) {}
 
   // Feeds the next chunk, which must have kChunkPadding readable bytes past its
   // end. BadInput when the bytes cannot be a Chrome trace.
@@ -53,6 +59,7 @@ class ChromeJsonTokenizer {
   void EmitEvent(const char* begin, const char* end, bool in_place);
 
   Sink* sink_;
+  size_t max_event_bytes_;
   State state_ = State::kStart;
   bool top_is_array_ = false;
   bool saw_events_ = false;

@@ -62,6 +62,29 @@ TEST(ChromeJsonTokenizerTest, SplitsEventsAndTopLevelValues) {
   EXPECT_EQ(tok.events(), 3);
 }
 
+// An event longer than the limit is refused, whether it straddles chunks or
+// not; memory stays bounded (the carry is dropped). At the limit it passes.
+TEST(ChromeJsonTokenizerTest, RefusesAnEventLongerThanTheLimit) {
+  auto doc = [](size_t string_bytes) {
+    return "{\"traceEvents\": [{\"ph\": \"X\"}, {\"name\": \"" + std::string(string_bytes, 'x') +
+           "\"}]}";
+  };
+  const size_t overhead = std::string("{\"name\": \"\"}").size();
+  for (const std::vector<size_t>& cuts : {std::vector<size_t>{}, std::vector<size_t>{30, 200, 700}}) {
+    Collect at_limit;
+    ChromeJsonTokenizer ok(&at_limit, 1000);
+    EXPECT_TRUE(FeedInPieces(doc(1000 - overhead), cuts, &at_limit, &ok).ok());
+    EXPECT_EQ(at_limit.events.size(), 2u);
+    Collect past;
+    ChromeJsonTokenizer refused(&past, 1000);
+    const Status st = FeedInPieces(doc(1001 - overhead), cuts, &past, &refused);
+    EXPECT_EQ(st.code(), StatusCode::kBadInput);
+    EXPECT_EQ(st.message(),
+              "the trace event at byte 30 is longer than 1000 bytes: refused, to bound memory");
+  }
+  EXPECT_EQ(ChromeJsonTokenizer::kMaxEventBytes, size_t{64} << 20);
+}
+
 TEST(ChromeJsonTokenizerTest, EveryChunkBoundaryGivesTheSameResult) {
   Collect whole;
   ChromeJsonTokenizer ref(&whole);

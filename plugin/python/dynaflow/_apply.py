@@ -49,6 +49,12 @@ from ._split import (MergeError, Refusal, Unchanged, check_rows_independent, mer
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
 UNSUPPORTED_STRATEGIES = ("comm_overlap", "fusion")
+# schemas/plan.schema.json's bound on splits (analysis/advisor/plan.h
+# PlanLimits::kMaxSplits): `dynaflow apply` validates it before the program
+# starts; dynaflow.apply(model, plan) in code checks it here.
+MAX_SPLITS = 16
+# Names quoted in messages are cut to this many characters.
+_QUOTED = 200
 INT64_MAX = 2**63 - 1
 
 # Per dtype (rtol, atol): a planned output element b may differ from the
@@ -75,6 +81,15 @@ def _say(message):
         pass
 
 
+def _cut(name):
+    """`name` for a message: at most _QUOTED characters, then an ellipsis and
+    its length (a 100 MB module name is not echoed whole)."""
+    name = str(name)
+    if len(name) <= _QUOTED:
+        return name
+    return f"{name[:_QUOTED]}... ({len(name)} characters)"
+
+
 def load_plan(path):
     try:
         with open(path, encoding="utf-8") as f:
@@ -93,7 +108,7 @@ def _rules_by_name(plan):
 def split_units(plan):
     """The module patterns the plan's split buckets split, in plan order."""
     rules = _rules_by_name(plan)
-    units = []
+    units = {}  # a dict keeps plan order and de-duplicates in linear time
     for bucket in plan.get("buckets", []):
         if bucket.get("strategy") not in SPLIT_STRATEGIES:
             continue
@@ -101,10 +116,8 @@ def split_units(plan):
             rule = rules.get(name)
             if rule is None or rule.get("role") != "split":
                 continue
-            for m in rule.get("modules", []):
-                if m not in units:
-                    units.append(m)
-    return units
+            units.update(dict.fromkeys(rule.get("modules", [])))
+    return list(units)
 
 
 def matches(pattern, path):
@@ -132,7 +145,7 @@ def resolve_units(model, plan):
     for unit in units:
         if "::" in unit:
             raise PlanMismatch(
-                f"the plan splits operators ({unit}), not modules: advise a trace made by "
+                f"the plan splits operators ({_cut(unit)}), not modules: advise a trace made by "
                 f"`dynaflow trace`, which records module paths")
     found = []
     used = set()
@@ -150,8 +163,8 @@ def resolve_units(model, plan):
         names = [root + ("." + n if n else "") for n, _ in model.named_modules()]
         depth = missing[0].count(".")
         near = sorted({n for n in names if n.count(".") == depth})[:4]
-        raise PlanMismatch(f"unknown module {missing[0]} (modules at that depth: "
-                           f"{', '.join(near) or 'none'})")
+        raise PlanMismatch(f"unknown module {_cut(missing[0])} (modules at that depth: "
+                           f"{', '.join(_cut(n) for n in near) or 'none'})")
     return found
 
 
@@ -202,7 +215,7 @@ def check_strategies(plan):
     for bucket in plan.get("buckets", []):
         s = bucket.get("strategy")
         if s in UNSUPPORTED_STRATEGIES:
-            raise PlanMismatch(f"strategy {s} (tokens {bucket.get('min_tokens')} and up) is "
+            raise PlanMismatch(f"strategy {_cut(s)} (tokens {bucket.get('min_tokens')} and up) is "
                                f"not applied by this version; advise with --force-strategy "
                                f"nanobatch_overlap or dual_batch_overlap")
 
@@ -289,6 +302,8 @@ def bucket_table(plan):
         top = bucket.get("max_tokens")
         max_tokens.append(INT64_MAX if top is None else int(top))
         splits = int(bucket.get("splits", 1))
+        if splits > MAX_SPLITS:
+            raise PlanMismatch(f"a bucket splits {splits} ways; at most {MAX_SPLITS}")
         if bucket.get("strategy") in SPLIT_STRATEGIES and splits > 1:
             if splits not in splits_of:
                 splits_of.append(splits)
@@ -777,7 +792,7 @@ class _FromEnvironment:
                                    self.report)
             self.applier.on_refuse = self.refuse
             self.applier.attach(module, self.strict)
-            _say(f"{len(self.applier.forwards)} modules of {self.root} run the plan")
+            _say(f"{len(self.applier.forwards)} modules of {_cut(self.root)} run the plan")
         except PlanMismatch as e:
             if self.applier is not None:
                 self.applier.detach()
@@ -802,7 +817,7 @@ class _FromEnvironment:
         out["refusal_said"] = bool(self.report.refused)
         if self.plan is not None and self.root is not None and self.applier is None \
                 and not self.report.refused:
-            out["refused"] = f"no module {self.root} ran"
+            out["refused"] = f"no module {_cut(self.root)} ran"
             if not self.report_path:
                 _say(f"plan not applied: {out['refused']}")
         if not self.report_path:
