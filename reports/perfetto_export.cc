@@ -220,12 +220,12 @@ void WriteSortIndex(EventWriter& w, std::string_view what, int64_t pid, int64_t 
   w.Close();
 }
 
-// One process name, label and sort index per pid. The label is the one the
-// file had; else a device's pid (Kineto's convention: pid = device) is
-// labelled "GPU N" and any other pid "CPU". Devices without a process entry
-// are named as the first host process (as Kineto does). Thread names as the
-// file had them (Kineto may name one thread twice), then "stream N" for
-// device streams without a name.
+// One process label and sort index per pid, and its name when the trace has
+// one (names are records: the export adds none, so a round trip keeps the
+// store's rows). The label is the one the file had; else a device's pid
+// (Kineto's convention: pid = device) is labelled "GPU N" and any other pid
+// "CPU". Thread names as the trace has them (Kineto may name one thread
+// twice); a sort index for every named thread and device stream.
 void WriteNames(EventWriter& w, const RankView& v) {
   struct Named {
     std::string_view name;
@@ -236,11 +236,8 @@ void WriteNames(EventWriter& w, const RankView& v) {
     if (d.rank == v.rank) devices.insert(d.device);
   }
   std::map<int64_t, Named> pids;
-  std::string_view host_name;
   for (const ProcessInfo& p : v.trace.processes) {
     if (p.rank != v.rank) continue;
-    const bool device = devices.count(p.pid) != 0;
-    if (!device && p.label.rfind("GPU", 0) != 0 && host_name.empty()) host_name = p.name;
     Named& n = pids[p.pid];
     if (n.name.empty()) n.name = p.name;
     if (n.label.empty()) n.label = p.label;
@@ -249,9 +246,8 @@ void WriteNames(EventWriter& w, const RankView& v) {
   for (auto& [pid, n] : pids) {
     const bool device = devices.count(pid) != 0;
     if (n.label.empty()) n.label = device ? "GPU " + std::to_string(pid) : "CPU";
-    if (n.name.empty()) n.name = !host_name.empty() ? host_name : std::string_view(n.label);
     const bool gpu = n.label.rfind("GPU", 0) == 0;
-    WriteMetadata(w, "process_name", pid, 0, "name", n.name);
+    if (!n.name.empty()) WriteMetadata(w, "process_name", pid, 0, "name", n.name);
     WriteMetadata(w, "process_labels", pid, 0, "labels", n.label);
     WriteSortIndex(w, "process_sort_index", pid, 0, gpu ? kDeviceSortIndexBase + pid : pid);
   }
@@ -259,9 +255,10 @@ void WriteNames(EventWriter& w, const RankView& v) {
   std::set<std::tuple<int64_t, int64_t, std::string_view>> written;
   for (const ThreadInfo& t : v.trace.threads) {
     if (t.rank != v.rank || !written.emplace(t.pid, t.tid, t.name).second) continue;
-    named_threads.emplace(t.pid, t.tid);
     WriteMetadata(w, "thread_name", t.pid, t.tid, "name", t.name);
-    WriteSortIndex(w, "thread_sort_index", t.pid, t.tid, t.tid);
+    if (named_threads.emplace(t.pid, t.tid).second) {
+      WriteSortIndex(w, "thread_sort_index", t.pid, t.tid, t.tid);
+    }
   }
   std::set<std::pair<int64_t, int64_t>> streams;  // (device, stream)
   for (const GpuActivity& g : v.trace.gpu) {
@@ -269,7 +266,6 @@ void WriteNames(EventWriter& w, const RankView& v) {
   }
   for (const auto& [device, stream] : streams) {
     if (named_threads.count({device, stream}) != 0) continue;
-    WriteMetadata(w, "thread_name", device, stream, "name", "stream " + std::to_string(stream));
     WriteSortIndex(w, "thread_sort_index", device, stream, stream);
   }
 }
@@ -336,7 +332,7 @@ void WriteSyncArgs(EventWriter& w, const RankView& v, const ApiCall& a) {
     w.Field("wait_on_cuda_event_record_corr_id", a.wait_event_correlation);
   }
   if (waits || a.wait_event_id != -1) w.Field("wait_on_cuda_event_id", a.wait_event_id);
-  w.Field("stream", a.sync_stream);
+  if (a.sync_stream != -1 || a.sync_device >= 0) w.Field("stream", a.sync_stream);
   if (a.correlation >= 0) w.Field("correlation", a.correlation);
   if (a.sync_device >= 0) w.Field("device", a.sync_device);
 }
