@@ -449,22 +449,27 @@ void WriteLaunchFlows(EventWriter& w, const RankView& v) {
   }
 }
 
-// The entry the file had (every field torch.profiler wrote, its id set to
-// the device), else one built from the model.
+// The entries the file had, verbatim (every field torch.profiler wrote, the
+// file's own ids: the importer maps them to devices again as it did the
+// first time), once each; else one built from the model for each device
+// that knows anything (0 is "not known").
 void WriteDeviceProperties(EventWriter& w, const RankView& v) {
   w.Raw("\"deviceProperties\":[");
   bool first = true;
+  std::set<std::string_view> written;
   for (const DeviceInfo& d : v.trace.devices) {
     if (d.rank != v.rank) continue;
+    const bool file_entry =
+        !d.properties_json.empty() && nlohmann::json::accept(d.properties_json);
+    if (file_entry ? !written.insert(d.properties_json).second
+                   : d.name.empty() && d.sm_count == 0 && d.memory_bytes == 0) {
+      continue;
+    }
     w.Raw(first ? "\n" : ",\n");
     first = false;
-    if (!d.properties_json.empty()) {
-      auto j = nlohmann::ordered_json::parse(d.properties_json, nullptr, false);
-      if (j.is_object()) {
-        j["id"] = d.device;
-        w.Raw(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-        continue;
-      }
+    if (file_entry) {
+      w.Raw(d.properties_json);
+      continue;
     }
     w.Raw("{");
     w.Raw("\"id\":" + std::to_string(d.device) + ",\"name\":");
