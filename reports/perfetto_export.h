@@ -41,7 +41,8 @@
 //   gpu_user_annotation  device projections of user ranges (ProfilerStep#N),
 //                        on their recorded (pid, tid), args device
 // plus ac2g flow events (s at the launching API call, f at the first GPU
-// activity or the synchronization record with its correlation id), and one
+// activity or the synchronization record with its correlation id), fwdbwd
+// flows from forward to backward operators of one sequence number, and one
 // process name, label and sort index per pid (host processes labelled CPU,
 // devices labelled "GPU N") and one thread name per (pid, tid) (the file's
 // names, else "stream N" on devices).

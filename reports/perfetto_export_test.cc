@@ -423,5 +423,32 @@ TEST(PerfettoExportTest, KinetoFieldsSurviveExportAndImport) {
   EXPECT_EQ(back.stats.Get("kineto_flow_events"), 4);  // launch -> kernel, wait -> sync
 }
 
+// fwdbwd flows as Kineto draws them: from the innermost forward operator of a
+// sequence number to its backward operator (not the evaluate_function wrapper).
+TEST(PerfettoExportTest, ForwardBackwardFlowsFollowSequenceNumbers) {
+  Trace t;
+  TraceBuilder b(&t, 0);
+  b.Op("aten::linear", 0, 50, Pass::kForward, 5, "", 1);
+  b.Op("aten::mm", 10, 40, Pass::kForward, 5, "", 2);
+  b.Op("autograd::engine::evaluate_function: MmBackward0", 100, 200, Pass::kBackward, 5, "", 3);
+  b.Op("MmBackward0", 110, 190, Pass::kBackward, 5, "", 4);
+  b.Op("aten::relu", 60, 70, Pass::kForward, 6, "", 5);  // no backward: no flow
+  std::ostringstream out;
+  WritePerfettoJson(t, 0, out);
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  std::vector<nlohmann::json> flows;
+  for (const auto& e : j["traceEvents"]) {
+    if (e.value("cat", "") == "fwdbwd") flows.push_back(e);
+  }
+  ASSERT_EQ(flows.size(), 2u);
+  EXPECT_EQ(flows[0]["ph"], "s");
+  EXPECT_EQ(flows[1]["ph"], "f");
+  EXPECT_EQ(flows[0]["id"], flows[1]["id"]);
+  // kBase is 123456.789 us past the whole-second base.
+  EXPECT_DOUBLE_EQ(flows[0]["ts"].get<double>(), 123456.799);  // aten::mm
+  EXPECT_DOUBLE_EQ(flows[1]["ts"].get<double>(), 123456.899);  // MmBackward0
+}
+
 }  // namespace
 }  // namespace dynaflow
+
