@@ -23,7 +23,8 @@
 //                        mode) reads back with an unknown pass. Also Input
 //                        Strides, Concrete Inputs and the collective metadata
 //                        of record_param_comms when read
-//   cuda_sync            synchronization records on (device, stream), args
+//   cuda_sync            synchronization records on their recorded (pid, tid)
+//                        (device and stream in Kineto files), args
 //                        External id, cuda_sync_kind, wait_on_stream,
 //                        wait_on_cuda_event_record_corr_id,
 //                        wait_on_cuda_event_id, stream, correlation, device
@@ -42,10 +43,10 @@
 //                        on their recorded (pid, tid), args device
 // plus ac2g flow events (s at the launching API call, f at the first GPU
 // activity or the synchronization record with its correlation id), fwdbwd
-// flows from forward to backward operators of one sequence number, and one
-// process name, label and sort index per pid (host processes labelled CPU,
-// devices labelled "GPU N") and one thread name per (pid, tid) (the file's
-// names, else "stream N" on devices).
+// flows from forward to backward operators of one sequence number, one
+// process label and sort index per pid (the label the file had, else "GPU N"
+// for a device's pid and "CPU" for any other), and the process and thread
+// names the trace has (none invented, so a round trip keeps the store's rows).
 //
 // Strings are escaped for JSON; bytes that are not UTF-8 become U+FFFD so the
 // document always parses. Stored shapes and types that are not valid JSON are
