@@ -20,11 +20,14 @@ class WriterSink : public RecordSink {
   explicit WriterSink(TraceDbBulkWriter* writer) : writer_(writer) {}
   void Take(Trace* part) override { writer_->Take(part); }
   void SetRank(int32_t rank) override { rank_ = rank; }
+  void SetTakenTimeOffset(int64_t offset_ns) override { offset_ns_ = offset_ns; }
   int32_t rank() const { return rank_; }
+  int64_t offset_ns() const { return offset_ns_; }
 
  private:
   TraceDbBulkWriter* writer_;
   int32_t rank_ = 0;
+  int64_t offset_ns_ = 0;
 };
 
 int RunImport(const ImportArgs& args) {
@@ -36,7 +39,7 @@ int RunImport(const ImportArgs& args) {
   Trace trace;
   Status st = LoadInputs(args.inputs, &trace, args.inputs.size() == 1 ? &sink : nullptr);
   if (!st.ok()) return Fail(st);
-  st = (*writer)->Finish(trace, sink.rank());
+  st = (*writer)->Finish(trace, sink.rank(), sink.offset_ns());
   if (!st.ok()) return Fail(st);
   std::cerr << "dynaflow: wrote " << args.output << ": " << (*writer)->gpu_rows()
             << " GPU activities, " << (*writer)->op_rows() << " operators, "

@@ -1,6 +1,8 @@
 #include "reports/perfetto_export.h"
 
 #include <charconv>
+#include <map>
+#include <tuple>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -85,6 +87,7 @@ class EventWriter {
     Key(key);
     Int(value);
   }
+  void Field(std::string_view key, int32_t value) { Field(key, static_cast<int64_t>(value)); }
   void Field(std::string_view key, double value) {
     Key(key);
     char text[32];
@@ -95,6 +98,13 @@ class EventWriter {
     Key(key);
     Raw(json);
   }
+  // Members of an object, "a":1,"b":2, written into the object now open.
+  void RawMembers(std::string_view members) {
+    if (members.empty()) return;
+    if (!first_) buf_.push_back(',');
+    first_ = false;
+    Raw(members);
+  }
   void Dim3Field(std::string_view key, const int32_t v[3]) {
     Key(key);
     Raw("[");
@@ -104,17 +114,19 @@ class EventWriter {
     }
     Raw("]");
   }
-  // ts, and dur when `end` is given: microseconds with exactly three decimals.
+  // ts (relative to the document's base time) and dur: microseconds with
+  // exactly three decimals.
   void Times(TimeNs start, TimeNs end) {
     Key("ts");
-    Micros(start);
+    Micros(start - base_ns_);
     Key("dur");
     Micros(end - start);
   }
   void Ts(TimeNs start) {
     Key("ts");
-    Micros(start);
+    Micros(start - base_ns_);
   }
+  void SetBase(TimeNs base_ns) { base_ns_ = base_ns; }
 
   void String(std::string_view s) {
     buf_.push_back('"');
@@ -177,6 +189,7 @@ class EventWriter {
   std::string buf_;
   int64_t events_ = 0;
   bool first_ = true;
+  TimeNs base_ns_ = 0;
 };
 
 // The records of one rank, with what the events need from the rest.
@@ -207,33 +220,52 @@ void WriteSortIndex(EventWriter& w, std::string_view what, int64_t pid, int64_t 
   w.Close();
 }
 
+// One process label and sort index per pid, and its name when the trace has
+// one (names are records: the export adds none, so a round trip keeps the
+// store's rows). The label is the one the file had; else a device's pid
+// (Kineto's convention: pid = device) is labelled "GPU N" and any other pid
+// "CPU". Thread names as the trace has them (Kineto may name one thread
+// twice); a sort index for every named thread and device stream.
 void WriteNames(EventWriter& w, const RankView& v) {
-  std::string host_name;
+  struct Named {
+    std::string_view name;
+    std::string label;
+  };
+  std::set<int64_t> devices;
+  for (const DeviceInfo& d : v.trace.devices) {
+    if (d.rank == v.rank) devices.insert(d.device);
+  }
+  std::map<int64_t, Named> pids;
   for (const ProcessInfo& p : v.trace.processes) {
     if (p.rank != v.rank) continue;
-    if (host_name.empty()) host_name = p.name;
-    WriteMetadata(w, "process_name", p.pid, 0, "name", p.name);
-    WriteMetadata(w, "process_labels", p.pid, 0, "labels", "CPU");
-    WriteSortIndex(w, "process_sort_index", p.pid, 0, p.pid);
+    Named& n = pids[p.pid];
+    if (n.name.empty()) n.name = p.name;
+    if (n.label.empty()) n.label = p.label;
   }
+  for (int64_t device : devices) pids.try_emplace(device);
+  for (auto& [pid, n] : pids) {
+    const bool device = devices.count(pid) != 0;
+    if (n.label.empty()) n.label = device ? "GPU " + std::to_string(pid) : "CPU";
+    const bool gpu = n.label.rfind("GPU", 0) == 0;
+    if (!n.name.empty()) WriteMetadata(w, "process_name", pid, 0, "name", n.name);
+    WriteMetadata(w, "process_labels", pid, 0, "labels", n.label);
+    WriteSortIndex(w, "process_sort_index", pid, 0, gpu ? kDeviceSortIndexBase + pid : pid);
+  }
+  std::set<std::pair<int64_t, int64_t>> named_threads;  // (pid, tid)
+  std::set<std::tuple<int64_t, int64_t, std::string_view>> written;
   for (const ThreadInfo& t : v.trace.threads) {
-    if (t.rank != v.rank) continue;
+    if (t.rank != v.rank || !written.emplace(t.pid, t.tid, t.name).second) continue;
     WriteMetadata(w, "thread_name", t.pid, t.tid, "name", t.name);
-    WriteSortIndex(w, "thread_sort_index", t.pid, t.tid, t.tid);
+    if (named_threads.emplace(t.pid, t.tid).second) {
+      WriteSortIndex(w, "thread_sort_index", t.pid, t.tid, t.tid);
+    }
   }
   std::set<std::pair<int64_t, int64_t>> streams;  // (device, stream)
   for (const GpuActivity& g : v.trace.gpu) {
     if (v.Has(g)) streams.emplace(v.Device(g.device_index).device, g.stream);
   }
-  for (const DeviceInfo& d : v.trace.devices) {
-    if (d.rank != v.rank) continue;
-    const std::string label = "GPU " + std::to_string(d.device);
-    WriteMetadata(w, "process_name", d.device, 0, "name", host_name.empty() ? label : host_name);
-    WriteMetadata(w, "process_labels", d.device, 0, "labels", label);
-    WriteSortIndex(w, "process_sort_index", d.device, 0, kDeviceSortIndexBase + d.device);
-  }
   for (const auto& [device, stream] : streams) {
-    WriteMetadata(w, "thread_name", device, stream, "name", "stream " + std::to_string(stream));
+    if (named_threads.count({device, stream}) != 0) continue;
     WriteSortIndex(w, "thread_sort_index", device, stream, stream);
   }
 }
@@ -248,6 +280,16 @@ void WriteJsonArg(EventWriter& w, std::string_view key, std::string_view json) {
   if (!json.empty() && nlohmann::json::accept(json)) w.RawField(key, json);
 }
 
+// Collective metadata: members of a JSON object (trace.h); left out unless
+// they are valid JSON.
+void WriteCollectiveArgs(EventWriter& w, std::string_view members) {
+  if (members.empty()) return;
+  std::string object;
+  object.reserve(members.size() + 2);
+  object.append("{").append(members).append("}");
+  if (nlohmann::json::accept(object)) w.RawMembers(members);
+}
+
 void WriteOperators(EventWriter& w, const RankView& v) {
   for (const Operator& o : v.trace.ops) {
     if (o.rank != v.rank) continue;
@@ -259,7 +301,10 @@ void WriteOperators(EventWriter& w, const RankView& v) {
     if (o.pass == Pass::kBackward) w.Field("Fwd thread id", kForwardThreadId);
     WriteJsonArg(w, "Input Dims", v.S(o.input_shapes));
     WriteJsonArg(w, "Input type", v.S(o.input_types));
+    WriteJsonArg(w, "Input Strides", v.S(o.input_strides));
+    WriteJsonArg(w, "Concrete Inputs", v.S(o.concrete_inputs));
     if (o.module_path != 0) w.Field("Module Hierarchy", v.S(o.module_path));
+    WriteCollectiveArgs(w, v.S(o.collective));
     w.CloseArgs();
     w.Close();
   }
@@ -274,13 +319,35 @@ std::string_view ApiCategory(ApiKind kind) {
   return "cuda_runtime";
 }
 
+// Kineto's cuda_sync args. Kineto writes the wait_on_* fields (-1 when not
+// applicable) on event syncs and stream waits; other kinds get them only
+// when known.
+void WriteSyncArgs(EventWriter& w, const RankView& v, const ApiCall& a) {
+  if (a.external_id >= 0) w.Field("External id", a.external_id);
+  const std::string_view kind = v.S(a.name);
+  w.Field("cuda_sync_kind", kind);
+  const bool waits = kind == "Event Sync" || kind == "Stream Wait Event";
+  if (waits || a.wait_on_stream != -1) w.Field("wait_on_stream", a.wait_on_stream);
+  if (waits || a.wait_event_correlation != -1) {
+    w.Field("wait_on_cuda_event_record_corr_id", a.wait_event_correlation);
+  }
+  if (waits || a.wait_event_id != -1) w.Field("wait_on_cuda_event_id", a.wait_event_id);
+  if (a.sync_stream != -1 || a.sync_device >= 0) w.Field("stream", a.sync_stream);
+  if (a.correlation >= 0) w.Field("correlation", a.correlation);
+  if (a.sync_device >= 0) w.Field("device", a.sync_device);
+}
+
 void WriteApiCalls(EventWriter& w, const RankView& v) {
   for (const ApiCall& a : v.trace.api) {
     if (a.rank != v.rank) continue;
     w.Open("X", ApiCategory(a.kind), v.S(a.name), a.pid, a.tid);
     w.Times(a.start, a.end);
     w.OpenArgs();
-    WriteIdArgs(w, a.external_id, a.correlation);
+    if (a.kind == ApiKind::kSync) {
+      WriteSyncArgs(w, v, a);
+    } else {
+      WriteIdArgs(w, a.external_id, a.correlation);
+    }
     w.CloseArgs();
     w.Close();
   }
@@ -306,6 +373,7 @@ void WriteGpuArgs(EventWriter& w, const RankView& v, const GpuActivity& g) {
     w.Field("shared memory", static_cast<int64_t>(g.shared_memory));
     w.Dim3Field("grid", g.grid);
     w.Dim3Field("block", g.block);
+    WriteCollectiveArgs(w, v.S(g.collective));
   } else {
     w.Field("bytes", g.bytes);
     if (g.end > g.start) {  // bytes per nanosecond is GB/s
@@ -343,16 +411,18 @@ void WriteRanges(EventWriter& w, const RankView& v) {
 }
 
 void WriteFlow(EventWriter& w, std::string_view ph, int64_t id, int64_t pid, int64_t tid,
-               TimeNs ts) {
-  w.Open(ph, "ac2g", "ac2g", pid, tid);
+               TimeNs ts, std::string_view cat = "ac2g") {
+  w.Open(ph, cat, cat, pid, tid);
   w.Field("id", id);
   w.Ts(ts);
   if (ph == "f") w.Field("bp", "e");
   w.Close();
 }
 
-// One flow per correlation id: from the launching runtime or driver call to
-// the first GPU activity it caused.
+// One flow per correlation id, as Kineto writes them: from the runtime or
+// driver call to the first GPU activity it caused (launches, copies), or to
+// the synchronization record it caused (cudaEventSynchronize -> Event Sync,
+// cudaStreamWaitEvent -> Stream Wait Event, cudaDeviceSynchronize...).
 void WriteLaunchFlows(EventWriter& w, const RankView& v) {
   std::unordered_map<int64_t, const ApiCall*> launches;
   for (const ApiCall& a : v.trace.api) {
@@ -369,15 +439,68 @@ void WriteLaunchFlows(EventWriter& w, const RankView& v) {
     WriteFlow(w, "s", g.correlation, a.pid, a.tid, a.start);
     WriteFlow(w, "f", g.correlation, v.Device(g.device_index).device, g.stream, g.start);
   }
+  for (const ApiCall& sync : v.trace.api) {
+    if (sync.rank != v.rank || sync.kind != ApiKind::kSync || sync.correlation < 0) continue;
+    auto it = launches.find(sync.correlation);
+    if (it == launches.end() || !linked.insert(sync.correlation).second) continue;
+    const ApiCall& a = *it->second;
+    WriteFlow(w, "s", sync.correlation, a.pid, a.tid, a.start);
+    WriteFlow(w, "f", sync.correlation, sync.pid, sync.tid, sync.start);
+  }
 }
 
+// Kineto's fwdbwd flows, rebuilt from sequence numbers (the importer counts
+// flow events and keeps none): per (pid, sequence number), s at the forward
+// operator that starts last (the innermost that carries the number), f at
+// the first backward operator that is not autograd's evaluate_function
+// wrapper. On hta_a100_nccl_2ranks this gives exactly Kineto's 543 flows.
+void WriteForwardBackwardFlows(EventWriter& w, const RankView& v) {
+  constexpr std::string_view kWrapper = "autograd::engine::evaluate_function";
+  std::map<std::pair<int64_t, int64_t>, std::pair<const Operator*, const Operator*>> links;
+  for (const Operator& o : v.trace.ops) {
+    if (o.rank != v.rank || o.sequence < 0) continue;
+    auto& [forward, backward] = links[{o.pid, o.sequence}];
+    if (o.pass == Pass::kForward) {
+      const bool later = forward == nullptr || o.start > forward->start ||
+                         (o.start == forward->start && o.end < forward->end);
+      if (later) forward = &o;
+    } else if (o.pass == Pass::kBackward && v.S(o.name).substr(0, kWrapper.size()) != kWrapper) {
+      if (backward == nullptr || o.start < backward->start) backward = &o;
+    }
+  }
+  int64_t id = 0;
+  for (const auto& [key, link] : links) {
+    const auto& [forward, backward] = link;
+    if (forward == nullptr || backward == nullptr) continue;
+    ++id;
+    WriteFlow(w, "s", id, forward->pid, forward->tid, forward->start, "fwdbwd");
+    WriteFlow(w, "f", id, backward->pid, backward->tid, backward->start, "fwdbwd");
+  }
+}
+
+// The entries the file had, verbatim (every field torch.profiler wrote, the
+// file's own ids: the importer maps them to devices again as it did the
+// first time), once each; else one built from the model for each device
+// that knows anything (0 is "not known").
 void WriteDeviceProperties(EventWriter& w, const RankView& v) {
   w.Raw("\"deviceProperties\":[");
   bool first = true;
+  std::set<std::string_view> written;
   for (const DeviceInfo& d : v.trace.devices) {
     if (d.rank != v.rank) continue;
-    w.Raw(first ? "\n{" : ",\n{");
+    const bool file_entry =
+        !d.properties_json.empty() && nlohmann::json::accept(d.properties_json);
+    if (file_entry ? !written.insert(d.properties_json).second
+                   : d.name.empty() && d.sm_count == 0 && d.memory_bytes == 0) {
+      continue;
+    }
+    w.Raw(first ? "\n" : ",\n");
     first = false;
+    if (file_entry) {
+      w.Raw(d.properties_json);
+      continue;
+    }
+    w.Raw("{");
     w.Raw("\"id\":" + std::to_string(d.device) + ",\"name\":");
     w.String(d.name);
     w.Raw(",\"totalGlobalMem\":" + std::to_string(d.memory_bytes) + ",\"computeMajor\":" +
@@ -387,7 +510,48 @@ void WriteDeviceProperties(EventWriter& w, const RankView& v) {
   w.Raw("],\n");
 }
 
+// The rank's distributedInfo as its file wrote it, its rank set to `rank`.
+std::string DistributedInfo(const RankView& v) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  if (auto it = v.trace.distributed_info.find(v.rank); it != v.trace.distributed_info.end()) {
+    auto parsed = nlohmann::ordered_json::parse(it->second, nullptr, false);
+    if (parsed.is_object()) j = std::move(parsed);
+  }
+  j["rank"] = v.rank;
+  // torch.profiler's spacing ("rank": 0): HTA finds a file's rank with the
+  // regular expression "rank":\s+(\d+) on the first line that matches.
+  std::string text = "{";
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it != j.begin()) text += ", ";
+    text += nlohmann::ordered_json(it.key()).dump(-1, ' ', false,
+                                                  nlohmann::json::error_handler_t::replace);
+    text += ": ";
+    text += it.value().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  return text + "}";
+}
+
 }  // namespace
+
+TimeNs ExportBaseTimeNs(const Trace& trace) {
+  constexpr TimeNs kSecond = 1'000'000'000;
+  bool any = false;
+  TimeNs first = 0;
+  auto visit = [&](const auto& records) {
+    for (const auto& r : records) {
+      if (!any || r.start < first) first = r.start;
+      any = true;
+    }
+  };
+  visit(trace.gpu);
+  visit(trace.api);
+  visit(trace.ops);
+  visit(trace.ranges);
+  if (!any) return 0;
+  TimeNs base = first / kSecond * kSecond;
+  if (base > first) base -= kSecond;  // floor for negative times
+  return base;
+}
 
 std::vector<int32_t> TraceRanks(const Trace& trace) {
   std::set<int32_t> ranks;
@@ -402,16 +566,20 @@ std::vector<int32_t> TraceRanks(const Trace& trace) {
 
 void WritePerfettoJson(const Trace& trace, int32_t rank, std::ostream& out) {
   const RankView view{trace, rank};
+  const TimeNs base = ExportBaseTimeNs(trace);
   EventWriter w(out);
+  w.SetBase(base);
   w.Raw("{\"schemaVersion\":1,\n");
   WriteDeviceProperties(w, view);
-  w.Raw("\"distributedInfo\":{\"rank\":" + std::to_string(rank) + "},\n\"traceEvents\":[");
+  w.Raw("\"distributedInfo\":" + DistributedInfo(view) + ",\n");
+  w.Raw("\"baseTimeNanoseconds\":" + std::to_string(base) + ",\n\"traceEvents\":[");
   WriteNames(w, view);
   WriteOperators(w, view);
   WriteApiCalls(w, view);
   WriteGpuActivities(w, view);
   WriteRanges(w, view);
   WriteLaunchFlows(w, view);
+  WriteForwardBackwardFlows(w, view);
   w.Raw("\n],\n\"displayTimeUnit\":\"ms\"}\n");
 }
 

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -259,8 +262,10 @@ TEST(PerfettoExportTest, TimesAreExactMicrosecondsAndNamesAreValidJson) {
   WritePerfettoJson(t, 0, out);
   const nlohmann::json j = nlohmann::json::parse(out.str());  // throws when invalid
   const std::string text = out.str();
-  EXPECT_NE(text.find("\"ts\":1767189312123456.789,\"dur\":0.001"), std::string::npos);
-  EXPECT_NE(text.find("\"ts\":-1.500,\"dur\":1.507"), std::string::npos);
+  // The base is the earliest time (-1500 ns) rounded down to a whole second.
+  EXPECT_EQ(j["baseTimeNanoseconds"], -1000000000);
+  EXPECT_NE(text.find("\"ts\":1767189313123456.789,\"dur\":0.001"), std::string::npos);
+  EXPECT_NE(text.find("\"ts\":999998.500,\"dur\":1.507"), std::string::npos);
   EXPECT_EQ(text.find("Input Dims"), std::string::npos);
   Trace back = RoundTrip(t, 0);
   ASSERT_EQ(back.gpu.size(), 1u);
@@ -270,5 +275,180 @@ TEST(PerfettoExportTest, TimesAreExactMicrosecondsAndNamesAreValidJson) {
   EXPECT_EQ(back.ops[0].start, -1500);
 }
 
+TEST(PerfettoExportTest, TimesAreRelativeToASharedWholeSecondBase) {
+  Trace t;
+  FillRank(&t, 0);
+  FillRank(&t, 1);
+  EXPECT_EQ(ExportBaseTimeNs(t), 1767189312000000000);
+  std::ostringstream out;
+  WritePerfettoJson(t, 1, out);
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  EXPECT_EQ(j["baseTimeNanoseconds"], 1767189312000000000);
+  // kBase + 100 ns: 123456.789 us + 0.100 us past the base, every digit kept.
+  EXPECT_NE(out.str().find("\"ts\":123456.889,\"dur\":1.900"), std::string::npos);
+  EXPECT_EQ(ExportBaseTimeNs(Trace()), 0);
+}
+
+// pid 0 is both the device and, in Kineto files, a named process: one name,
+// one label ("GPU 0") and one sort index, never "CPU".
+TEST(PerfettoExportTest, OneLabelPerPid) {
+  Trace t;
+  FillRank(&t, 0);  // device 0; host process 4242
+  t.processes.push_back({0, 0, "python3", "GPU 0"});
+  t.processes.push_back({0, 0, "python3", ""});  // named twice, no label
+  t.threads.push_back({0, 0, 7, "stream 7 "});
+  std::ostringstream out;
+  WritePerfettoJson(t, 0, out);
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  std::map<std::pair<int64_t, std::string>, std::vector<std::string>> meta;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "M") continue;
+    const auto& args = e["args"];
+    std::string value = args.contains("labels") ? args["labels"].get<std::string>()
+                        : args.contains("name") ? args["name"].get<std::string>()
+                                                : std::to_string(args["sort_index"].get<int64_t>());
+    if (e["name"].get<std::string>().rfind("process", 0) == 0) {
+      meta[{e["pid"].get<int64_t>(), e["name"]}].push_back(value);
+    }
+  }
+  using V = std::vector<std::string>;
+  EXPECT_EQ((meta[{0, "process_labels"}]), V{"GPU 0"});
+  EXPECT_EQ((meta[{0, "process_name"}]), V{"python3"});
+  EXPECT_EQ((meta[{0, "process_sort_index"}]), V{"16777216"});
+  EXPECT_EQ((meta[{4242, "process_labels"}]), V{"CPU"});
+  EXPECT_EQ((meta[{4242, "process_name"}]), V{"python3"});
+  Trace back = RoundTrip(t, 0);
+  ASSERT_EQ(back.processes.size(), 2u);
+  EXPECT_EQ(back.processes[0].label, "GPU 0");
+  EXPECT_EQ(back.processes[1].label, "CPU");
+}
+
+// A Kineto file with what the model keeps beyond the store: sync records
+// and their flows, strides, concrete inputs, collective metadata,
+// distributedInfo and deviceProperties; the export gives all of it back.
+TEST(PerfettoExportTest, KinetoFieldsSurviveExportAndImport) {
+  const std::string kinetoJson = R"({
+  "schemaVersion": 1,
+  "deviceProperties": [{"id": 0, "name": "NVIDIA A100", "totalGlobalMem": 42297524224,
+     "computeMajor": 8, "computeMinor": 0, "maxThreadsPerBlock": 1024, "numSms": 108,
+     "regsPerBlock": 65536}],
+  "distributedInfo": {"backend": "nccl", "rank": 1, "world_size": 2,
+     "pg_config": [{"pg_name": "0", "ranks": [0, 1]}], "nccl_version": "2.17.1"},
+  "traceEvents": [
+    {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 9, "tid": 9,
+     "ts": 10.5, "dur": 3, "args": {"External id": 7, "Collective name": "allreduce",
+     "In msg nelems": 4096, "Group size": 2, "dtype": "Float",
+     "Process Group Ranks": "[0, 1]", "Input Strides": [[4096, 1], []],
+     "Concrete Inputs": ["", "2"]}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 9, "tid": 9,
+     "ts": 11, "dur": 1, "args": {"External id": 7, "correlation": 40}},
+    {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce", "pid": 0, "tid": 40,
+     "ts": 12.001, "dur": 2.002, "args": {"External id": 7, "device": 0, "stream": 40,
+     "correlation": 40, "Collective name": "allreduce", "Out msg nelems": 4096,
+     "In split size": "[]", "Process Group Name": "0"}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamWaitEvent", "pid": 9, "tid": 9,
+     "ts": 20, "dur": 1, "args": {"External id": 8, "correlation": 41}},
+    {"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": 0, "tid": 24,
+     "ts": 20.5, "dur": 0.25, "args": {"External id": 8, "cuda_sync_kind": "Stream Wait Event",
+     "wait_on_stream": 40, "wait_on_cuda_event_record_corr_id": 39,
+     "wait_on_cuda_event_id": 19, "stream": 24, "correlation": 41, "device": 0}}
+  ],
+  "baseTimeNanoseconds": 1711964646000000000
+})";
+  Trace t;
+  ASSERT_TRUE(ParseKinetoJson(kinetoJson, 0, &t).ok());
+  ASSERT_EQ(t.ops.size(), 1u);
+  EXPECT_EQ(t.ops[0].start, 1711964646000010500);  // base honoured
+  EXPECT_EQ(S(t, t.ops[0].input_strides), "[[4096,1],[]]");
+  EXPECT_EQ(S(t, t.ops[0].concrete_inputs), R"(["","2"])");
+  EXPECT_EQ(S(t, t.ops[0].collective),
+            R"("Collective name":"allreduce","In msg nelems":4096,"Group size":2,)"
+            R"("dtype":"Float","Process Group Ranks":"[0, 1]")");
+  ASSERT_EQ(t.api.size(), 3u);
+  EXPECT_EQ(t.api[2].wait_on_stream, 40);
+  EXPECT_EQ(t.api[2].wait_event_id, 19);
+  EXPECT_EQ(t.api[2].wait_event_correlation, 39);
+  EXPECT_EQ(t.api[2].sync_stream, 24);
+  EXPECT_EQ(t.api[2].sync_device, 0);
+
+  std::ostringstream out;
+  WritePerfettoJson(t, 1, out);
+  const std::string text = out.str();
+  const nlohmann::json j = nlohmann::json::parse(text);
+  // HTA finds the rank with the regex "rank":\s+(\d+).
+  EXPECT_NE(text.find(R"("distributedInfo":{"backend": "nccl", "rank": 1, "world_size": 2,)"),
+            std::string::npos);
+  EXPECT_EQ(j["distributedInfo"]["pg_config"][0]["ranks"], nlohmann::json({0, 1}));
+  EXPECT_EQ(j["deviceProperties"][0]["maxThreadsPerBlock"], 1024);
+  EXPECT_EQ(j["deviceProperties"][0]["regsPerBlock"], 65536);
+  EXPECT_EQ(j["baseTimeNanoseconds"], 1711964646000000000);
+  int flows_to_sync = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "f" && e["pid"] == 0 && e["tid"] == 24) ++flows_to_sync;
+    if (e["ph"] == "X" && e["cat"] == "kernel") {
+      EXPECT_EQ(e["args"]["Collective name"], "allreduce");
+      EXPECT_EQ(e["args"]["Process Group Name"], "0");
+    }
+  }
+  EXPECT_EQ(flows_to_sync, 1);
+
+  Trace back;
+  ASSERT_TRUE(ParseKinetoJson(text, 0, &back).ok());
+  ASSERT_EQ(back.ops.size(), 1u);
+  EXPECT_EQ(back.ops[0].rank, 1);
+  EXPECT_EQ(back.ops[0].start, t.ops[0].start);
+  EXPECT_EQ(S(back, back.ops[0].input_strides), S(t, t.ops[0].input_strides));
+  EXPECT_EQ(S(back, back.ops[0].concrete_inputs), S(t, t.ops[0].concrete_inputs));
+  EXPECT_EQ(S(back, back.ops[0].collective), S(t, t.ops[0].collective));
+  ASSERT_EQ(back.gpu.size(), 1u);
+  EXPECT_EQ(back.gpu[0].start, t.gpu[0].start);
+  EXPECT_EQ(back.gpu[0].end - back.gpu[0].start, 2002);
+  EXPECT_EQ(S(back, back.gpu[0].collective), S(t, t.gpu[0].collective));
+  ASSERT_EQ(back.api.size(), 3u);
+  const ApiCall& a = t.api[2];
+  const ApiCall& b = back.api[2];
+  EXPECT_EQ(b.kind, ApiKind::kSync);
+  EXPECT_EQ(b.start, a.start);
+  EXPECT_EQ(b.end, a.end);
+  EXPECT_EQ(b.pid, a.pid);
+  EXPECT_EQ(b.tid, a.tid);
+  EXPECT_EQ(b.correlation, a.correlation);
+  EXPECT_EQ(b.wait_on_stream, a.wait_on_stream);
+  EXPECT_EQ(b.wait_event_id, a.wait_event_id);
+  EXPECT_EQ(b.wait_event_correlation, a.wait_event_correlation);
+  EXPECT_EQ(b.sync_stream, a.sync_stream);
+  EXPECT_EQ(b.sync_device, a.sync_device);
+  EXPECT_EQ(back.distributed_info.at(1), t.distributed_info.at(1));
+  EXPECT_EQ(back.devices[0].properties_json, t.devices[0].properties_json);
+  EXPECT_EQ(back.stats.Get("kineto_flow_events"), 4);  // launch -> kernel, wait -> sync
+}
+
+// fwdbwd flows as Kineto draws them: from the innermost forward operator of a
+// sequence number to its backward operator (not the evaluate_function wrapper).
+TEST(PerfettoExportTest, ForwardBackwardFlowsFollowSequenceNumbers) {
+  Trace t;
+  TraceBuilder b(&t, 0);
+  b.Op("aten::linear", 0, 50, Pass::kForward, 5, "", 1);
+  b.Op("aten::mm", 10, 40, Pass::kForward, 5, "", 2);
+  b.Op("autograd::engine::evaluate_function: MmBackward0", 100, 200, Pass::kBackward, 5, "", 3);
+  b.Op("MmBackward0", 110, 190, Pass::kBackward, 5, "", 4);
+  b.Op("aten::relu", 60, 70, Pass::kForward, 6, "", 5);  // no backward: no flow
+  std::ostringstream out;
+  WritePerfettoJson(t, 0, out);
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  std::vector<nlohmann::json> flows;
+  for (const auto& e : j["traceEvents"]) {
+    if (e.value("cat", "") == "fwdbwd") flows.push_back(e);
+  }
+  ASSERT_EQ(flows.size(), 2u);
+  EXPECT_EQ(flows[0]["ph"], "s");
+  EXPECT_EQ(flows[1]["ph"], "f");
+  EXPECT_EQ(flows[0]["id"], flows[1]["id"]);
+  // kBase is 123456.789 us past the whole-second base.
+  EXPECT_DOUBLE_EQ(flows[0]["ts"].get<double>(), 123456.799);  // aten::mm
+  EXPECT_DOUBLE_EQ(flows[1]["ts"].get<double>(), 123456.899);  // MmBackward0
+}
+
 }  // namespace
 }  // namespace dynaflow
+

@@ -30,8 +30,10 @@ install_deps() {
 
 # transformers: the apply tests run real Hugging Face models (tiny, built from
 # configs, random weights: nothing is downloaded). jsonschema: plan_schema_test
-# validates plans with it beside dynaflow's own validator.
-VENV_PACKAGES=(torch==2.11.0 numpy transformers==5.23.0 jsonschema==4.26.0)
+# validates plans with it beside dynaflow's own validator. HolisticTraceAnalysis:
+# hta_export_test reads dynaflow's exports with it.
+VENV_PACKAGES=(torch==2.11.0 numpy transformers==5.23.0 jsonschema==4.26.0
+               HolisticTraceAnalysis==0.5.0)
 
 # Creates .venv and installs VENV_PACKAGES when missing; a package-metadata
 # check (no torch import) keeps the second run quick.
@@ -40,7 +42,8 @@ setup_venv() {
 assert m.version("torch").split("+")[0] == "2.11.0"
 m.version("numpy")
 assert m.version("transformers") == "5.23.0"
-assert m.version("jsonschema") == "4.26.0"'
+assert m.version("jsonschema") == "4.26.0"
+assert m.version("HolisticTraceAnalysis") == "0.5.0"'
   .venv/bin/python -c "$check" 2>/dev/null && return 0
   echo "dev.sh: installing ${VENV_PACKAGES[*]} into .venv" >&2
   [ -x .venv/bin/python ] || python3 -m venv .venv

@@ -26,6 +26,10 @@ class RecordSink {
   virtual void Take(Trace* part) = 0;
   // The rank that every record of the file, taken or not, gets.
   virtual void SetRank(int32_t rank) = 0;
+  // Nanoseconds to add to the times of the records taken so far (a file's
+  // time base, e.g. Kineto's baseTimeNanoseconds, known only at its end); the
+  // records the trace still holds have it already.
+  virtual void SetTakenTimeOffset(int64_t offset_ns) = 0;
 };
 
 struct ImportOptions {

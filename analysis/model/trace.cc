@@ -84,6 +84,10 @@ void Trace::Append(Trace&& part, int32_t rank) {
     SetRank(ranges, rank);
     SetRank(processes, rank);
     SetRank(threads, rank);
+    if (auto it = distributed_info.find(0); it != distributed_info.end() && rank != 0) {
+      distributed_info[rank] = std::move(it->second);
+      distributed_info.erase(0);
+    }
     device_lookup_.clear();
     for (uint32_t i = 0; i < devices.size(); ++i) {
       const int64_t key =
@@ -106,6 +110,7 @@ void Trace::Append(Trace&& part, int32_t rank) {
     g.device_index = did[g.device_index];
     g.name = sid[g.name];
     g.copy_kind = sid[g.copy_kind];
+    g.collective = sid[g.collective];
     gpu.push_back(g);
   }
   for (ApiCall a : part.api) {
@@ -119,6 +124,8 @@ void Trace::Append(Trace&& part, int32_t rank) {
     o.input_shapes = sid[o.input_shapes];
     o.input_types = sid[o.input_types];
     o.concrete_inputs = sid[o.concrete_inputs];
+    o.input_strides = sid[o.input_strides];
+    o.collective = sid[o.collective];
     o.module_path = sid[o.module_path];
     ops.push_back(o);
   }
@@ -128,6 +135,7 @@ void Trace::Append(Trace&& part, int32_t rank) {
     if (r.device_index >= 0) r.device_index = static_cast<int32_t>(did[r.device_index]);
     ranges.push_back(r);
   }
+  for (auto& [part_rank, info] : part.distributed_info) distributed_info[rank] = std::move(info);
   for (ProcessInfo p : part.processes) {
     p.rank = rank;
     processes.push_back(std::move(p));

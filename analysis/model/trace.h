@@ -57,6 +57,10 @@ struct DeviceInfo {
   double peak_tflops_fp32 = 0;
   double peak_tflops_bf16 = 0;
   double peak_tflops_fp8 = 0;
+  // The device's entry of Kineto's deviceProperties as the file wrote it (a
+  // compact JSON object, every field kept), empty when none. Not kept in
+  // trace.db.
+  std::string properties_json;
 };
 
 enum class GpuKind : uint8_t { kKernel = 0, kMemcpy = 1, kMemset = 2 };
@@ -79,6 +83,11 @@ struct GpuActivity {
   int32_t block[3] = {0, 0, 0};
   int32_t registers = 0;
   int32_t shared_memory = 0;
+  // Kineto's NCCL collective metadata of a kernel ("Collective name", "In msg
+  // nelems", "Group size", "dtype", "Process Group Name", ...): the members of
+  // a compact JSON object without its braces, e.g. "Collective name":"allreduce",
+  // "Group size":2; 0 when none. Not kept in trace.db.
+  StringId collective = 0;
 };
 
 enum class ApiKind : uint8_t { kRuntime = 0, kDriver = 1, kSync = 2 };
@@ -94,6 +103,14 @@ struct ApiCall {
   int32_t tid = 0;
   StringId name = 0;
   ApiKind kind = ApiKind::kRuntime;
+  // Synchronization records (kSync) only, from Kineto's cuda_sync args; -1
+  // when not recorded. `pid` and `tid` of such records are the device and the
+  // stream (-1: the whole device). Not kept in trace.db.
+  int32_t sync_device = -1;            // "device"
+  int32_t sync_stream = -1;            // "stream"
+  int32_t wait_on_stream = -1;         // "wait_on_stream"
+  int64_t wait_event_id = -1;          // "wait_on_cuda_event_id"
+  int64_t wait_event_correlation = -1; // "wait_on_cuda_event_record_corr_id"
 };
 
 enum class Pass : uint8_t { kUnknown = 0, kForward = 1, kBackward = 2 };
@@ -113,6 +130,11 @@ struct Operator {
   // Kineto's "Concrete Inputs": the values of scalar and int-list arguments as
   // strings, e.g. ["","","[2, 2]","1"]; 0 when not recorded. Not kept in trace.db.
   StringId concrete_inputs = 0;
+  // Kineto's "Input Strides", compact JSON like input_shapes; 0 when not
+  // recorded. Not kept in trace.db.
+  StringId input_strides = 0;
+  // Collective metadata of record_param_comms, as GpuActivity::collective.
+  StringId collective = 0;
   StringId module_path = 0;
   Pass pass = Pass::kUnknown;
 };
@@ -136,6 +158,9 @@ struct ProcessInfo {
   int32_t rank = 0;
   int32_t pid = 0;
   std::string name;
+  // Kineto's process_labels: "CPU" for host processes, "GPU N" for devices;
+  // empty when none was read. Not kept in trace.db.
+  std::string label;
 };
 
 struct ThreadInfo {
@@ -178,6 +203,9 @@ struct Trace {
   std::vector<ThreadInfo> threads;
   ImportStats stats;
   std::map<std::string, std::string> metadata;  // source files, formats, tool versions
+  // Kineto's distributedInfo of each rank as its file wrote it (a compact JSON
+  // object, every field kept), by rank. Not kept in trace.db.
+  std::map<int32_t, std::string> distributed_info;
 
   // Index of the device (rank, device), created with defaults when new.
   uint32_t DeviceIndex(int32_t rank, int32_t device);

@@ -74,7 +74,7 @@ void ReadAll(SQLite::Database& db, Trace* t) {
     SQLite::Statement q(db, "SELECT rank, pid, name FROM processes");
     while (q.executeStep()) {
       t->processes.push_back({q.getColumn(0).getInt(), q.getColumn(1).getInt(),
-                              q.getColumn(2).getString()});
+                              q.getColumn(2).getString(), ""});
     }
     SQLite::Statement q2(db, "SELECT rank, pid, tid, name FROM threads");
     while (q2.executeStep()) {

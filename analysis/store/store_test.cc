@@ -82,7 +82,7 @@ Trace SampleTrace() {
   r.end = 8000;
   r.name = t.strings.Intern("ProfilerStep#1");
   t.ranges.push_back(r);
-  t.processes.push_back({1, 10, "python"});
+  t.processes.push_back({1, 10, "python", ""});
   t.threads.push_back({1, 10, 11, "main"});
   t.stats.Add("kineto_malformed_event", "data_loss", "bad events", 3);
   t.metadata["format"] = "kineto";

@@ -434,6 +434,27 @@ struct TraceDbBulkWriter::Impl {
     }
   }
 
+  // Runs before the remaining records are written: every row is a taken one.
+  // Rows that the offset moves beyond +-kMaxAbsTimeNs are deleted, as
+  // ShiftTimes (kineto_parser.h) removes them from the model.
+  void ShiftTakenTimes(int64_t offset_ns) {
+    for (const char* table :
+         {"kernels", "memcpy", "memset", "api_calls", "operators", "ranges"}) {
+      const std::string name(table);
+      Stmt drop(db, ("DELETE FROM " + name +
+                     " WHERE start_ns + ?1 NOT BETWEEN ?2 AND ?3"
+                     " OR end_ns + ?1 NOT BETWEEN ?2 AND ?3").c_str());
+      drop.Int(1, offset_ns);
+      drop.Int(2, -kMaxAbsTimeNs);
+      drop.Int(3, kMaxAbsTimeNs);
+      drop.Run();
+      Stmt update(db, ("UPDATE " + name + " SET start_ns = start_ns + ?1, end_ns = end_ns + ?1")
+                          .c_str());
+      update.Int(1, offset_ns);
+      update.Run();
+    }
+  }
+
   void SetTakenRank(int32_t rank) {
     for (const char* table : {"api_calls", "operators", "ranges"}) {
       const std::string sql =
@@ -495,7 +516,8 @@ void TraceDbBulkWriter::Take(Trace* part) {
   m.queue.Push(std::move(batch));
 }
 
-Status TraceDbBulkWriter::Finish(const Trace& trace, int32_t taken_rank) {
+Status TraceDbBulkWriter::Finish(const Trace& trace, int32_t taken_rank,
+                                 int64_t taken_offset_ns) {
   Impl& m = *impl_;
   if (m.finished) return Status::Failure(m.path + ": trace store already finished");
   m.finished = true;
@@ -507,6 +529,10 @@ Status TraceDbBulkWriter::Finish(const Trace& trace, int32_t taken_rank) {
       std::vector<std::string_view> rest;
       for (auto id = static_cast<size_t>(m.taken_strings); id < trace.strings.size(); ++id) {
         rest.push_back(trace.strings.Get(static_cast<StringId>(id)));
+      }
+      if (m.taken_records && taken_offset_ns != 0) {
+        m.FlushRecords();  // rows still waiting for a multi-row statement are taken ones
+        m.ShiftTakenTimes(taken_offset_ns);
       }
       m.WriteStrings(m.taken_strings, rest);
       m.taken_strings = static_cast<int64_t>(trace.strings.size());

@@ -44,8 +44,10 @@ class TraceDbBulkWriter {
   // Writes what `trace` still holds (its remaining records, then strings not
   // taken yet, devices, metadata, processes, threads and statistics), gives
   // the taken records rank `taken_rank`, commits and renames the file into
-  // place. On failure nothing is left at the target path.
-  Status Finish(const Trace& trace, int32_t taken_rank = 0);
+  // place; `taken_offset_ns` is added to the times of the taken records
+  // (RecordSink::SetTakenTimeOffset). On failure nothing is left at the
+  // target path.
+  Status Finish(const Trace& trace, int32_t taken_rank = 0, int64_t taken_offset_ns = 0);
 
   // Stops the writer thread and removes the temporary file.
   void Abort();

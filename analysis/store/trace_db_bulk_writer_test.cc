@@ -90,8 +90,8 @@ void AddSmallTables(Trace* t, int32_t rank) {
   t->devices[0].name = "NVIDIA H200";
   t->devices[0].sm_count = 132;
   t->devices[1].peak_tflops_bf16 = 989.5;
-  t->processes.push_back({rank, 10, "python"});
-  t->processes.push_back({rank, 10, "python again"});  // same key: the first is kept
+  t->processes.push_back({rank, 10, "python", ""});
+  t->processes.push_back({rank, 10, "python again", ""});  // same key: the first is kept
   t->threads.push_back({rank, 10, 11, "main"});
   t->stats.Add("kineto_flow_events", "info", "flows", 12);
   t->metadata["format"] = "kineto";
@@ -162,6 +162,50 @@ TEST(TraceDbBulkWriterTest, TakenBatchesMatchTraceDbWriter) {
     EXPECT_EQ(Dump(path), ReferenceDump(rank, 500)) << "rank " << rank;
     std::filesystem::remove(path);
   }
+}
+
+// Kineto's baseTimeNanoseconds is known only at the end of a file: the taken
+// rows get it in Finish, the rows still in the trace have it already.
+TEST(TraceDbBulkWriterTest, TakenRowsGetTheTimeOffset) {
+  constexpr int64_t kOffset = 1711964646000000000;
+  auto shift = [](Trace* t) {
+    for (auto& g : t->gpu) g.start += kOffset, g.end += kOffset;
+    for (auto& a : t->api) a.start += kOffset, a.end += kOffset;
+    for (auto& o : t->ops) o.start += kOffset, o.end += kOffset;
+    for (auto& r : t->ranges) r.start += kOffset, r.end += kOffset;
+  };
+  Trace reference;
+  AddEvents(&reference, 0, 500);
+  shift(&reference);
+  SetRank(&reference, 2);
+  AddSmallTables(&reference, 2);
+  const std::string ref_path = TempPath("bulk-offset-reference.db");
+  {
+    auto w = TraceDbWriter::Create(ref_path, TraceDbDurability::kBulk);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Write(reference).ok());
+    ASSERT_TRUE((*w)->Close().ok());
+  }
+
+  Trace part;
+  const std::string path = TempPath("bulk-offset.db");
+  auto w = TraceDbBulkWriter::Start(path, /*queue_batches=*/2);
+  ASSERT_TRUE(w.ok());
+  int done = 0;
+  for (int n : {3, 200, 197}) {
+    AddEvents(&part, done, n);
+    done += n;
+    (*w)->Take(&part);
+  }
+  AddEvents(&part, done, 100);
+  shift(&part);  // as KinetoParser::Finish does to what it still holds
+  SetRank(&part, 2);
+  AddSmallTables(&part, 2);
+  Status st = (*w)->Finish(part, 2, kOffset);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(Dump(path), Dump(ref_path));
+  std::filesystem::remove(path);
+  std::filesystem::remove(ref_path);
 }
 
 TEST(TraceDbBulkWriterTest, SmallTablesKeepTheirChecks) {

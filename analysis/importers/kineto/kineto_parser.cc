@@ -2,6 +2,7 @@
 
 #include <simdjson.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -122,12 +123,57 @@ struct RawEvent {
   int64_t block[3] = {0, 0, 0};
   bool backward_thread = false;  // "Fwd thread id" marks an autograd (backward) op
   std::string_view arg_name;     // metadata events: args.name
+  std::string_view labels;       // metadata events: args.labels
   std::string_view copy_kind;    // args.kind of memcpy
   std::string_view input_dims;   // raw JSON arrays, compacted when interned
   std::string_view input_types;
   std::string_view concrete_inputs;
+  std::string_view input_strides;
   std::string_view module_path;
+  // cuda_sync records
+  int64_t wait_on_stream = -1;
+  int64_t wait_event_id = -1;
+  int64_t wait_event_correlation = -1;
+  // Collective metadata: members of a compact JSON object, see trace.h.
+  std::string collective;
 };
+
+// Kineto's NCCL collective metadata (kernels and record_param_comms), kept
+// verbatim in GpuActivity::collective and Operator::collective.
+constexpr std::string_view kCollectiveKeys[] = {
+    "Collective name",     "In msg nelems",       "Out msg nelems",
+    "Group size",          "dtype",               "In split size",
+    "Out split size",      "Process Group Name",  "Process Group Description",
+    "Process Group Ranks", "Global rank start",   "Global rank stride",
+};
+
+bool IsCollectiveKey(std::string_view key) {
+  for (std::string_view k : kCollectiveKeys) {
+    if (k == key) return true;
+  }
+  return false;
+}
+
+// Appends "key":value (the value's JSON text, compacted) to `members`.
+void AppendMember(std::string_view key, od::value v, std::string* members) {
+  std::string_view raw;
+  const od::json_type type = v.type();
+  if (type == od::json_type::array) {
+    raw = RawArray(v);
+  } else if (type == od::json_type::object) {
+    od::object object = v.get_object();
+    raw = object.raw_json().value();
+  } else {
+    raw = Trim(v.raw_json_token());
+  }
+  std::string compact;
+  CompactJson(raw, &compact);
+  if (!members->empty()) members->push_back(',');
+  members->push_back('"');
+  members->append(key);  // one of kCollectiveKeys: nothing to escape
+  members->append("\":");
+  members->append(compact);
+}
 
 // Reads an integer that may be written as a number or a string.
 int64_t ReadId(od::value v) {
@@ -170,7 +216,11 @@ void ReadArgs(od::object args, RawEvent* e) {
     if (key.empty()) continue;
     switch (key[0]) {
       case 'd':
-        if (key == "device") e->device = ReadId(v);
+        if (key == "device") {
+          e->device = ReadId(v);
+        } else if (key == "dtype") {
+          AppendMember(key, v, &e->collective);
+        }
         break;
       case 's':
         if (key == "stream") {
@@ -212,10 +262,18 @@ void ReadArgs(od::object args, RawEvent* e) {
           e->input_dims = RawArray(v);
         } else if (key == "Input type") {
           e->input_types = RawArray(v);
+        } else if (key == "Input Strides") {
+          e->input_strides = RawArray(v);
+        } else if (key == "In msg nelems" || key == "In split size") {
+          AppendMember(key, v, &e->collective);
         }
         break;
       case 'C':
-        if (key == "Concrete Inputs") e->concrete_inputs = RawArray(v);
+        if (key == "Concrete Inputs") {
+          e->concrete_inputs = RawArray(v);
+        } else if (key == "Collective name") {
+          AppendMember(key, v, &e->collective);
+        }
         break;
       case 'M':
         if (key == "Module Hierarchy" && v.type() == od::json_type::string) {
@@ -228,7 +286,20 @@ void ReadArgs(od::object args, RawEvent* e) {
       case 'k':
         if (key == "kind" && v.type() == od::json_type::string) e->copy_kind = v.get_string().value();
         break;
+      case 'l':
+        if (key == "labels" && v.type() == od::json_type::string) e->labels = v.get_string().value();
+        break;
+      case 'w':
+        if (key == "wait_on_stream") {
+          e->wait_on_stream = ReadId(v);
+        } else if (key == "wait_on_cuda_event_id") {
+          e->wait_event_id = ReadId(v);
+        } else if (key == "wait_on_cuda_event_record_corr_id") {
+          e->wait_event_correlation = ReadId(v);
+        }
+        break;
       default:
+        if (IsCollectiveKey(key)) AppendMember(key, v, &e->collective);
         break;
     }
   }
@@ -369,6 +440,7 @@ struct DeviceProps {
   int32_t cc_major = 0;
   int32_t cc_minor = 0;
   int64_t memory_bytes = 0;
+  std::string json;  // the whole entry, compact
 };
 
 }  // namespace
@@ -420,6 +492,29 @@ bool MicrosToNs(std::string_view tok, int64_t* ns) {
   return true;
 }
 
+int64_t ShiftTimes(Trace* trace, int64_t offset_ns) {
+  int64_t removed = 0;
+  auto shift = [offset_ns, &removed](auto& records) {
+    size_t kept = 0;
+    for (auto& r : records) {
+      r.start += offset_ns;  // both within +-2 * kMaxAbsTimeNs: no overflow
+      r.end += offset_ns;
+      if (r.start < -kMaxAbsTimeNs || r.start > kMaxAbsTimeNs || r.end < -kMaxAbsTimeNs ||
+          r.end > kMaxAbsTimeNs) {
+        ++removed;
+        continue;
+      }
+      records[kept++] = r;
+    }
+    records.resize(kept);
+  };
+  shift(trace->gpu);
+  shift(trace->api);
+  shift(trace->ops);
+  shift(trace->ranges);
+  return removed;
+}
+
 struct KinetoParser::Impl {
   od::parser parser;
   std::string compact;  // scratch for CompactJson
@@ -435,11 +530,31 @@ void KinetoParser::OnNonObjectEvent() {
 }
 
 void KinetoParser::OnTopLevel(std::string_view key, std::string_view json) {
+  if (key == "baseTimeNanoseconds") {
+    std::string_view tok = Trim(json);
+    while (!tok.empty() && (tok.front() == ' ' || tok.front() == '\n' || tok.front() == '\r' ||
+                            tok.front() == '\t')) {
+      tok.remove_prefix(1);
+    }
+    int64_t base = 0;
+    auto res = std::from_chars(tok.data(), tok.data() + tok.size(), base);
+    if (res.ec != std::errc() || res.ptr != tok.data() + tok.size() || base < -kMaxBaseTimeNs ||
+        base > kMaxBaseTimeNs) {
+      part_->stats.Add("kineto_bad_base_time", "data_loss",
+                       "baseTimeNanoseconds that is not an integer within +-3e18: ignored, "
+                       "times stay relative to it");
+      return;
+    }
+    base_time_ns_ = base;
+    return;
+  }
   if (key != "distributedInfo" && key != "deviceProperties") return;
   simdjson::padded_string padded(json);
   try {
     od::document doc = impl_->parser.iterate(padded);
     if (key == "distributedInfo") {
+      std::string compact;
+      part_->distributed_info[0] = std::string(CompactJson(json, &compact));
       for (auto field : doc.get_object()) {
         if (field.unescaped_key().value() == "rank") {
           rank_ = static_cast<int32_t>(ReadId(field.value().value()));
@@ -447,8 +562,17 @@ void KinetoParser::OnTopLevel(std::string_view key, std::string_view json) {
       }
       return;
     }
+    std::vector<std::string> raws;
     for (auto element : doc.get_array()) {
+      std::string compact;
+      od::object object = element.get_object();
+      raws.emplace_back(CompactJson(object.raw_json().value(), &compact));
+    }
+    for (const std::string& raw : raws) {
+      simdjson::padded_string one(raw);
+      od::document element = impl_->parser.iterate(one);
       DeviceProps p;
+      p.json = raw;
       int64_t id = -1;
       for (auto field : element.get_object()) {
         std::string_view k = field.unescaped_key().value();
@@ -494,7 +618,13 @@ void KinetoParser::OnEvent(std::string_view json) {
 
   if (e.ph == "M") {
     if (e.name == "process_name" && !e.arg_name.empty()) {
-      t.processes.push_back({0, static_cast<int32_t>(e.pid), std::string(e.arg_name)});
+      t.processes.push_back({0, static_cast<int32_t>(e.pid), std::string(e.arg_name), ""});
+    } else if (e.name == "process_labels" && !e.labels.empty()) {
+      // Kineto names a process before it labels it: the label goes to the
+      // latest process of that pid.
+      auto it = std::find_if(t.processes.rbegin(), t.processes.rend(),
+                             [&](const ProcessInfo& p) { return p.pid == e.pid; });
+      if (it != t.processes.rend()) it->label = std::string(e.labels);
     } else if (e.name == "thread_name" && !e.arg_name.empty()) {
       t.threads.push_back({0, static_cast<int32_t>(e.pid), static_cast<int32_t>(e.tid),
                            std::string(e.arg_name)});
@@ -540,6 +670,7 @@ void KinetoParser::OnEvent(std::string_view json) {
         }
         g.registers = static_cast<int32_t>(e.registers);
         g.shared_memory = static_cast<int32_t>(e.shared_memory);
+        g.collective = t.strings.Intern(e.collective);
       } else {
         g.kind = category == Category::kMemcpy ? GpuKind::kMemcpy : GpuKind::kMemset;
         g.bytes = e.bytes;
@@ -565,6 +696,13 @@ void KinetoParser::OnEvent(std::string_view json) {
       a.kind = category == Category::kRuntime  ? ApiKind::kRuntime
                : category == Category::kDriver ? ApiKind::kDriver
                                                : ApiKind::kSync;
+      if (a.kind == ApiKind::kSync) {
+        a.sync_device = static_cast<int32_t>(e.device);
+        a.sync_stream = static_cast<int32_t>(e.stream);
+        a.wait_on_stream = static_cast<int32_t>(e.wait_on_stream);
+        a.wait_event_id = e.wait_event_id;
+        a.wait_event_correlation = e.wait_event_correlation;
+      }
       t.api.push_back(a);
       return;
     }
@@ -580,6 +718,8 @@ void KinetoParser::OnEvent(std::string_view json) {
       o.input_shapes = t.strings.Intern(CompactJson(e.input_dims, &impl_->compact));
       o.input_types = t.strings.Intern(CompactJson(e.input_types, &impl_->compact));
       o.concrete_inputs = t.strings.Intern(CompactJson(e.concrete_inputs, &impl_->compact));
+      o.input_strides = t.strings.Intern(CompactJson(e.input_strides, &impl_->compact));
+      o.collective = t.strings.Intern(e.collective);
       o.module_path = t.strings.Intern(e.module_path);
       if (e.backward_thread || e.name.rfind("autograd::engine::evaluate_function", 0) == 0) {
         o.pass = Pass::kBackward;
@@ -646,6 +786,15 @@ void KinetoParser::Finish() {
     d.cc_major = p.cc_major;
     d.cc_minor = p.cc_minor;
     d.memory_bytes = p.memory_bytes;
+    d.properties_json = p.json;
+  }
+  if (base_time_ns_ != 0) {
+    const int64_t removed = ShiftTimes(part_, base_time_ns_);
+    if (removed > 0) {
+      part_->stats.Add("kineto_time_beyond_range", "data_loss",
+                       "events whose time plus baseTimeNanoseconds is beyond +-3e18 ns, skipped",
+                       removed);
+    }
   }
   part_->metadata["format"] = "kineto";
 }

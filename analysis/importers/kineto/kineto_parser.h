@@ -35,13 +35,27 @@ class KinetoParser : public ChromeJsonTokenizer::Sink {
   void Finish();
   // The rank named by distributedInfo.rank, or -1.
   int32_t rank() const { return rank_; }
+  // baseTimeNanoseconds (recent Kineto: every ts is relative to it), 0 when
+  // absent or out of range. Finish() adds it to the records `part` still
+  // holds; records a RecordSink took before need it added by the sink.
+  int64_t base_time_ns() const { return base_time_ns_; }
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
   Trace* part_;
   int32_t rank_ = -1;
+  int64_t base_time_ns_ = 0;
 };
+
+// baseTimeNanoseconds beyond +-kMaxAbsTimeNs are refused (counted, ignored).
+inline constexpr int64_t kMaxBaseTimeNs = kMaxAbsTimeNs;
+
+// Adds `offset_ns` (|offset_ns| <= kMaxAbsTimeNs) to every time of the
+// records `trace` holds. Records whose times then fall beyond
+// +-kMaxAbsTimeNs are removed (trace.h's bound keeps differences in int64);
+// returns how many.
+int64_t ShiftTimes(Trace* trace, int64_t offset_ns);
 
 // Parses a whole Kineto JSON document held in memory (tests, fuzzers) into
 // `trace` as rank `default_rank` unless the document names its rank.

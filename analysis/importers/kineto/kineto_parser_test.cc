@@ -277,5 +277,84 @@ TEST(KinetoParserTest, KeepsConcreteInputs) {
   EXPECT_EQ(t.strings.Get(t.ops[0].concrete_inputs), R"(["","","[2, 2]"])");
 }
 
+// Recent Kineto writes ts relative to baseTimeNanoseconds, after the events;
+// the importer adds the base to every record, wherever the key stands.
+TEST(KinetoParserTest, BaseTimeNanosecondsIsAddedToEveryTime) {
+  for (const bool base_first : {false, true}) {
+    const std::string base = R"("baseTimeNanoseconds": 1711964646000000000)";
+    const std::string events = R"("traceEvents": [
+      {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 4458676983543.183,
+       "dur": 0.002, "args": {"device": 0, "stream": 7}},
+      {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 1.5, "dur": 1},
+      {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+       "ts": 2, "dur": 1},
+      {"ph": "X", "cat": "user_annotation", "name": "r", "pid": 1, "tid": 1, "ts": 0, "dur": 9}])";
+    const std::string doc =
+        "{" + (base_first ? base + ",\n" + events : events + ",\n" + base) + "}";
+    Trace t;
+    ASSERT_TRUE(ParseKinetoJson(doc, 0, &t).ok());
+    ASSERT_EQ(t.gpu.size(), 1u);
+    EXPECT_EQ(t.gpu[0].start, 1711964646000000000 + 4458676983543183);
+    EXPECT_EQ(t.gpu[0].end - t.gpu[0].start, 2);
+    EXPECT_EQ(t.ops[0].start, 1711964646000001500);
+    EXPECT_EQ(t.api[0].end, 1711964646000003000);
+    EXPECT_EQ(t.ranges[0].start, 1711964646000000000);
+  }
+}
+
+TEST(KinetoParserTest, BadBaseTimeIsCountedAndIgnored) {
+  for (const char* base : {"1.5e9", "\"12\"", "9000000000000000000"}) {
+    Trace t;
+    const std::string doc = std::string(R"({"baseTimeNanoseconds": )") + base + R"(,
+      "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1,
+                       "ts": 1.5, "dur": 1}]})";
+    ASSERT_TRUE(ParseKinetoJson(doc, 0, &t).ok()) << base;
+    EXPECT_EQ(t.stats.Get("kineto_bad_base_time"), 1) << base;
+    ASSERT_EQ(t.ops.size(), 1u);
+    EXPECT_EQ(t.ops[0].start, 1500) << base;
+  }
+  // A valid base that moves a time beyond +-3e18 ns drops that record.
+  Trace t;
+  ASSERT_TRUE(ParseKinetoJson(R"({"baseTimeNanoseconds": 2000000000000000000,
+      "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "far", "pid": 1, "tid": 1,
+                       "ts": 2000000000000000, "dur": 1},
+                      {"ph": "X", "cat": "cpu_op", "name": "near", "pid": 1, "tid": 1,
+                       "ts": 1, "dur": 1}]})", 0, &t).ok());
+  ASSERT_EQ(t.ops.size(), 1u);
+  EXPECT_EQ(t.strings.Get(t.ops[0].name), "near");
+  EXPECT_EQ(t.stats.Get("kineto_time_beyond_range"), 1);
+}
+
+// Args the export writes back: strides, collective metadata, sync ids, labels.
+TEST(KinetoParserTest, KeepsStridesCollectivesSyncIdsAndLabels) {
+  Trace t;
+  ASSERT_TRUE(ParseKinetoJson(R"json({
+  "distributedInfo": {"backend": "nccl", "rank": 3, "world_size": 4},
+  "traceEvents": [
+    {"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "python3.10"}},
+    {"name": "process_labels", "ph": "M", "pid": 0, "tid": 0, "args": {"labels": "GPU 0"}},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 1, "dur": 9,
+     "args": {"Input Strides": [[4, 1], []], "Collective name": "allreduce", "Group size": 4}},
+    {"ph": "X", "cat": "cuda_sync", "name": "Event Sync", "pid": 0, "tid": -1, "ts": 2,
+     "dur": 1, "args": {"cuda_sync_kind": "Event Sync", "wait_on_stream": 20,
+     "wait_on_cuda_event_record_corr_id": 32, "wait_on_cuda_event_id": 9, "stream": -1,
+     "correlation": 54, "device": 0}}
+  ]})json", 0, &t).ok());
+  EXPECT_EQ(t.distributed_info.at(3), R"({"backend":"nccl","rank":3,"world_size":4})");
+  ASSERT_EQ(t.processes.size(), 1u);
+  EXPECT_EQ(t.processes[0].label, "GPU 0");
+  ASSERT_EQ(t.ops.size(), 1u);
+  EXPECT_EQ(t.strings.Get(t.ops[0].input_strides), "[[4,1],[]]");
+  EXPECT_EQ(t.strings.Get(t.ops[0].collective), R"("Collective name":"allreduce","Group size":4)");
+  ASSERT_EQ(t.api.size(), 1u);
+  EXPECT_EQ(t.api[0].kind, ApiKind::kSync);
+  EXPECT_EQ(t.api[0].wait_on_stream, 20);
+  EXPECT_EQ(t.api[0].wait_event_correlation, 32);
+  EXPECT_EQ(t.api[0].wait_event_id, 9);
+  EXPECT_EQ(t.api[0].sync_stream, -1);
+  EXPECT_EQ(t.api[0].sync_device, 0);
+}
+
 }  // namespace
 }  // namespace dynaflow
+

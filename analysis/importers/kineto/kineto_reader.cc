@@ -54,7 +54,10 @@ class KinetoReader : public TraceReader {
     part.metadata["source"] = probe.path;
     const int32_t rank = parser.rank() >= 0 ? parser.rank() : ordinal;
     DF_RETURN_IF_ERROR(trace->CheckNewRank(rank, probe.path));
-    if (options.sink) options.sink->SetRank(rank);
+    if (options.sink) {
+      options.sink->SetRank(rank);
+      options.sink->SetTakenTimeOffset(parser.base_time_ns());
+    }
     trace->Append(std::move(part), rank);
     return Status::Ok();
   }
