@@ -227,7 +227,8 @@ nlohmann::json ReportToJson(const AdviseReport& report) {
                          {"device", a.plan.device},
                          {"tokens_per_step", a.plan.tokens_per_step > 0 ? nlohmann::json(a.plan.tokens_per_step) : nullptr},
                          {"kernels_per_step", a.plan.kernels_per_step},
-                         {"replay_error_pct", a.replay_error_pct},
+                         {"replay_error_pct", a.replay_unfinished.empty() ? nlohmann::json(a.replay_error_pct) : nullptr},
+                         {"replay_unfinished", a.replay_unfinished.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.replay_unfinished)},
                          {"plan_strategy", StrategyName(a.plan.strategy)}};
   }
   return out;

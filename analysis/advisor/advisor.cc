@@ -83,13 +83,17 @@ void HoldToBound(Eval& e) {
 }
 
 // Every applicable candidate at `scale`; element 0 is sequential.
-std::vector<Eval> EvaluateAt(CandidateContext ctx, double scale, const AdviseOptions& opt) {
+// Every candidate at one workload point, sequential first; empty when the
+// sequential replay cannot finish, with the simulator's reason in `*stall`.
+std::vector<Eval> EvaluateAt(CandidateContext ctx, double scale, const AdviseOptions& opt,
+                             std::string* stall) {
   ctx.scale = scale;
   std::vector<Eval> out;
   auto run = [&](std::optional<Candidate> c) {
     if (!c) return;
     Eval e;
     e.result = Simulate(c->schedule, ctx.params);
+    if (out.empty() && !e.result.ok) *stall = e.result.stall;
     if (!e.result.ok || e.result.makespan_us <= 0) return;
     e.cand = std::move(*c);
     HoldToBound(e);
@@ -486,9 +490,13 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
     } else if (!tokens.empty() && t == tokens.back()) {
       continue;
     }
-    evals.push_back(EvaluateAt(ctx, s == 1.0 || graph.tokens <= 0 ? 1.0 : t / graph.tokens, opt));
+    std::string stall;
+    evals.push_back(EvaluateAt(ctx, s == 1.0 || graph.tokens <= 0 ? 1.0 : t / graph.tokens, opt, &stall));
     tokens.push_back(t);
-    if (evals.back().empty()) return out;
+    if (evals.back().empty()) {
+      out.replay_unfinished = stall.empty() ? "the sequential replay took no time" : stall;
+      return out;
+    }
   }
   const double seq_observed = evals[observed].front().makespan_us;
   out.replay_error_pct = graph.measured_us > 0 ? 100.0 * (seq_observed - graph.measured_us) / graph.measured_us : 0;

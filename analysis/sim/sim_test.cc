@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <optional>
 #include <vector>
 
@@ -347,6 +349,121 @@ TEST(StepGraphTest, FindsWaitsTokensAndDeferrableCollectives) {
       }
     }
   }
+}
+
+// A raw trace for host-side cases: one H200, kernels and calls placed by hand
+// (microseconds).
+struct HandTrace {
+  Trace t;
+  HandTrace() {
+    t.devices.push_back(DeviceInfo{});
+    t.devices[0].name = "NVIDIA H200";
+  }
+  void Kernel(int64_t corr, double start, double end, int32_t stream) {
+    GpuActivity g;
+    g.start = static_cast<TimeNs>(start * 1000);
+    g.end = static_cast<TimeNs>(end * 1000);
+    g.correlation = corr;
+    g.stream = stream;
+    g.name = t.strings.Intern("elementwise_kernel_" + std::to_string(corr));
+    t.gpu.push_back(g);
+  }
+  void Call(int64_t corr, double start, double end, int32_t tid, const char* name,
+            int32_t pid = 100) {
+    ApiCall c;
+    c.start = static_cast<TimeNs>(start * 1000);
+    c.end = static_cast<TimeNs>(end * 1000);
+    c.correlation = corr;
+    c.pid = pid;
+    c.tid = tid;
+    c.name = t.strings.Intern(name);
+    t.api.push_back(c);
+  }
+};
+
+// Three threads launch on one device. Thread 1 blocks in a synchronize until
+// kernel 1 ends; thread 2 launches kernel 4 just after thread 1's next launch,
+// and kernel 4 ends within the sync's tolerance of the call's return. The host
+// waits for kernel 1 (issued before), never for kernel 4 (issued after: the
+// replay would wait forever and the report say "no step to simulate").
+// Thread 3 launches kernel 5 before the sync, and in the second case another
+// kernel while thread 1 blocks: the sync still belongs to thread 1's launch.
+TEST(StepGraphTest, ThreeLaunchingThreadsReplayToTheEnd) {
+  for (bool launch_during_sync : {false, true}) {
+    SCOPED_TRACE(launch_during_sync);
+    HandTrace h;
+    h.Call(1, 0, 1, 1, "cudaLaunchKernel");
+    h.Kernel(1, 10, 110, 7);
+    h.Call(5, 2, 3, 3, "cudaLaunchKernel");
+    h.Kernel(5, 4, 8, 9);
+    h.Call(-1, 5, 111, 1, "cudaStreamSynchronize");
+    if (launch_during_sync) {
+      h.Call(6, 50, 54, 3, "cudaLaunchKernel");
+      h.Kernel(6, 60, 70, 9);
+    }
+    h.Call(3, 111.2, 115, 1, "cudaLaunchKernel");
+    h.Kernel(3, 120, 130, 7);
+    h.Call(4, 111.3, 111.6, 2, "cudaLaunchKernel");
+    h.Kernel(4, 111.8, 112.5, 8);
+    std::sort(h.t.gpu.begin(), h.t.gpu.end(),
+              [](const GpuActivity& a, const GpuActivity& b) { return a.start < b.start; });
+    Built b = Build(std::move(h.t));
+    const StepGraph& g = b.graph;
+    const size_t n = launch_during_sync ? 5 : 4;
+    ASSERT_EQ(g.tasks.size(), n);
+    ASSERT_EQ(g.host_order.size(), n);
+    // By start: kernel 5, kernel 1, [kernel 6,] kernel 4, kernel 3.
+    const size_t k1 = 1, k3 = n - 1;
+    EXPECT_EQ(g.tasks[k3].sync_task, static_cast<int32_t>(k1));
+    EXPECT_NEAR(g.tasks[k3].post_sync_us, 0.2, 1e-9);
+    CandidateContext ctx;
+    ctx.trace = &b.trace;
+    ctx.graph = &g;
+    ctx.peaks = b.res[0].peaks;
+    const SimResult r = Simulate(MakeSequential(ctx)->schedule, ctx.params);
+    ASSERT_TRUE(r.ok) << r.stall;
+    // Kernel 3 is issued when kernel 1 ends (stretched by the sharing model
+    // where kernel 6 co-runs), 0.2 us of host time later, plus its latency.
+    EXPECT_NEAR(r.start_us[k3], r.end_us[k1] + 0.2 + 8.8, 1e-6);
+    // Without co-running kernels the replay is the measured step, less the
+    // 1 us between kernel 1's end and the sync's return.
+    if (!launch_during_sync) EXPECT_NEAR(r.makespan_us, g.measured_us - 1.0, 1e-6);
+  }
+}
+
+// One export of two processes, each with its own correlation ids: process
+// 200's calls reuse the ids of process 100's launches but come after the
+// kernels they would launch. The step takes the launching process's calls.
+TEST(StepGraphTest, LaunchesComeFromTheLaunchingProcess) {
+  HandTrace h;
+  h.Call(1, 1000, 1004, 7, "cudaLaunchKernel", 200);
+  h.Call(2, 1010, 1014, 7, "cudaLaunchKernel", 200);
+  h.Call(1, 0, 4, 1, "cudaLaunchKernel");
+  h.Kernel(1, 10, 50, 7);
+  h.Call(2, 20, 24, 1, "cudaLaunchKernel");
+  h.Kernel(2, 60, 70, 7);
+  Built b = Build(std::move(h.t));
+  const StepGraph& g = b.graph;
+  ASSERT_EQ(g.host_order.size(), 2u);
+  EXPECT_EQ(g.host_order[0], 0);
+  EXPECT_NEAR(g.tasks[1].host_delta_us, 20, 1e-9);
+  EXPECT_NEAR(g.tasks[0].launch_latency_us, 10, 1e-9);
+}
+
+// A replay that cannot finish says why.
+TEST(SimulatorTest, AStuckReplaySaysWhy) {
+  Schedule s;
+  SimNode a = Node(Resource::kCompute, 10);
+  SimNode b = Node(Resource::kCompute, 10);
+  b.post_sync_us = 0;
+  b.sync_node = 1;  // blocks until itself finishes
+  s.Add(a, {});
+  s.Add(b, {});
+  s.host_order = {0, 1};
+  const SimResult r = Simulate(s, SimParams{});
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.stall.find("1 of 2 nodes never ran"), std::string::npos) << r.stall;
+  EXPECT_NE(r.stall.find("the host issues only later"), std::string::npos) << r.stall;
 }
 
 TEST(CandidatesTest, ApplyWhereTheyShould) {

@@ -54,6 +54,10 @@ struct Schedule {
 
 struct SimResult {
   bool ok = false;        // false: a dependency cycle or an unissued node blocked progress
+  // Why a replay could not finish (empty when ok): the host waiting on a node
+  // it has not issued (or one that waits on such a node), or nodes whose
+  // dependencies never finish. Names node indices and their tasks.
+  std::string stall;
   double makespan_us = 0;  // last finish + tail
   std::vector<double> start_us;
   std::vector<double> end_us;
