@@ -316,8 +316,14 @@ TEST(StepGraphTest, ReplayReproducesTheMeasuredStep) {
     const SimResult r = Simulate(MakeSequential(ctx)->schedule, ctx.params);
     ASSERT_TRUE(r.ok);
     // No kernels overlap in these traces, so the replay is exact up to the
-    // nanosecond rounding of the trace.
-    EXPECT_NEAR(r.makespan_us, b.graph.measured_us, 0.01) << batch;
+    // nanosecond rounding of the trace; the step ends when the host issues
+    // the next step's first kernel (launch plus latency), which the synthetic
+    // GPU starts 1 us after its stream frees: the replay, which reads neither
+    // that gap nor the measured step time, ends the step up to 1 us early.
+    EXPECT_LE(r.makespan_us, b.graph.measured_us + 0.01) << batch;
+    EXPECT_GE(r.makespan_us, b.graph.measured_us - 1.01) << batch;
+    EXPECT_TRUE(b.graph.end_known);
+    EXPECT_DOUBLE_EQ(b.graph.tail_us, 0);
     for (size_t i = 0; i < b.graph.tasks.size(); ++i) {
       ASSERT_NEAR(r.start_us[i], b.graph.tasks[i].start_us, 0.01) << batch << " task " << i;
     }
@@ -511,7 +517,7 @@ TEST(CandidatesTest, TensorParallelForward) {
   ctx.graph = &tp.graph;
   ctx.peaks = tp.res[0].peaks;
   const double seq = Simulate(MakeSequential(ctx)->schedule, ctx.params).makespan_us;
-  EXPECT_NEAR(seq, tp.graph.measured_us, 0.01);
+  EXPECT_NEAR(seq, tp.graph.measured_us, 1.01);  // see ReplayReproducesTheMeasuredStep
   EXPECT_FALSE(MakeCommOverlap(ctx).has_value());
   auto fusion = MakeFusion(ctx);
   ASSERT_TRUE(fusion.has_value());

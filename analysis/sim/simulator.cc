@@ -287,7 +287,19 @@ SimResult Simulate(const Schedule& s, const SimParams& params) {
   out.ok = done == n;
   if (!out.ok) out.stall = DescribeStall(s, host_pos, issued, finished_flag, done);
   const double origin = std::min(0.0, first_start == kInf ? 0.0 : first_start);
-  out.makespan_us = (last_end == -kInf ? 0.0 : last_end - origin) + s.tail_us;
+  double end = last_end == -kInf ? origin : last_end;
+  if (out.ok && s.end_issue) {  // the next step's first launch (every node is issued by now)
+    const SimNode& e = *s.end_issue;
+    double issue_at;
+    if (e.post_sync_us >= 0 && !s.host_order.empty()) {
+      const double waited = e.sync_node >= 0 ? out.end_us[static_cast<size_t>(e.sync_node)] : host_last_done;
+      issue_at = std::max(host_time + e.host_delta_us, waited) + e.post_sync_us;
+    } else {
+      issue_at = s.host_order.empty() ? e.host_delta_us : host_time + e.host_delta_us;
+    }
+    end = std::max(end, issue_at + e.launch_latency_us);
+  }
+  out.makespan_us = end - origin + s.tail_us;
   return out;
 }
 
