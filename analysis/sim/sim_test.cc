@@ -437,6 +437,41 @@ TEST(StepGraphTest, ThreeLaunchingThreadsReplayToTheEnd) {
   }
 }
 
+// A synchronous copy waits for its own copy; the host then works 2 ms (a
+// long cudaMalloc among it, itself a "blocking" call that waited on nothing)
+// before the next launch. The host resumes when the copy's call returns, and
+// those 2 ms stay host time (they were lost when the wait was taken to end
+// with the last blocking call: pipit's saxpy replayed 66% short).
+// The first launch call takes 5 ms (lazy module loading): its kernel starts
+// at the call's return, host-explained, not GPU-side delay.
+TEST(StepGraphTest, HostTimeAfterASyncAndLongLaunchCalls) {
+  HandTrace h;
+  h.Call(1, 0, 5000, 1, "cudaLaunchKernel");
+  h.Kernel(1, 5004, 5010, 7);
+  h.Call(2, 5020, 5200, 1, "cudaMemcpy");
+  h.Kernel(2, 5030, 5195, 7);
+  h.Call(-1, 5300, 5800, 1, "cudaMalloc");
+  h.Call(3, 7200, 7205, 1, "cudaLaunchKernel");
+  h.Kernel(3, 7210, 7300, 7);
+  Built b = Build(std::move(h.t));
+  const StepGraph& g = b.graph;
+  ASSERT_EQ(g.tasks.size(), 3u);
+  EXPECT_NEAR(g.tasks[0].launch_latency_us, 5004, 1e-9);
+  EXPECT_DOUBLE_EQ(g.tasks[0].delay_us, 0);
+  EXPECT_EQ(g.tasks[2].sync_task, 1);
+  EXPECT_NEAR(g.tasks[2].post_sync_us, 2000, 1e-9);
+  CandidateContext ctx;
+  ctx.trace = &b.trace;
+  ctx.graph = &g;
+  ctx.peaks = b.res[0].peaks;
+  const SimResult r = Simulate(MakeSequential(ctx)->schedule, ctx.params);
+  ASSERT_TRUE(r.ok) << r.stall;
+  // The copy ends at 191 us of the step, its call returned 5 us later (not
+  // replayed), then 2000 us of host time and 10 us of launch latency.
+  EXPECT_NEAR(r.start_us[2], 191 + 2000 + 10, 1e-6);
+  EXPECT_NEAR(r.makespan_us, g.measured_us - 5, 1e-6);
+}
+
 // One export of two processes, each with its own correlation ids: process
 // 200's calls reuse the ids of process 100's launches but come after the
 // kernels they would launch. The step takes the launching process's calls.
