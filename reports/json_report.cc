@@ -1,5 +1,7 @@
 #include "reports/report.h"
 
+#include <cmath>
+
 namespace dynaflow {
 namespace {
 
@@ -228,6 +230,9 @@ nlohmann::json ReportToJson(const AdviseReport& report) {
                          {"tokens_per_step", a.plan.tokens_per_step > 0 ? nlohmann::json(a.plan.tokens_per_step) : nullptr},
                          {"kernels_per_step", a.plan.kernels_per_step},
                          {"replay_error_pct", a.replay_unfinished.empty() ? nlohmann::json(a.replay_error_pct) : nullptr},
+                         {"replay_error_without_gaps_pct",
+                          a.replay_unfinished.empty() && std::isfinite(a.replay_error_without_gaps_pct)
+                              ? nlohmann::json(a.replay_error_without_gaps_pct) : nullptr},
                          {"replay_unfinished", a.replay_unfinished.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.replay_unfinished)},
                          {"plan_strategy", StrategyName(a.plan.strategy)}};
   }

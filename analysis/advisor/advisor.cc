@@ -114,6 +114,19 @@ std::vector<Eval> EvaluateAt(CandidateContext ctx, double scale, const AdviseOpt
   return out;
 }
 
+// The replay error when the graph keeps none of the measured GPU-side gaps
+// (SimTask::delay_us): only durations, dependencies and the host remain, as
+// Lumos replays. NaN when that replay cannot finish.
+double ReplayErrorWithoutGaps(CandidateContext ctx, const StepGraph& graph) {
+  StepGraph bare = graph;
+  for (SimTask& t : bare.tasks) t.delay_us = 0;
+  ctx.graph = &bare;
+  ctx.scale = 1.0;
+  const SimResult r = Simulate(MakeSequential(ctx)->schedule, ctx.params);
+  if (!r.ok || graph.measured_us <= 0) return std::nan("");
+  return 100.0 * (r.makespan_us - graph.measured_us) / graph.measured_us;
+}
+
 // The best evaluation of one strategy (nano-batches: over the split counts).
 const Eval* BestOf(const std::vector<Eval>& evals, Strategy s) {
   const Eval* best = nullptr;
@@ -500,6 +513,7 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
   }
   const double seq_observed = evals[observed].front().makespan_us;
   out.replay_error_pct = graph.measured_us > 0 ? 100.0 * (seq_observed - graph.measured_us) / graph.measured_us : 0;
+  out.replay_error_without_gaps_pct = ReplayErrorWithoutGaps(ctx, graph);
   const double baseline = dev.step_mean_us;
   out.bound_checks = BoundChecks(evals, tokens, baseline / seq_observed);
 
