@@ -130,6 +130,7 @@ void AttachHost(const std::vector<TimeNs>& launch, const std::vector<double>& ca
     auto e = std::lower_bound(b, blocks.end(), L,
                               [](const HostBlock& x, TimeNs v) { return x.start < v; });
     int32_t waited = -1;
+    double waited_end_us = 0;
     const HostBlock* call = nullptr;
     for (; e != b && waited < 0; --e) {
       const HostBlock& x = *std::prev(e);
@@ -141,6 +142,7 @@ void AttachHost(const std::vector<TimeNs>& launch, const std::vector<double>& ca
         --it;
         if (host_pos[static_cast<size_t>(it->second)] < static_cast<int32_t>(h)) {
           waited = it->second;
+          waited_end_us = it->first;
           call = &x;
           break;
         }
@@ -150,8 +152,11 @@ void AttachHost(const std::vector<TimeNs>& launch, const std::vector<double>& ca
       // Relative to the previous launch of any thread: negative when another
       // thread launched while this one blocked; the replay takes the later of
       // that and the waited task's end.
+      // The host resumes when the waited task ends: the rest of the call (a
+      // cudaMalloc that synchronized, then allocated) and the time after it
+      // are host time.
       out.host_delta_us = Us(call->start - prev);
-      out.post_sync_us = Us(L - call->end);
+      out.post_sync_us = std::max(0.0, Us(L - step_start) - waited_end_us);
       out.sync_task = waited;
     } else {
       out.host_delta_us = Us(L - prev);

@@ -13,14 +13,18 @@
 //   * the host: launches are issued in their measured order, each after the
 //     host time measured since the previous launch (`host_delta_us`, without
 //     time blocked in synchronizing calls); a launch that followed a blocking
-//     call (cudaStreamSynchronize, a synchronous memcpy...) is issued only once
-//     the task the call waited for finished (`sync_task`: the task whose
-//     measured end is the last before the call returned), plus the host time
-//     measured after the call returned (`post_sync_us`). A blocking call that
-//     returned with no task finishing during it waited on nothing on this GPU
-//     and counts as host time. A task starts no earlier than its launch plus
-//     `launch_latency_us` (at most the call's duration plus
-//     `max_launch_latency_us`).
+//     call of its thread (cudaStreamSynchronize, a synchronous memcpy...) is
+//     issued only once the task the call waited for finished (`sync_task`:
+//     the last task, issued before, to finish inside the thread's last
+//     blocking call since its previous launch during which one finished),
+//     plus the host time measured from that task's end to the launch
+//     (`post_sync_us`). A blocking call with no task finishing during it
+//     waited on nothing on this GPU and counts as host time. A task starts no
+//     earlier than its launch plus `launch_latency_us` (at most the call's
+//     duration plus `max_launch_latency_us`);
+//   * the step's end: the host's issue of the next step's first activity
+//     (`end`), or the last task's end if later; `tail_us` (measured) only
+//     where that launch is unknown.
 // Replaying the graph with the measured durations and no co-running penalty
 // reproduces the measured start times; what a faster GPU schedule gains, the
 // host model passes on to the launches that waited on it.
