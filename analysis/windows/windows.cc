@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <unordered_map>
+#include <vector>
 
 namespace dynaflow {
 namespace {
@@ -51,7 +52,7 @@ int KindOf(const int (&n)[kResourceCount]) {
   return kNoKind;  // compute with memory or communication: both sides busy
 }
 
-std::string Label(WindowKind k, std::string_view op) {
+std::string Label(WindowKind k, std::string_view op, IdleCause cause) {
   std::string o(op.size() > 80 ? op.substr(0, 77) : op);
   if (op.size() > 80) o += "...";
   switch (k) {
@@ -60,12 +61,32 @@ std::string Label(WindowKind k, std::string_view op) {
     case WindowKind::kMemoryBound: return "tensor cores idle under memory-bound " + o;
     case WindowKind::kComputeBound: return "HBM bandwidth idle under compute-bound " + o;
     case WindowKind::kLaunchBound: return "SMs idle between short launches of " + o;
-    case WindowKind::kGpuIdle: return "GPU idle waiting on the host before " + o;
+    case WindowKind::kGpuIdle:
+      switch (cause) {
+        case IdleCause::kHost: return "GPU idle waiting on the host to launch " + o;
+        case IdleCause::kDependency:
+          return "GPU idle: " + o + " was launched and waits on a dependency (an event, another stream)";
+        case IdleCause::kPeer: return "GPU idle: " + o + " waits for another rank";
+        case IdleCause::kUnknown:
+        case IdleCause::kNone: break;
+      }
+      return "GPU idle before " + o + " (no launch call in the trace: host or dependency)";
   }
   return o;
 }
 
 }  // namespace
+
+const char* IdleCauseName(IdleCause c) {
+  switch (c) {
+    case IdleCause::kNone: return "";
+    case IdleCause::kHost: return "host";
+    case IdleCause::kDependency: return "dependency";
+    case IdleCause::kPeer: return "peer";
+    case IdleCause::kUnknown: return "unknown";
+  }
+  return "";
+}
 
 const char* WindowKindName(WindowKind k) {
   switch (k) {
@@ -126,6 +147,7 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
 
   struct Group {
     WindowKind kind = WindowKind::kGpuIdle;
+    IdleCause cause = IdleCause::kNone;
     StringId primary = 0;
     int64_t occurrences = 0;
     TimeNs total = 0;
@@ -142,6 +164,37 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
   int32_t cur_step = -1;
   TimeNs cur_start = 0, cur_end = 0;
   NameTimes cur_names, cur_modules;
+  IdleCause cur_cause = IdleCause::kNone;
+
+  // Launch calls of the device's activities (rank's calls by correlation), to
+  // tell why the GPU idled before one.
+  const int32_t rank = trace.devices[dev.device_index].rank;
+  std::unordered_map<int64_t, std::vector<TimeNs>> launches;
+  for (uint32_t i : dev.order) {
+    if (trace.gpu[i].correlation >= 0) launches.try_emplace(trace.gpu[i].correlation);
+  }
+  for (const ApiCall& c : trace.api) {
+    if (c.rank != rank || c.correlation < 0 || c.kind == ApiKind::kSync) continue;
+    auto it = launches.find(c.correlation);
+    if (it != launches.end()) it->second.push_back(c.start);
+  }
+  // Why the GPU idles from `from` until activity k starts: the host had not
+  // launched it yet (its launch call started after the GPU went idle, less
+  // the launch latency), or it was launched and waited on something on the
+  // GPU side. Correlation ids repeat across processes: the launch is the
+  // latest call with the id before the activity starts.
+  auto cause_of = [&](size_t k, TimeNs from) {
+    const GpuActivity& a = trace.gpu[dev.order[k]];
+    auto it = launches.find(a.correlation);
+    TimeNs launch = -1;
+    if (it != launches.end()) {
+      for (TimeNs s : it->second) {
+        if (s <= a.start && s > launch) launch = s;
+      }
+    }
+    if (launch < 0) return IdleCause::kUnknown;
+    return launch + options.launch_latency_ns >= from ? IdleCause::kHost : IdleCause::kDependency;
+  };
 
   auto close = [&]() {
     if (cur_kind == kNoKind || cur_end <= cur_start) {
@@ -156,11 +209,13 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
         primary = name;
       }
     }
-    const uint64_t key = (static_cast<uint64_t>(cur_kind) << 32) | primary;
+    const uint64_t key = (static_cast<uint64_t>(cur_kind) << 32) |
+                         (static_cast<uint64_t>(cur_cause) << 28) | primary;
     auto [it, fresh] = group_index.try_emplace(key, groups.size());
     if (fresh) {
       groups.emplace_back();
       groups.back().kind = static_cast<WindowKind>(cur_kind);
+      groups.back().cause = cur_cause;
       groups.back().primary = primary;
     }
     Group& g = groups[it->second];
@@ -178,6 +233,7 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
       }
     }
     cur_kind = kNoKind;
+    cur_cause = IdleCause::kNone;
     cur_names.clear();
     cur_modules.clear();
   };
@@ -223,9 +279,13 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
     if (kind == kNoKind || step < 0) {
       close();
     } else {
-      if (kind != cur_kind || step != cur_step || cur_end != t) {
+      const IdleCause cause = kind == static_cast<int>(WindowKind::kGpuIdle)
+                                  ? (idx < n ? cause_of(idx, t) : IdleCause::kUnknown)
+                                  : IdleCause::kNone;
+      if (kind != cur_kind || step != cur_step || cur_end != t || cause != cur_cause) {
         close();
         cur_kind = kind;
+        cur_cause = cause;
         cur_step = step;
         cur_start = t;
       }
@@ -269,7 +329,8 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
   for (Group& g : groups) {
     IdleWindow w;
     w.kind = g.kind;
-    w.label = Label(g.kind, trace.strings.Get(g.primary));
+    w.cause = g.cause;
+    w.label = Label(g.kind, trace.strings.Get(g.primary), g.cause);
     w.occurrences = g.occurrences;
     w.total_us = static_cast<double>(g.total) / 1000.0;
     w.per_step_us = w.total_us / n_steps;

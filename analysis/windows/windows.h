@@ -13,10 +13,16 @@
 //                          one: HBM bandwidth idle under GEMMs
 //   launch_bound           only short latency-bound kernels: SMs idle between
 //                          launches
-//   gpu_idle               nothing runs: the GPU waits on the host
+//   gpu_idle               nothing runs: the GPU waits, and `cause` says on what:
+//                          the host (the next activity's launch call started
+//                          after the GPU went idle, less the launch latency), a
+//                          dependency (it was launched before and waits on an
+//                          event or another stream), or unknown (no launch call
+//                          in the trace). kPeer (a collective waiting for
+//                          another rank) is reserved: no rule assigns it yet
 // Consecutive segments of one kind form an interval. Intervals are grouped by
 // (kind, the operator holding most of their time; for gpu_idle the operator
-// the GPU waited for), and each group is one IdleWindow.
+// the GPU waited for, and the cause), and each group is one IdleWindow.
 //
 // Recoverable time per step, an upper bound on what a schedule could remove:
 //   communication/copy exposed, gpu_idle: all of it (overlap on a side stream,
@@ -51,6 +57,11 @@ const char* WindowKindName(WindowKind k);
 const char* WindowSaturated(WindowKind k);  // the busy resource
 const char* WindowIdle(WindowKind k);       // the idle one
 
+// Why the GPU idled (gpu_idle windows; kNone for the other kinds).
+enum class IdleCause : uint8_t { kNone = 0, kHost = 1, kDependency = 2, kPeer = 3, kUnknown = 4 };
+// "", "host", "dependency", "peer", "unknown".
+const char* IdleCauseName(IdleCause c);
+
 struct KindInterval {
   WindowKind kind;
   TimeNs start;
@@ -59,6 +70,7 @@ struct KindInterval {
 
 struct IdleWindow {
   WindowKind kind = WindowKind::kGpuIdle;
+  IdleCause cause = IdleCause::kNone;
   std::string label;  // one line for humans
   int64_t occurrences = 0;  // intervals over all steps
   double total_us = 0;      // over all steps
@@ -79,6 +91,9 @@ struct DeviceWindows {
 struct WindowOptions {
   size_t max_windows = 12;
   size_t max_representative_intervals = 4000;
+  // A launch this long before the GPU went idle still explains the idle (the
+  // launch had not reached the GPU): CUDA launch latency is a few us.
+  TimeNs launch_latency_ns = 10'000;
 };
 
 DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
