@@ -72,6 +72,7 @@ nlohmann::json IdleWindowsJson(const DeviceAdvice* a, TimeNs step_start) {
                    {"per_step_us", w.per_step_us},
                    {"share_of_step_pct", w.share_of_step_pct},
                    {"recoverable_us", w.recoverable_us},
+                   {"recoverable_source", w.recoverable_simulated ? "simulated" : "upper_bound"},
                    {"operators", NamedTimes(w.operators)},
                    {"modules", NamedTimes(w.modules)},
                    {"examples_in_representative_step", examples}});

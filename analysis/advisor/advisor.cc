@@ -127,6 +127,53 @@ double ReplayErrorWithoutGaps(CandidateContext ctx, const StepGraph& graph) {
   return 100.0 * (r.makespan_us - graph.measured_us) / graph.measured_us;
 }
 
+// Recoverable time of the simulated device's windows is what the simulator
+// recovers, not the windows' upper bound (windows.h): the saving per step of
+// the best candidate among the strategies that address a window's kind,
+// shared over the windows of those kinds in proportion to their upper bounds,
+// and never above a window's own bound.
+//   communication exposed: comm_overlap, dual_batch_overlap, fusion;
+//   copy exposed, memory bound, compute bound: nanobatch_overlap;
+//   gpu idle, launch bound: none (no candidate removes host time; CUDA graphs
+//     are not simulated), so 0.
+void RecoverableFromSimulation(const std::vector<Eval>& evals, double baseline, DeviceWindows* dw) {
+  auto saving = [&](std::initializer_list<Strategy> strategies) {
+    double best = 0;
+    for (const Eval& e : evals) {
+      for (Strategy s : strategies) {
+        if (e.cand.strategy == s && e.speedup > 0) best = std::max(best, baseline - baseline / e.speedup);
+      }
+    }
+    return best;
+  };
+  auto group_of = [](WindowKind k) {
+    switch (k) {
+      case WindowKind::kCommExposed: return 0;
+      case WindowKind::kCopyExposed:
+      case WindowKind::kMemoryBound:
+      case WindowKind::kComputeBound: return 1;
+      case WindowKind::kLaunchBound:
+      case WindowKind::kGpuIdle: return 2;
+    }
+    return 2;
+  };
+  const double group_saving[3] = {
+      saving({Strategy::kCommOverlap, Strategy::kDualBatchOverlap, Strategy::kFusion}),
+      saving({Strategy::kNanobatchOverlap}), 0.0};
+  double group_bound[3] = {0, 0, 0};
+  for (const IdleWindow& w : dw->windows) group_bound[group_of(w.kind)] += w.recoverable_us;
+  for (IdleWindow& w : dw->windows) {
+    const int g = group_of(w.kind);
+    const double share = group_bound[g] > 0 ? group_saving[g] * w.recoverable_us / group_bound[g] : 0.0;
+    w.recoverable_us = std::min(w.recoverable_us, share);
+    w.recoverable_simulated = true;
+  }
+  std::stable_sort(dw->windows.begin(), dw->windows.end(), [](const IdleWindow& a, const IdleWindow& b) {
+    return a.recoverable_us != b.recoverable_us ? a.recoverable_us > b.recoverable_us
+                                                : a.per_step_us > b.per_step_us;
+  });
+}
+
 // The best evaluation of one strategy (nano-batches: over the split counts).
 const Eval* BestOf(const std::vector<Eval>& evals, Strategy s) {
   const Eval* best = nullptr;
@@ -569,6 +616,8 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
   plan.predicted_speedup = chosen.speedup;
   plan.predicted_step_us = baseline / chosen.speedup;
   plan.extra_memory_bytes = chosen.cand.extra_memory_bytes;
+
+  RecoverableFromSimulation(evals[observed], baseline, &out.devices[crit].windows);
 
   // Recommendations at the observed workload: one per strategy, best first.
   WorkloadBucket wb;

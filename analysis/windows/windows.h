@@ -24,7 +24,9 @@
 // (kind, the operator holding most of their time; for gpu_idle the operator
 // the GPU waited for, and the cause), and each group is one IdleWindow.
 //
-// Recoverable time per step, an upper bound on what a schedule could remove:
+// Recoverable time per step, an upper bound on what a schedule could remove
+// (on the device it simulates, the advisor lowers it to what the simulator
+// recovers: advisor.cc, RecoverableFromSimulation):
 //   communication/copy exposed, gpu_idle: all of it (overlap on a side stream,
 //     host-side fixes or CUDA graphs);
 //   launch_bound: half (fusion or graphs remove launches, not the kernels);
@@ -76,7 +78,8 @@ struct IdleWindow {
   double total_us = 0;      // over all steps
   double per_step_us = 0;
   double share_of_step_pct = 0;  // of the mean step
-  double recoverable_us = 0;     // per step
+  double recoverable_us = 0;     // per step: the upper bound below, or what the simulator recovers
+  bool recoverable_simulated = false;  // set by the advisor on the device it simulates
   std::vector<std::pair<std::string, double>> operators;  // inside, by time (us per step)
   std::vector<std::pair<std::string, double>> modules;    // module paths or top-level operators
   std::vector<KindInterval> examples;  // up to three in the representative step
