@@ -66,7 +66,7 @@ nlohmann::json IdleWindowsJson(const DeviceAdvice* a, TimeNs step_start) {
                    {"saturated", WindowSaturated(w.kind)},
                    {"idle", WindowIdle(w.kind)},
                    {"label", w.label},
-                   {"cause", w.kind == WindowKind::kGpuIdle ? nlohmann::json(IdleCauseName(w.cause)) : nullptr},
+                   {"cause", w.cause != IdleCause::kNone ? nlohmann::json(IdleCauseName(w.cause)) : nullptr},
                    {"occurrences", w.occurrences},
                    {"total_us", w.total_us},
                    {"per_step_us", w.per_step_us},

@@ -56,7 +56,9 @@ std::string Label(WindowKind k, std::string_view op, IdleCause cause) {
   std::string o(op.size() > 80 ? op.substr(0, 77) : op);
   if (op.size() > 80) o += "...";
   switch (k) {
-    case WindowKind::kCommExposed: return "SMs idle while " + o + " communicates";
+    case WindowKind::kCommExposed:
+      return cause == IdleCause::kPeer ? "SMs idle while " + o + " waits for another rank"
+                                       : "SMs idle while " + o + " communicates";
     case WindowKind::kCopyExposed: return "SMs idle under the copy " + o;
     case WindowKind::kMemoryBound: return "tensor cores idle under memory-bound " + o;
     case WindowKind::kComputeBound: return "HBM bandwidth idle under compute-bound " + o;
@@ -73,6 +75,47 @@ std::string Label(WindowKind k, std::string_view op, IdleCause cause) {
       return "GPU idle before " + o + " (no launch call in the trace: host or dependency)";
   }
   return o;
+}
+
+// For each activity of the device (DeviceResources::order), the time until
+// which it waits for another rank: a collective cannot progress before every
+// rank has started it, so its first part, until the latest start of the same
+// collective on the other ranks' devices in the trace, is waiting. The k-th
+// communication kernel of a name on one rank is the k-th of that name on
+// every other. 0 where no other rank is in the trace or nothing matches.
+std::vector<TimeNs> PeerWaitEnds(const Trace& trace, const DeviceResources& dev) {
+  std::vector<TimeNs> out(dev.order.size(), 0);
+  const int32_t rank = trace.devices[dev.device_index].rank;
+  // (name, ordinal) -> latest start on the other ranks.
+  std::unordered_map<StringId, std::vector<TimeNs>> latest;
+  std::unordered_map<uint64_t, std::unordered_map<StringId, size_t>> seen;  // per other device
+  std::vector<uint32_t> others;
+  for (uint32_t i = 0; i < trace.gpu.size(); ++i) {
+    const GpuActivity& g = trace.gpu[i];
+    if (g.device_index >= trace.devices.size() || trace.devices[g.device_index].rank == rank) continue;
+    if (g.kind != GpuKind::kKernel || !ContainsAny(trace.strings.Get(g.name), {"nccl", "rccl"})) continue;
+    others.push_back(i);
+  }
+  if (others.empty()) return out;
+  std::sort(others.begin(), others.end(),
+            [&trace](uint32_t a, uint32_t b) { return trace.gpu[a].start < trace.gpu[b].start; });
+  for (uint32_t i : others) {
+    const GpuActivity& g = trace.gpu[i];
+    const size_t ordinal = seen[g.device_index][g.name]++;
+    std::vector<TimeNs>& v = latest[g.name];
+    if (v.size() <= ordinal) v.resize(ordinal + 1, 0);
+    v[ordinal] = std::max(v[ordinal], g.start);
+  }
+  std::unordered_map<StringId, size_t> own;
+  for (size_t k = 0; k < dev.order.size(); ++k) {
+    if (dev.resource[k] != Resource::kCommunication) continue;
+    const GpuActivity& g = trace.gpu[dev.order[k]];
+    const size_t ordinal = own[g.name]++;
+    auto it = latest.find(g.name);
+    if (it == latest.end() || ordinal >= it->second.size()) continue;
+    out[k] = std::min(it->second[ordinal], g.end);
+  }
+  return out;
 }
 
 }  // namespace
@@ -242,7 +285,9 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
     TimeNs end;
     uint32_t k;
     Resource r;
+    TimeNs peer_until;  // a collective waits for another rank until then
   };
+  const std::vector<TimeNs> peer_until = PeerWaitEnds(trace, dev);
   std::vector<Active> active;
   int counts[kResourceCount] = {};
   size_t idx = 0;
@@ -261,14 +306,17 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
     while (idx < n && trace.gpu[dev.order[idx]].start <= t) {
       const GpuActivity& g = trace.gpu[dev.order[idx]];
       if (g.end > t) {
-        active.push_back({g.end, static_cast<uint32_t>(idx), dev.resource[idx]});
+        active.push_back({g.end, static_cast<uint32_t>(idx), dev.resource[idx], peer_until[idx]});
         ++counts[static_cast<int>(dev.resource[idx])];
       }
       ++idx;
       skip_outside();
     }
     TimeNs next = idx < n ? trace.gpu[dev.order[idx]].start : kInf;
-    for (const Active& a : active) next = std::min(next, a.end);
+    for (const Active& a : active) {
+      next = std::min(next, a.end);
+      if (a.peer_until > t) next = std::min(next, a.peer_until);
+    }
     if (next == kInf || t >= last_end) break;
     next = std::min(next, last_end);
 
@@ -279,9 +327,19 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
     if (kind == kNoKind || step < 0) {
       close();
     } else {
-      const IdleCause cause = kind == static_cast<int>(WindowKind::kGpuIdle)
-                                  ? (idx < n ? cause_of(idx, t) : IdleCause::kUnknown)
-                                  : IdleCause::kNone;
+      IdleCause cause = IdleCause::kNone;
+      if (kind == static_cast<int>(WindowKind::kGpuIdle)) {
+        cause = idx < n ? cause_of(idx, t) : IdleCause::kUnknown;
+      } else if (kind == static_cast<int>(WindowKind::kCommExposed)) {
+        // Every running collective still waits for another rank to arrive.
+        bool all_wait = false;
+        for (const Active& a : active) {
+          if (a.r != Resource::kCommunication) continue;
+          all_wait = a.peer_until > t;
+          if (!all_wait) break;
+        }
+        if (all_wait) cause = IdleCause::kPeer;
+      }
       if (kind != cur_kind || step != cur_step || cur_end != t || cause != cur_cause) {
         close();
         cur_kind = kind;

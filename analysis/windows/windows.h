@@ -5,7 +5,10 @@
 // elementary segments with a constant set of running activities, and names each
 // segment by the classes running (bound.h):
 //   communication_exposed  only communication (maybe copies) runs: SMs idle under
-//                          a collective
+//                          a collective; cause `peer` where every running
+//                          collective still waits for another rank (before
+//                          the latest start of the same collective, the k-th
+//                          of its name, on the other ranks in the trace)
 //   copy_exposed           only copies run: SMs idle under a memcpy
 //   memory_bound           memory-bound kernels and no compute-bound one: tensor
 //                          cores idle (decode attention, norms, elementwise)
@@ -18,8 +21,7 @@
 //                          after the GPU went idle, less the launch latency), a
 //                          dependency (it was launched before and waits on an
 //                          event or another stream), or unknown (no launch call
-//                          in the trace). kPeer (a collective waiting for
-//                          another rank) is reserved: no rule assigns it yet
+//                          in the trace)
 // Consecutive segments of one kind form an interval. Intervals are grouped by
 // (kind, the operator holding most of their time; for gpu_idle the operator
 // the GPU waited for, and the cause), and each group is one IdleWindow.
@@ -59,7 +61,8 @@ const char* WindowKindName(WindowKind k);
 const char* WindowSaturated(WindowKind k);  // the busy resource
 const char* WindowIdle(WindowKind k);       // the idle one
 
-// Why the GPU idled (gpu_idle windows; kNone for the other kinds).
+// Why the GPU idled (gpu_idle windows), or kPeer for a communication_exposed
+// window waiting for another rank; kNone otherwise.
 enum class IdleCause : uint8_t { kNone = 0, kHost = 1, kDependency = 2, kPeer = 3, kUnknown = 4 };
 // "", "host", "dependency", "peer", "unknown".
 const char* IdleCauseName(IdleCause c);

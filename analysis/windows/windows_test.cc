@@ -142,5 +142,40 @@ TEST_F(WindowsTest, IdleIsAttributedToTheHostOrADependency) {
   }
 }
 
+// Rank 1 starts the all-reduce at 130 us, 70 us after rank 0 (60 us): rank
+// 0's collective waits for it until 130, so of its exposed 50 us ([100, 150)),
+// 30 are waiting for another rank and 20 are communication.
+TEST_F(WindowsTest, ACollectiveWaitingForAnotherRankIsPeerTime) {
+  const uint32_t d1 = t_.DeviceIndex(1, 0);
+  t_.devices[d1].name = "NVIDIA H200";
+  GpuActivity g;
+  g.start = 130000;
+  g.end = 150000;
+  g.stream = 20;
+  g.device_index = d1;
+  g.name = t_.strings.Intern("ncclDevKernel_AllReduce");
+  t_.gpu.push_back(g);
+  const OperatorLinks links = LinkOperators(t_);
+  const std::vector<DeviceResources> res = ClassifyResources(t_, links, BoundOptions{});
+  ASSERT_EQ(res.size(), 2u);
+  ASSERT_EQ(res[0].device_index, d_);
+  const DeviceSteps steps = FindSteps(t_, res[0]);
+  const DeviceWindows w = FindIdleWindows(t_, links, res[0], steps, WindowOptions{});
+  EXPECT_DOUBLE_EQ(w.per_step_us[static_cast<int>(WindowKind::kCommExposed)], 50);
+  double peer = 0, transfer = 0;
+  for (const IdleWindow& x : w.windows) {
+    if (x.kind != WindowKind::kCommExposed) continue;
+    if (x.cause == IdleCause::kPeer) {
+      peer += x.per_step_us;
+      EXPECT_NE(x.label.find("waits for another rank"), std::string::npos) << x.label;
+    } else {
+      transfer += x.per_step_us;
+      EXPECT_NE(x.label.find("communicates"), std::string::npos) << x.label;
+    }
+  }
+  EXPECT_DOUBLE_EQ(peer, 30);
+  EXPECT_DOUBLE_EQ(transfer, 20);
+}
+
 }  // namespace
 }  // namespace dynaflow
