@@ -1,5 +1,7 @@
 #include "reports/report.h"
 
+#include <cmath>
+
 namespace dynaflow {
 namespace {
 
@@ -64,11 +66,13 @@ nlohmann::json IdleWindowsJson(const DeviceAdvice* a, TimeNs step_start) {
                    {"saturated", WindowSaturated(w.kind)},
                    {"idle", WindowIdle(w.kind)},
                    {"label", w.label},
+                   {"cause", w.cause != IdleCause::kNone ? nlohmann::json(IdleCauseName(w.cause)) : nullptr},
                    {"occurrences", w.occurrences},
                    {"total_us", w.total_us},
                    {"per_step_us", w.per_step_us},
                    {"share_of_step_pct", w.share_of_step_pct},
                    {"recoverable_us", w.recoverable_us},
+                   {"recoverable_source", w.recoverable_simulated ? "simulated" : "upper_bound"},
                    {"operators", NamedTimes(w.operators)},
                    {"modules", NamedTimes(w.modules)},
                    {"examples_in_representative_step", examples}});
@@ -227,7 +231,11 @@ nlohmann::json ReportToJson(const AdviseReport& report) {
                          {"device", a.plan.device},
                          {"tokens_per_step", a.plan.tokens_per_step > 0 ? nlohmann::json(a.plan.tokens_per_step) : nullptr},
                          {"kernels_per_step", a.plan.kernels_per_step},
-                         {"replay_error_pct", a.replay_error_pct},
+                         {"replay_error_pct", a.replay_unfinished.empty() ? nlohmann::json(a.replay_error_pct) : nullptr},
+                         {"replay_error_without_gaps_pct",
+                          a.replay_unfinished.empty() && std::isfinite(a.replay_error_without_gaps_pct)
+                              ? nlohmann::json(a.replay_error_without_gaps_pct) : nullptr},
+                         {"replay_unfinished", a.replay_unfinished.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.replay_unfinished)},
                          {"plan_strategy", StrategyName(a.plan.strategy)}};
   }
   return out;

@@ -109,7 +109,13 @@ void Recommendations(std::ostringstream& out, const AdviceResult& a) {
     out << ")";
   }
   out << "\n";
-  if (a.recommendations.empty()) out << "    none: no step to simulate\n";
+  if (a.recommendations.empty()) {
+    if (a.replay_unfinished.empty()) {
+      out << "    none: no step to simulate\n";
+    } else {
+      out << "    none: the replay of the step did not finish: " << a.replay_unfinished << "\n";
+    }
+  }
   for (const Recommendation& r : a.recommendations) {
     std::string name = StrategyName(r.strategy);
     if (r.splits > 1) name += " x" + std::to_string(r.splits);

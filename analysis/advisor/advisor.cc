@@ -83,13 +83,17 @@ void HoldToBound(Eval& e) {
 }
 
 // Every applicable candidate at `scale`; element 0 is sequential.
-std::vector<Eval> EvaluateAt(CandidateContext ctx, double scale, const AdviseOptions& opt) {
+// Every candidate at one workload point, sequential first; empty when the
+// sequential replay cannot finish, with the simulator's reason in `*stall`.
+std::vector<Eval> EvaluateAt(CandidateContext ctx, double scale, const AdviseOptions& opt,
+                             std::string* stall) {
   ctx.scale = scale;
   std::vector<Eval> out;
   auto run = [&](std::optional<Candidate> c) {
     if (!c) return;
     Eval e;
     e.result = Simulate(c->schedule, ctx.params);
+    if (out.empty() && !e.result.ok) *stall = e.result.stall;
     if (!e.result.ok || e.result.makespan_us <= 0) return;
     e.cand = std::move(*c);
     HoldToBound(e);
@@ -108,6 +112,66 @@ std::vector<Eval> EvaluateAt(CandidateContext ctx, double scale, const AdviseOpt
   const double base = out.front().makespan_us;
   for (Eval& e : out) e.speedup = base / e.makespan_us;
   return out;
+}
+
+// The replay error when the graph keeps none of the measured GPU-side gaps
+// (SimTask::delay_us): only durations, dependencies and the host remain, as
+// Lumos replays. NaN when that replay cannot finish.
+double ReplayErrorWithoutGaps(CandidateContext ctx, const StepGraph& graph) {
+  StepGraph bare = graph;
+  for (SimTask& t : bare.tasks) t.delay_us = 0;
+  ctx.graph = &bare;
+  ctx.scale = 1.0;
+  const SimResult r = Simulate(MakeSequential(ctx)->schedule, ctx.params);
+  if (!r.ok || graph.measured_us <= 0) return std::nan("");
+  return 100.0 * (r.makespan_us - graph.measured_us) / graph.measured_us;
+}
+
+// Recoverable time of the simulated device's windows is what the simulator
+// recovers, not the windows' upper bound (windows.h): the saving per step of
+// the best candidate among the strategies that address a window's kind,
+// shared over the windows of those kinds in proportion to their upper bounds,
+// and never above a window's own bound.
+//   communication exposed: comm_overlap, dual_batch_overlap, fusion;
+//   copy exposed, memory bound, compute bound: nanobatch_overlap;
+//   gpu idle, launch bound: none (no candidate removes host time; CUDA graphs
+//     are not simulated), so 0.
+void RecoverableFromSimulation(const std::vector<Eval>& evals, double baseline, DeviceWindows* dw) {
+  auto saving = [&](std::initializer_list<Strategy> strategies) {
+    double best = 0;
+    for (const Eval& e : evals) {
+      for (Strategy s : strategies) {
+        if (e.cand.strategy == s && e.speedup > 0) best = std::max(best, baseline - baseline / e.speedup);
+      }
+    }
+    return best;
+  };
+  auto group_of = [](WindowKind k) {
+    switch (k) {
+      case WindowKind::kCommExposed: return 0;
+      case WindowKind::kCopyExposed:
+      case WindowKind::kMemoryBound:
+      case WindowKind::kComputeBound: return 1;
+      case WindowKind::kLaunchBound:
+      case WindowKind::kGpuIdle: return 2;
+    }
+    return 2;
+  };
+  const double group_saving[3] = {
+      saving({Strategy::kCommOverlap, Strategy::kDualBatchOverlap, Strategy::kFusion}),
+      saving({Strategy::kNanobatchOverlap}), 0.0};
+  double group_bound[3] = {0, 0, 0};
+  for (const IdleWindow& w : dw->windows) group_bound[group_of(w.kind)] += w.recoverable_us;
+  for (IdleWindow& w : dw->windows) {
+    const int g = group_of(w.kind);
+    const double share = group_bound[g] > 0 ? group_saving[g] * w.recoverable_us / group_bound[g] : 0.0;
+    w.recoverable_us = std::min(w.recoverable_us, share);
+    w.recoverable_simulated = true;
+  }
+  std::stable_sort(dw->windows.begin(), dw->windows.end(), [](const IdleWindow& a, const IdleWindow& b) {
+    return a.recoverable_us != b.recoverable_us ? a.recoverable_us > b.recoverable_us
+                                                : a.per_step_us > b.per_step_us;
+  });
 }
 
 // The best evaluation of one strategy (nano-batches: over the split counts).
@@ -486,12 +550,17 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
     } else if (!tokens.empty() && t == tokens.back()) {
       continue;
     }
-    evals.push_back(EvaluateAt(ctx, s == 1.0 || graph.tokens <= 0 ? 1.0 : t / graph.tokens, opt));
+    std::string stall;
+    evals.push_back(EvaluateAt(ctx, s == 1.0 || graph.tokens <= 0 ? 1.0 : t / graph.tokens, opt, &stall));
     tokens.push_back(t);
-    if (evals.back().empty()) return out;
+    if (evals.back().empty()) {
+      out.replay_unfinished = stall.empty() ? "the sequential replay took no time" : stall;
+      return out;
+    }
   }
   const double seq_observed = evals[observed].front().makespan_us;
   out.replay_error_pct = graph.measured_us > 0 ? 100.0 * (seq_observed - graph.measured_us) / graph.measured_us : 0;
+  out.replay_error_without_gaps_pct = ReplayErrorWithoutGaps(ctx, graph);
   const double baseline = dev.step_mean_us;
   out.bound_checks = BoundChecks(evals, tokens, baseline / seq_observed);
 
@@ -547,6 +616,8 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
   plan.predicted_speedup = chosen.speedup;
   plan.predicted_step_us = baseline / chosen.speedup;
   plan.extra_memory_bytes = chosen.cand.extra_memory_bytes;
+
+  RecoverableFromSimulation(evals[observed], baseline, &out.devices[crit].windows);
 
   // Recommendations at the observed workload: one per strategy, best first.
   WorkloadBucket wb;

@@ -127,6 +127,13 @@ struct AdviceResult {
   bool has_graph = false;
   uint32_t critical_device = 0;  // Trace::devices index
   double replay_error_pct = 0;   // simulated sequential vs measured representative step
+  // The same without the measured GPU-side gaps (step_graph.h `delay_us`):
+  // what the dependency graph and the host explain alone. NaN: did not finish.
+  double replay_error_without_gaps_pct = 0;
+  // Why the replay of the representative step could not finish (the
+  // simulator's SimResult::stall); empty when it finished. Then there are no
+  // recommendations and replay_error_pct means nothing.
+  std::string replay_unfinished;
   std::vector<BoundCheck> bound_checks;  // every candidate at every workload point
   StepPicture measured;
   StepPicture predicted;

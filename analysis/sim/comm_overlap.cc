@@ -31,6 +31,7 @@ std::optional<Candidate> MakeCommOverlap(const CandidateContext& ctx) {
   out.lane_names = in.lane_names;
   out.lane_names.push_back("side stream (communication)");
   out.tail_us = in.tail_us;
+  out.end_issue = in.end_issue;  // node ids are kept
   out.host_order = in.host_order;
 
   // Dependencies with moved collectives replaced by what they depended on.

@@ -119,6 +119,13 @@ std::optional<Candidate> MakeFusion(const CandidateContext& ctx) {
     out.nodes[static_cast<size_t>(node_of[u])].host_delta_us += carry;
     carry = 0;
   }
+  if (in.end_issue) {
+    out.end_issue = in.end_issue;
+    out.end_issue->host_delta_us += carry;
+    if (out.end_issue->sync_node >= 0) {
+      out.end_issue->sync_node = node_of[static_cast<size_t>(out.end_issue->sync_node)];
+    }
+  }
   cand.extra_memory_bytes = sim_internal::LargestMessageBytes(g);
   std::vector<char> is_fused(n, 0), is_root(n, 0);
   for (size_t t = 0; t < n; ++t) {

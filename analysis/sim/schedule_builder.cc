@@ -98,6 +98,14 @@ SplitSchedule BuildSplit(const CandidateContext& ctx, int k, int groups,
       node.sync_node = out.parts[static_cast<size_t>(task.sync_task) * k + (k - 1)];
     }
   }
+  if (g.end_known) {
+    SimNode e;
+    e.host_delta_us = g.end.host_delta_us;
+    e.post_sync_us = g.end.post_sync_us;
+    if (g.end.sync_task >= 0) e.sync_node = out.parts[static_cast<size_t>(g.end.sync_task) * k + (k - 1)];
+    e.launch_latency_us = g.end.latency_us;
+    sc.end_issue = e;
+  }
   for (int32_t t : g.host_order) {
     const size_t u = static_cast<size_t>(t);
     int32_t last = -1;

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <optional>
 #include <vector>
 
@@ -314,8 +316,14 @@ TEST(StepGraphTest, ReplayReproducesTheMeasuredStep) {
     const SimResult r = Simulate(MakeSequential(ctx)->schedule, ctx.params);
     ASSERT_TRUE(r.ok);
     // No kernels overlap in these traces, so the replay is exact up to the
-    // nanosecond rounding of the trace.
-    EXPECT_NEAR(r.makespan_us, b.graph.measured_us, 0.01) << batch;
+    // nanosecond rounding of the trace; the step ends when the host issues
+    // the next step's first kernel (launch plus latency), which the synthetic
+    // GPU starts 1 us after its stream frees: the replay, which reads neither
+    // that gap nor the measured step time, ends the step up to 1 us early.
+    EXPECT_LE(r.makespan_us, b.graph.measured_us + 0.01) << batch;
+    EXPECT_GE(r.makespan_us, b.graph.measured_us - 1.01) << batch;
+    EXPECT_TRUE(b.graph.end_known);
+    EXPECT_DOUBLE_EQ(b.graph.tail_us, 0);
     for (size_t i = 0; i < b.graph.tasks.size(); ++i) {
       ASSERT_NEAR(r.start_us[i], b.graph.tasks[i].start_us, 0.01) << batch << " task " << i;
     }
@@ -347,6 +355,157 @@ TEST(StepGraphTest, FindsWaitsTokensAndDeferrableCollectives) {
       }
     }
   }
+}
+
+// A raw trace for host-side cases: one H200, kernels and calls placed by hand
+// (microseconds).
+struct HandTrace {
+  Trace t;
+  HandTrace() {
+    t.devices.push_back(DeviceInfo{});
+    t.devices[0].name = "NVIDIA H200";
+  }
+  void Kernel(int64_t corr, double start, double end, int32_t stream) {
+    GpuActivity g;
+    g.start = static_cast<TimeNs>(start * 1000);
+    g.end = static_cast<TimeNs>(end * 1000);
+    g.correlation = corr;
+    g.stream = stream;
+    g.name = t.strings.Intern("elementwise_kernel_" + std::to_string(corr));
+    t.gpu.push_back(g);
+  }
+  void Call(int64_t corr, double start, double end, int32_t tid, const char* name,
+            int32_t pid = 100) {
+    ApiCall c;
+    c.start = static_cast<TimeNs>(start * 1000);
+    c.end = static_cast<TimeNs>(end * 1000);
+    c.correlation = corr;
+    c.pid = pid;
+    c.tid = tid;
+    c.name = t.strings.Intern(name);
+    t.api.push_back(c);
+  }
+};
+
+// Three threads launch on one device. Thread 1 blocks in a synchronize until
+// kernel 1 ends; thread 2 launches kernel 4 just after thread 1's next launch,
+// and kernel 4 ends within the sync's tolerance of the call's return. The host
+// waits for kernel 1 (issued before), never for kernel 4 (issued after: the
+// replay would wait forever and the report say "no step to simulate").
+// Thread 3 launches kernel 5 before the sync, and in the second case another
+// kernel while thread 1 blocks: the sync still belongs to thread 1's launch.
+TEST(StepGraphTest, ThreeLaunchingThreadsReplayToTheEnd) {
+  for (bool launch_during_sync : {false, true}) {
+    SCOPED_TRACE(launch_during_sync);
+    HandTrace h;
+    h.Call(1, 0, 1, 1, "cudaLaunchKernel");
+    h.Kernel(1, 10, 110, 7);
+    h.Call(5, 2, 3, 3, "cudaLaunchKernel");
+    h.Kernel(5, 4, 8, 9);
+    h.Call(-1, 5, 111, 1, "cudaStreamSynchronize");
+    if (launch_during_sync) {
+      h.Call(6, 50, 54, 3, "cudaLaunchKernel");
+      h.Kernel(6, 60, 70, 9);
+    }
+    h.Call(3, 111.2, 115, 1, "cudaLaunchKernel");
+    h.Kernel(3, 120, 130, 7);
+    h.Call(4, 111.3, 111.6, 2, "cudaLaunchKernel");
+    h.Kernel(4, 111.8, 112.5, 8);
+    std::sort(h.t.gpu.begin(), h.t.gpu.end(),
+              [](const GpuActivity& a, const GpuActivity& b) { return a.start < b.start; });
+    Built b = Build(std::move(h.t));
+    const StepGraph& g = b.graph;
+    const size_t n = launch_during_sync ? 5 : 4;
+    ASSERT_EQ(g.tasks.size(), n);
+    ASSERT_EQ(g.host_order.size(), n);
+    // By start: kernel 5, kernel 1, [kernel 6,] kernel 4, kernel 3.
+    const size_t k1 = 1, k3 = n - 1;
+    EXPECT_EQ(g.tasks[k3].sync_task, static_cast<int32_t>(k1));
+    EXPECT_NEAR(g.tasks[k3].post_sync_us, 1.2, 1e-9);  // from kernel 1's end
+    CandidateContext ctx;
+    ctx.trace = &b.trace;
+    ctx.graph = &g;
+    ctx.peaks = b.res[0].peaks;
+    const SimResult r = Simulate(MakeSequential(ctx)->schedule, ctx.params);
+    ASSERT_TRUE(r.ok) << r.stall;
+    // Kernel 3 is issued when kernel 1 ends (stretched by the sharing model
+    // where kernel 6 co-runs), 1.2 us of host time later, plus its latency.
+    EXPECT_NEAR(r.start_us[k3], r.end_us[k1] + 1.2 + 8.8, 1e-6);
+    // Without co-running kernels the replay is the measured step.
+    if (!launch_during_sync) EXPECT_NEAR(r.makespan_us, g.measured_us, 1e-6);
+  }
+}
+
+// A synchronous copy waits for its own copy; the host then works 2 ms (a
+// long cudaMalloc among it, itself a "blocking" call that waited on nothing)
+// before the next launch. The host resumes when the copy ends, and the 2 ms
+// (plus the 5 us the call took to return) stay host time: they were lost
+// when the wait was taken to end with the last blocking call (pipit's saxpy
+// replayed 66% short), and the rest of a blocking call after the task it
+// waited for (AlexNet's 560 ms cudaMalloc: 29% short).
+// The first launch call takes 5 ms (lazy module loading): its kernel starts
+// at the call's return, host-explained, not GPU-side delay.
+TEST(StepGraphTest, HostTimeAfterASyncAndLongLaunchCalls) {
+  HandTrace h;
+  h.Call(1, 0, 5000, 1, "cudaLaunchKernel");
+  h.Kernel(1, 5004, 5010, 7);
+  h.Call(2, 5020, 5200, 1, "cudaMemcpy");
+  h.Kernel(2, 5030, 5195, 7);
+  h.Call(-1, 5300, 5800, 1, "cudaMalloc");
+  h.Call(3, 7200, 7205, 1, "cudaLaunchKernel");
+  h.Kernel(3, 7210, 7300, 7);
+  Built b = Build(std::move(h.t));
+  const StepGraph& g = b.graph;
+  ASSERT_EQ(g.tasks.size(), 3u);
+  EXPECT_NEAR(g.tasks[0].launch_latency_us, 5004, 1e-9);
+  EXPECT_DOUBLE_EQ(g.tasks[0].delay_us, 0);
+  EXPECT_EQ(g.tasks[2].sync_task, 1);
+  EXPECT_NEAR(g.tasks[2].post_sync_us, 2005, 1e-9);
+  CandidateContext ctx;
+  ctx.trace = &b.trace;
+  ctx.graph = &g;
+  ctx.peaks = b.res[0].peaks;
+  const SimResult r = Simulate(MakeSequential(ctx)->schedule, ctx.params);
+  ASSERT_TRUE(r.ok) << r.stall;
+  // The copy ends at 191 us of the step, then 2005 us of host time and 10 us
+  // of launch latency.
+  EXPECT_NEAR(r.start_us[2], 191 + 2005 + 10, 1e-6);
+  EXPECT_NEAR(r.makespan_us, g.measured_us, 1e-6);
+}
+
+// One export of two processes, each with its own correlation ids: process
+// 200's calls reuse the ids of process 100's launches but come after the
+// kernels they would launch. The step takes the launching process's calls.
+TEST(StepGraphTest, LaunchesComeFromTheLaunchingProcess) {
+  HandTrace h;
+  h.Call(1, 1000, 1004, 7, "cudaLaunchKernel", 200);
+  h.Call(2, 1010, 1014, 7, "cudaLaunchKernel", 200);
+  h.Call(1, 0, 4, 1, "cudaLaunchKernel");
+  h.Kernel(1, 10, 50, 7);
+  h.Call(2, 20, 24, 1, "cudaLaunchKernel");
+  h.Kernel(2, 60, 70, 7);
+  Built b = Build(std::move(h.t));
+  const StepGraph& g = b.graph;
+  ASSERT_EQ(g.host_order.size(), 2u);
+  EXPECT_EQ(g.host_order[0], 0);
+  EXPECT_NEAR(g.tasks[1].host_delta_us, 20, 1e-9);
+  EXPECT_NEAR(g.tasks[0].launch_latency_us, 10, 1e-9);
+}
+
+// A replay that cannot finish says why.
+TEST(SimulatorTest, AStuckReplaySaysWhy) {
+  Schedule s;
+  SimNode a = Node(Resource::kCompute, 10);
+  SimNode b = Node(Resource::kCompute, 10);
+  b.post_sync_us = 0;
+  b.sync_node = 1;  // blocks until itself finishes
+  s.Add(a, {});
+  s.Add(b, {});
+  s.host_order = {0, 1};
+  const SimResult r = Simulate(s, SimParams{});
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.stall.find("1 of 2 nodes never ran"), std::string::npos) << r.stall;
+  EXPECT_NE(r.stall.find("the host issues only later"), std::string::npos) << r.stall;
 }
 
 TEST(CandidatesTest, ApplyWhereTheyShould) {
@@ -394,7 +553,7 @@ TEST(CandidatesTest, TensorParallelForward) {
   ctx.graph = &tp.graph;
   ctx.peaks = tp.res[0].peaks;
   const double seq = Simulate(MakeSequential(ctx)->schedule, ctx.params).makespan_us;
-  EXPECT_NEAR(seq, tp.graph.measured_us, 0.01);
+  EXPECT_NEAR(seq, tp.graph.measured_us, 1.01);  // see ReplayReproducesTheMeasuredStep
   EXPECT_FALSE(MakeCommOverlap(ctx).has_value());
   auto fusion = MakeFusion(ctx);
   ASSERT_TRUE(fusion.has_value());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 
 #include "analysis/sim/physical_bound.h"
 
@@ -75,6 +76,40 @@ void Speeds(const std::vector<int32_t>& running, const std::vector<SimNode>& nod
     if (r == Resource::kCopy && n[r] > kCopyEngines) (*speed)[k] *= kCopyEngines / n[r];
     (*speed)[k] *= interference;
   }
+}
+
+std::string NodeName(const Schedule& s, size_t i) {
+  return "node " + std::to_string(i) + " (task " + std::to_string(s.nodes[i].task) + ")";
+}
+
+// Why the replay stopped with nodes left: the host blocked on a node that
+// cannot finish (not issued, or waiting on unissued work), or, with the host
+// done, nodes whose dependencies never finish (a cycle).
+std::string DescribeStall(const Schedule& s, size_t host_pos, const std::vector<char>& issued,
+                          const std::vector<char>& finished, size_t done) {
+  const size_t n = s.nodes.size();
+  std::string why = std::to_string(n - done) + " of " + std::to_string(n) + " nodes never ran: ";
+  if (host_pos < s.host_order.size()) {
+    const size_t h = static_cast<size_t>(s.host_order[host_pos]);
+    const int32_t w = s.nodes[h].sync_node;
+    why += "the host stopped before issuing " + NodeName(s, h) + " (launch " +
+           std::to_string(host_pos + 1) + " of " + std::to_string(s.host_order.size()) + ")";
+    if (w >= 0) {
+      const size_t u = static_cast<size_t>(w);
+      why += ", blocked in a synchronizing call until " + NodeName(s, u) + " finishes, which " +
+             (!issued[u] ? std::string("the host issues only later")
+                         : std::string("waits on work the host has not issued"));
+    } else {
+      why += ", blocked in a synchronizing call until all issued work finishes";
+    }
+    return why;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (!finished[i]) {
+      return why + NodeName(s, i) + " waits on dependencies that never finish (a cycle)";
+    }
+  }
+  return why + "no node can start";
 }
 
 }  // namespace
@@ -250,8 +285,21 @@ SimResult Simulate(const Schedule& s, const SimParams& params) {
     if (!finished.empty()) advance_host();
   }
   out.ok = done == n;
+  if (!out.ok) out.stall = DescribeStall(s, host_pos, issued, finished_flag, done);
   const double origin = std::min(0.0, first_start == kInf ? 0.0 : first_start);
-  out.makespan_us = (last_end == -kInf ? 0.0 : last_end - origin) + s.tail_us;
+  double end = last_end == -kInf ? origin : last_end;
+  if (out.ok && s.end_issue) {  // the next step's first launch (every node is issued by now)
+    const SimNode& e = *s.end_issue;
+    double issue_at;
+    if (e.post_sync_us >= 0 && !s.host_order.empty()) {
+      const double waited = e.sync_node >= 0 ? out.end_us[static_cast<size_t>(e.sync_node)] : host_last_done;
+      issue_at = std::max(host_time + e.host_delta_us, waited) + e.post_sync_us;
+    } else {
+      issue_at = s.host_order.empty() ? e.host_delta_us : host_time + e.host_delta_us;
+    }
+    end = std::max(end, issue_at + e.launch_latency_us);
+  }
+  out.makespan_us = end - origin + s.tail_us;
   return out;
 }
 

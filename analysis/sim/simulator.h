@@ -13,6 +13,7 @@
 // or finish: a fluid model, exact between events.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,10 @@ struct Schedule {
   int32_t lanes = 0;
   std::vector<std::string> lane_names;  // for display, size `lanes`
   double tail_us = 0;  // idle kept after the last node (host time before the next step)
+  // The host's issue of the next step's first node, which ends this step (its
+  // host fields as a node in host_order would have them, issued after the
+  // last one): the step lasts until then, or until its last node ends.
+  std::optional<SimNode> end_issue;
 
   // Appends a node with the given dependencies; returns its index.
   int32_t Add(const SimNode& node, const std::vector<int32_t>& node_deps);
@@ -54,6 +59,10 @@ struct Schedule {
 
 struct SimResult {
   bool ok = false;        // false: a dependency cycle or an unissued node blocked progress
+  // Why a replay could not finish (empty when ok): the host waiting on a node
+  // it has not issued (or one that waits on such a node), or nodes whose
+  // dependencies never finish. Names node indices and their tasks.
+  std::string stall;
   double makespan_us = 0;  // last finish + tail
   std::vector<double> start_us;
   std::vector<double> end_us;

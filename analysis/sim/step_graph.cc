@@ -34,6 +34,153 @@ bool BlockingCall(std::string_view name, double dur_us) {
 
 double Us(TimeNs ns) { return static_cast<double>(ns) / 1000.0; }
 
+constexpr int32_t kAnyProcess = -1;
+
+// One nanosecond, the traces' resolution: a start later than the host
+// explains by more than this is GPU-side latency.
+constexpr double kNsUs = 1e-3;
+
+// The process that launched the device's work: the one whose calls carry the
+// step's correlation ids and precede their activities. Correlation ids are
+// unique per process only, so an export of several processes (one Nsight
+// Systems file of two ranks' processes, each driving its own GPU) has the same
+// id in each; matching without the process gives a kernel another process's
+// launch, and a host replay that waits for work it has not issued.
+int32_t LaunchingProcess(const Trace& trace, int32_t rank, const StepGraph& g,
+                         const std::unordered_map<int64_t, int32_t>& by_correlation) {
+  std::unordered_map<int32_t, int64_t> votes;
+  for (const ApiCall& c : trace.api) {
+    if (c.rank != rank || c.correlation < 0 || c.kind == ApiKind::kSync) continue;
+    auto it = by_correlation.find(c.correlation);
+    if (it == by_correlation.end()) continue;
+    const SimTask& t = g.tasks[static_cast<size_t>(it->second)];
+    if (c.start <= g.start + static_cast<TimeNs>(t.start_us * 1000.0)) ++votes[c.pid];
+  }
+  int32_t best = kAnyProcess;
+  int64_t best_votes = -1;
+  for (const auto& [pid, v] : votes) {
+    if (v > best_votes || (v == best_votes && pid < best)) {
+      best = pid;
+      best_votes = v;
+    }
+  }
+  return best;
+}
+
+struct HostBlock {
+  TimeNs start, end;
+  int32_t tid;
+};
+
+// The launch of the next step's first activity, whose start ends this step
+// (Step::end); at < 0 when unknown.
+struct NextLaunch {
+  TimeNs at = -1;
+  TimeNs gpu_start = 0;
+  double call_us = 0;
+  int32_t tid = 0;
+};
+
+// The host side of each launched task (step_graph.h): its host time since the
+// previous launch, and, after a blocking call of its own thread, the task the
+// call waited for. That task is one the host issued before the launch that
+// follows the call (an earlier host position, or no launch call at all): the
+// host cannot wait for work it issues later, and a replay that did would never
+// finish. With several launching threads, each thread's blocking calls are
+// matched to that thread's next launch.
+void AttachHost(const std::vector<TimeNs>& launch, const std::vector<double>& call_us,
+                const std::vector<int32_t>& launch_tid, const std::vector<HostBlock>& blocks,
+                TimeNs step_start, double max_latency_us, const NextLaunch& next, StepGraph* g) {
+  const size_t n = g->tasks.size();
+  std::vector<int32_t> host_pos(n, -1);
+  for (size_t h = 0; h < g->host_order.size(); ++h) {
+    host_pos[static_cast<size_t>(g->host_order[h])] = static_cast<int32_t>(h);
+  }
+  // Tasks by measured end, to find what a blocking call waited for.
+  std::vector<std::pair<double, int32_t>> by_end(n);
+  for (size_t t = 0; t < n; ++t) {
+    by_end[t] = {g->tasks[t].start_us + g->tasks[t].dur_us, static_cast<int32_t>(t)};
+  }
+  std::sort(by_end.begin(), by_end.end());
+  constexpr double eps_sync = 2.0;  // us between a task's end and the call's return
+  TimeNs prev = step_start;
+  std::unordered_map<int32_t, TimeNs> prev_of_thread;  // each thread's previous launch
+  // One launch at host position h: a call at L on thread tid of call_dur us,
+  // whose activity starts at gpu_start.
+  auto issue = [&](size_t h, TimeNs L, int32_t tid, double call_dur, TimeNs gpu_start) {
+    HostIssue out;
+    // A long launch call (lazy module loading, JIT) holds its kernel back:
+    // the GPU starts it near the call's return, not its start.
+    out.latency_us = std::clamp(Us(gpu_start - L), 0.0, call_dur + max_latency_us);
+    const auto own_prev = prev_of_thread.find(tid);
+    const TimeNs since = own_prev == prev_of_thread.end() ? prev : own_prev->second;
+    prev_of_thread[tid] = L;
+    if (h == 0) {
+      out.host_delta_us = Us(L - step_start);  // may be negative: launched before the step began
+      prev = L;
+      return out;
+    }
+    // The last blocking call of this thread since its previous launch during
+    // which a task finished: the call waited for that task (the last to
+    // finish in it, issued before this launch: the host cannot wait for work
+    // it issues later, and a replay that did would never finish). Earlier
+    // calls and the host time around them stay host time.
+    auto b = std::lower_bound(blocks.begin(), blocks.end(), since,
+                              [](const HostBlock& x, TimeNs v) { return x.start < v; });
+    auto e = std::lower_bound(b, blocks.end(), L,
+                              [](const HostBlock& x, TimeNs v) { return x.start < v; });
+    int32_t waited = -1;
+    double waited_end_us = 0;
+    const HostBlock* call = nullptr;
+    for (; e != b && waited < 0; --e) {
+      const HostBlock& x = *std::prev(e);
+      if (x.tid != tid || x.end > L) continue;
+      const double begin_us = Us(x.start - step_start) - eps_sync;
+      const double end_us = Us(x.end - step_start) + eps_sync;
+      auto it = std::upper_bound(by_end.begin(), by_end.end(), std::make_pair(end_us, INT32_MAX));
+      while (it != by_end.begin() && std::prev(it)->first >= begin_us) {
+        --it;
+        if (host_pos[static_cast<size_t>(it->second)] < static_cast<int32_t>(h)) {
+          waited = it->second;
+          waited_end_us = it->first;
+          call = &x;
+          break;
+        }
+      }
+    }
+    if (waited >= 0) {
+      // Relative to the previous launch of any thread: negative when another
+      // thread launched while this one blocked; the replay takes the later of
+      // that and the waited task's end.
+      // The host resumes when the waited task ends: the rest of the call (a
+      // cudaMalloc that synchronized, then allocated) and the time after it
+      // are host time.
+      out.host_delta_us = Us(call->start - prev);
+      out.post_sync_us = std::max(0.0, Us(L - step_start) - waited_end_us);
+      out.sync_task = waited;
+    } else {
+      out.host_delta_us = Us(L - prev);
+    }
+    prev = L;
+    return out;
+  };
+  for (size_t h = 0; h < g->host_order.size(); ++h) {
+    const size_t t = static_cast<size_t>(g->host_order[h]);
+    SimTask& s = g->tasks[t];
+    s.launched = true;
+    const HostIssue i = issue(h, launch[t], launch_tid[t], call_us[t],
+                              step_start + static_cast<TimeNs>(s.start_us * 1000.0));
+    s.host_delta_us = i.host_delta_us;
+    s.post_sync_us = i.post_sync_us;
+    s.sync_task = i.sync_task;
+    s.launch_latency_us = i.latency_us;
+  }
+  if (next.at >= 0 && !g->host_order.empty() && next.at >= prev) {
+    g->end = issue(g->host_order.size(), next.at, next.tid, next.call_us, next.gpu_start);
+    g->end_known = true;
+  }
+}
+
 }  // namespace
 
 StepGraph BuildStepGraph(const Trace& trace, const OperatorLinks& links,
@@ -138,18 +285,22 @@ StepGraph BuildStepGraph(const Trace& trace, const OperatorLinks& links,
 
   // Launch calls of the step's tasks, and the host's blocking calls between them.
   const int32_t rank = trace.devices[dev.device_index].rank;
+  const int32_t pid = LaunchingProcess(trace, rank, g, by_correlation);
   std::vector<TimeNs> launch(n, -1);
   std::vector<int32_t> launch_tid(n, 0);
+  std::vector<double> call_us(n, 0);
   std::vector<double> launch_dur;
   if (!by_correlation.empty()) {
     for (const ApiCall& c : trace.api) {
       if (c.rank != rank || c.correlation < 0 || c.kind == ApiKind::kSync) continue;
+      if (pid != kAnyProcess && c.pid != pid) continue;
       auto it = by_correlation.find(c.correlation);
       if (it == by_correlation.end()) continue;
       const size_t t = static_cast<size_t>(it->second);
       if (launch[t] < 0) {
         launch[t] = c.start;
         launch_tid[t] = c.tid;
+        call_us[t] = Us(c.end - c.start);
         launch_dur.push_back(Us(c.end - c.start));
       }
     }
@@ -163,67 +314,43 @@ StepGraph BuildStepGraph(const Trace& trace, const OperatorLinks& links,
     std::nth_element(launch_dur.begin(), launch_dur.begin() + launch_dur.size() / 2, launch_dur.end());
     g.launch_cost_us = std::clamp(launch_dur[launch_dur.size() / 2], 1.0, 50.0);
   }
-  struct Block {
-    TimeNs start, end;
-    int32_t tid;
-  };
-  std::vector<Block> blocks;
+  // The next step's first activity and its launch call: the host's issue of
+  // it ends this step.
+  NextLaunch next;
+  if (step_index + 1 < steps.steps.size()) {
+    int64_t corr = -1;
+    for (size_t k = 0; k < dev.order.size(); ++k) {
+      if (steps.step_of[k] == static_cast<int32_t>(step_index + 1)) {
+        corr = trace.gpu[dev.order[k]].correlation;
+        next.gpu_start = trace.gpu[dev.order[k]].start;
+        break;
+      }
+    }
+    for (const ApiCall& c : trace.api) {
+      if (corr < 0 || c.rank != rank || c.correlation != corr || c.kind == ApiKind::kSync) continue;
+      if ((pid != kAnyProcess && c.pid != pid) || c.start > next.gpu_start) continue;
+      next.at = c.start;
+      next.call_us = Us(c.end - c.start);
+      next.tid = c.tid;
+      break;
+    }
+  }
+  std::vector<HostBlock> blocks;
   if (!g.host_order.empty()) {
     const TimeNs lo = launch[static_cast<size_t>(g.host_order.front())];
-    const TimeNs hi = launch[static_cast<size_t>(g.host_order.back())];
+    const TimeNs hi = std::max(launch[static_cast<size_t>(g.host_order.back())], next.at);
     for (const ApiCall& c : trace.api) {
       if (c.rank != rank || c.kind == ApiKind::kSync || c.start < lo || c.start >= hi) continue;
+      if (pid != kAnyProcess && c.pid != pid) continue;
       if (BlockingCall(trace.strings.Get(c.name), Us(c.end - c.start))) {
         blocks.push_back({c.start, c.end, c.tid});
       }
     }
-    std::sort(blocks.begin(), blocks.end(), [](const Block& a, const Block& b) { return a.start < b.start; });
+    std::sort(blocks.begin(), blocks.end(),
+              [](const HostBlock& a, const HostBlock& b) { return a.start < b.start; });
   }
-  // Tasks by measured end, to find what a blocking call waited for.
-  std::vector<std::pair<double, int32_t>> by_end(n);
-  for (size_t t = 0; t < n; ++t) {
-    by_end[t] = {g.tasks[t].start_us + g.tasks[t].dur_us, static_cast<int32_t>(t)};
-  }
-  std::sort(by_end.begin(), by_end.end());
-  constexpr double eps_sync = 2.0;  // us between a task's end and the call's return
-  TimeNs prev = step.start;
-  size_t bi = 0;
-  for (size_t h = 0; h < g.host_order.size(); ++h) {
-    const size_t t = static_cast<size_t>(g.host_order[h]);
-    SimTask& s = g.tasks[t];
-    s.launched = true;
-    const TimeNs L = launch[t];
-    const TimeNs start = step.start + static_cast<TimeNs>(s.start_us * 1000.0);
-    s.launch_latency_us = std::clamp(Us(start - L), 0.0, 10.0);
-    if (h == 0) {
-      s.host_delta_us = Us(L - step.start);  // may be negative: launched before the step began
-      prev = L;
-      continue;
-    }
-    TimeNs first_block = -1, last_block_end = -1;
-    for (; bi < blocks.size() && blocks[bi].start < L; ++bi) {
-      if (blocks[bi].start < prev || blocks[bi].tid != launch_tid[t]) continue;
-      if (first_block < 0) first_block = blocks[bi].start;
-      last_block_end = std::max(last_block_end, blocks[bi].end);
-    }
-    int32_t waited = -1;
-    if (first_block >= 0 && last_block_end <= L) {
-      // The last task to finish before the call returned, if it finished
-      // while the call blocked: the GPU work the call waited for.
-      const double begin_us = Us(first_block - step.start) - eps_sync;
-      const double end_us = Us(last_block_end - step.start) + eps_sync;
-      auto it = std::upper_bound(by_end.begin(), by_end.end(), std::make_pair(end_us, INT32_MAX));
-      if (it != by_end.begin() && std::prev(it)->first >= begin_us) waited = std::prev(it)->second;
-    }
-    if (waited >= 0) {
-      s.host_delta_us = Us(first_block - prev);
-      s.post_sync_us = Us(L - last_block_end);
-      s.sync_task = waited;
-    } else {
-      s.host_delta_us = Us(L - prev);
-    }
-    prev = L;
-  }
+  AttachHost(launch, call_us, launch_tid, blocks, step.start, options.max_launch_latency_us, next,
+             &g);
 
   // Dependencies, in measured start order.
   g.dep_begin.assign(n + 1, 0);
@@ -269,7 +396,7 @@ StepGraph BuildStepGraph(const Trace& trace, const OperatorLinks& links,
     // What the dependencies do not explain: the host, or GPU-side latency.
     const double host_ready =
         s.launched ? Us(launch[t] - g.start) + s.launch_latency_us : -1e300;
-    if (host_ready < s.start_us - eps) {
+    if (host_ready < s.start_us - kNsUs) {
       // Measured from the dependencies, or from the step's start for a task
       // with none that the host does not explain either.
       s.delay_us = std::max(0.0, s.start_us - (ready > -1e299 ? ready : 0.0));
@@ -279,7 +406,10 @@ StepGraph BuildStepGraph(const Trace& trace, const OperatorLinks& links,
   }
   double last_end = 0;
   for (const SimTask& s : g.tasks) last_end = std::max(last_end, s.start_us + s.dur_us);
-  g.tail_us = std::max(0.0, g.measured_us - last_end);
+  // Without the next step's launch (the last step, no launch calls), the idle
+  // after the last task is taken as measured: the only place the graph reads
+  // the step's measured end.
+  if (!g.end_known) g.tail_us = std::max(0.0, g.measured_us - last_end);
   return g;
 }
 

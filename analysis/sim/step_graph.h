@@ -13,13 +13,18 @@
 //   * the host: launches are issued in their measured order, each after the
 //     host time measured since the previous launch (`host_delta_us`, without
 //     time blocked in synchronizing calls); a launch that followed a blocking
-//     call (cudaStreamSynchronize, a synchronous memcpy...) is issued only once
-//     the task the call waited for finished (`sync_task`: the task whose
-//     measured end is the last before the call returned), plus the host time
-//     measured after the call returned (`post_sync_us`). A blocking call that
-//     returned with no task finishing during it waited on nothing on this GPU
-//     and counts as host time. A task starts no earlier than its launch plus
-//     `launch_latency_us`.
+//     call of its thread (cudaStreamSynchronize, a synchronous memcpy...) is
+//     issued only once the task the call waited for finished (`sync_task`:
+//     the last task, issued before, to finish inside the thread's last
+//     blocking call since its previous launch during which one finished),
+//     plus the host time measured from that task's end to the launch
+//     (`post_sync_us`). A blocking call with no task finishing during it
+//     waited on nothing on this GPU and counts as host time. A task starts no
+//     earlier than its launch plus `launch_latency_us` (at most the call's
+//     duration plus `max_launch_latency_us`);
+//   * the step's end: the host's issue of the next step's first activity
+//     (`end`), or the last task's end if later; `tail_us` (measured) only
+//     where that launch is unknown.
 // Replaying the graph with the measured durations and no co-running penalty
 // reproduces the measured start times; what a faster GPU schedule gains, the
 // host model passes on to the launches that waited on it.
@@ -58,12 +63,27 @@ struct SimTask {
   StringId module = 0;        // module path, or top-level operator when no path (0 none)
 };
 
+// How the host issues one launch (the fields of SimTask of the same names).
+struct HostIssue {
+  double host_delta_us = 0;
+  double post_sync_us = -1;
+  int32_t sync_task = -1;
+  double latency_us = 0;
+};
+
 struct StepGraph {
   uint32_t device_index = 0;
   size_t step_index = 0;
   TimeNs start = 0;          // absolute start of the step
   double measured_us = 0;    // the step window's duration
-  double tail_us = 0;        // idle after the last task, inside the window
+  // The step ends when the host issues the next step's first activity
+  // (`end`, after the step's last launch, as the tasks' launches are issued),
+  // or when its last task ends if that is later. Without that launch
+  // (`end_known` false: the last step, or no launch calls) it ends `tail_us`
+  // (measured) after the last task.
+  bool end_known = false;
+  HostIssue end;
+  double tail_us = 0;        // idle after the last task, inside the window (0 when end_known)
   double tokens = 0;         // tokens per step (most common GEMM M), 0 unknown
   double launch_cost_us = 4;  // median host time of one launch call
   bool truncated = false;    // more tasks than the cap: only the first ones are kept
@@ -79,6 +99,11 @@ struct StepGraph {
 struct GraphOptions {
   double wait_window_us = 30.0;  // how late after a producer a waiting task may start
   double idle_epsilon_us = 1.0;  // gaps shorter than this are back-to-back launches
+  // The most a kernel waits for the GPU after its launch call returns, on an
+  // idle stream (CUDA launch latency is a few microseconds); a longer wait is
+  // GPU-side latency (`delay_us`). Added to the call's own duration: a call
+  // held up by lazy module loading or JIT releases its kernel at its return.
+  double max_launch_latency_us = 10.0;
   size_t max_tasks = 20000;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <unordered_map>
+#include <vector>
 
 namespace dynaflow {
 namespace {
@@ -51,21 +52,84 @@ int KindOf(const int (&n)[kResourceCount]) {
   return kNoKind;  // compute with memory or communication: both sides busy
 }
 
-std::string Label(WindowKind k, std::string_view op) {
+std::string Label(WindowKind k, std::string_view op, IdleCause cause) {
   std::string o(op.size() > 80 ? op.substr(0, 77) : op);
   if (op.size() > 80) o += "...";
   switch (k) {
-    case WindowKind::kCommExposed: return "SMs idle while " + o + " communicates";
+    case WindowKind::kCommExposed:
+      return cause == IdleCause::kPeer ? "SMs idle while " + o + " waits for another rank"
+                                       : "SMs idle while " + o + " communicates";
     case WindowKind::kCopyExposed: return "SMs idle under the copy " + o;
     case WindowKind::kMemoryBound: return "tensor cores idle under memory-bound " + o;
     case WindowKind::kComputeBound: return "HBM bandwidth idle under compute-bound " + o;
     case WindowKind::kLaunchBound: return "SMs idle between short launches of " + o;
-    case WindowKind::kGpuIdle: return "GPU idle waiting on the host before " + o;
+    case WindowKind::kGpuIdle:
+      switch (cause) {
+        case IdleCause::kHost: return "GPU idle waiting on the host to launch " + o;
+        case IdleCause::kDependency:
+          return "GPU idle: " + o + " was launched and waits on a dependency (an event, another stream)";
+        case IdleCause::kPeer: return "GPU idle: " + o + " waits for another rank";
+        case IdleCause::kUnknown:
+        case IdleCause::kNone: break;
+      }
+      return "GPU idle before " + o + " (no launch call in the trace: host or dependency)";
   }
   return o;
 }
 
+// For each activity of the device (DeviceResources::order), the time until
+// which it waits for another rank: a collective cannot progress before every
+// rank has started it, so its first part, until the latest start of the same
+// collective on the other ranks' devices in the trace, is waiting. The k-th
+// communication kernel of a name on one rank is the k-th of that name on
+// every other. 0 where no other rank is in the trace or nothing matches.
+std::vector<TimeNs> PeerWaitEnds(const Trace& trace, const DeviceResources& dev) {
+  std::vector<TimeNs> out(dev.order.size(), 0);
+  const int32_t rank = trace.devices[dev.device_index].rank;
+  // (name, ordinal) -> latest start on the other ranks.
+  std::unordered_map<StringId, std::vector<TimeNs>> latest;
+  std::unordered_map<uint64_t, std::unordered_map<StringId, size_t>> seen;  // per other device
+  std::vector<uint32_t> others;
+  for (uint32_t i = 0; i < trace.gpu.size(); ++i) {
+    const GpuActivity& g = trace.gpu[i];
+    if (g.device_index >= trace.devices.size() || trace.devices[g.device_index].rank == rank) continue;
+    if (g.kind != GpuKind::kKernel || !ContainsAny(trace.strings.Get(g.name), {"nccl", "rccl"})) continue;
+    others.push_back(i);
+  }
+  if (others.empty()) return out;
+  std::sort(others.begin(), others.end(),
+            [&trace](uint32_t a, uint32_t b) { return trace.gpu[a].start < trace.gpu[b].start; });
+  for (uint32_t i : others) {
+    const GpuActivity& g = trace.gpu[i];
+    const size_t ordinal = seen[g.device_index][g.name]++;
+    std::vector<TimeNs>& v = latest[g.name];
+    if (v.size() <= ordinal) v.resize(ordinal + 1, 0);
+    v[ordinal] = std::max(v[ordinal], g.start);
+  }
+  std::unordered_map<StringId, size_t> own;
+  for (size_t k = 0; k < dev.order.size(); ++k) {
+    if (dev.resource[k] != Resource::kCommunication) continue;
+    const GpuActivity& g = trace.gpu[dev.order[k]];
+    const size_t ordinal = own[g.name]++;
+    auto it = latest.find(g.name);
+    if (it == latest.end() || ordinal >= it->second.size()) continue;
+    out[k] = std::min(it->second[ordinal], g.end);
+  }
+  return out;
+}
+
 }  // namespace
+
+const char* IdleCauseName(IdleCause c) {
+  switch (c) {
+    case IdleCause::kNone: return "";
+    case IdleCause::kHost: return "host";
+    case IdleCause::kDependency: return "dependency";
+    case IdleCause::kPeer: return "peer";
+    case IdleCause::kUnknown: return "unknown";
+  }
+  return "";
+}
 
 const char* WindowKindName(WindowKind k) {
   switch (k) {
@@ -126,6 +190,7 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
 
   struct Group {
     WindowKind kind = WindowKind::kGpuIdle;
+    IdleCause cause = IdleCause::kNone;
     StringId primary = 0;
     int64_t occurrences = 0;
     TimeNs total = 0;
@@ -142,6 +207,37 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
   int32_t cur_step = -1;
   TimeNs cur_start = 0, cur_end = 0;
   NameTimes cur_names, cur_modules;
+  IdleCause cur_cause = IdleCause::kNone;
+
+  // Launch calls of the device's activities (rank's calls by correlation), to
+  // tell why the GPU idled before one.
+  const int32_t rank = trace.devices[dev.device_index].rank;
+  std::unordered_map<int64_t, std::vector<TimeNs>> launches;
+  for (uint32_t i : dev.order) {
+    if (trace.gpu[i].correlation >= 0) launches.try_emplace(trace.gpu[i].correlation);
+  }
+  for (const ApiCall& c : trace.api) {
+    if (c.rank != rank || c.correlation < 0 || c.kind == ApiKind::kSync) continue;
+    auto it = launches.find(c.correlation);
+    if (it != launches.end()) it->second.push_back(c.start);
+  }
+  // Why the GPU idles from `from` until activity k starts: the host had not
+  // launched it yet (its launch call started after the GPU went idle, less
+  // the launch latency), or it was launched and waited on something on the
+  // GPU side. Correlation ids repeat across processes: the launch is the
+  // latest call with the id before the activity starts.
+  auto cause_of = [&](size_t k, TimeNs from) {
+    const GpuActivity& a = trace.gpu[dev.order[k]];
+    auto it = launches.find(a.correlation);
+    TimeNs launch = -1;
+    if (it != launches.end()) {
+      for (TimeNs s : it->second) {
+        if (s <= a.start && s > launch) launch = s;
+      }
+    }
+    if (launch < 0) return IdleCause::kUnknown;
+    return launch + options.launch_latency_ns >= from ? IdleCause::kHost : IdleCause::kDependency;
+  };
 
   auto close = [&]() {
     if (cur_kind == kNoKind || cur_end <= cur_start) {
@@ -156,11 +252,13 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
         primary = name;
       }
     }
-    const uint64_t key = (static_cast<uint64_t>(cur_kind) << 32) | primary;
+    const uint64_t key = (static_cast<uint64_t>(cur_kind) << 32) |
+                         (static_cast<uint64_t>(cur_cause) << 28) | primary;
     auto [it, fresh] = group_index.try_emplace(key, groups.size());
     if (fresh) {
       groups.emplace_back();
       groups.back().kind = static_cast<WindowKind>(cur_kind);
+      groups.back().cause = cur_cause;
       groups.back().primary = primary;
     }
     Group& g = groups[it->second];
@@ -178,6 +276,7 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
       }
     }
     cur_kind = kNoKind;
+    cur_cause = IdleCause::kNone;
     cur_names.clear();
     cur_modules.clear();
   };
@@ -186,7 +285,9 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
     TimeNs end;
     uint32_t k;
     Resource r;
+    TimeNs peer_until;  // a collective waits for another rank until then
   };
+  const std::vector<TimeNs> peer_until = PeerWaitEnds(trace, dev);
   std::vector<Active> active;
   int counts[kResourceCount] = {};
   size_t idx = 0;
@@ -205,14 +306,17 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
     while (idx < n && trace.gpu[dev.order[idx]].start <= t) {
       const GpuActivity& g = trace.gpu[dev.order[idx]];
       if (g.end > t) {
-        active.push_back({g.end, static_cast<uint32_t>(idx), dev.resource[idx]});
+        active.push_back({g.end, static_cast<uint32_t>(idx), dev.resource[idx], peer_until[idx]});
         ++counts[static_cast<int>(dev.resource[idx])];
       }
       ++idx;
       skip_outside();
     }
     TimeNs next = idx < n ? trace.gpu[dev.order[idx]].start : kInf;
-    for (const Active& a : active) next = std::min(next, a.end);
+    for (const Active& a : active) {
+      next = std::min(next, a.end);
+      if (a.peer_until > t) next = std::min(next, a.peer_until);
+    }
     if (next == kInf || t >= last_end) break;
     next = std::min(next, last_end);
 
@@ -223,9 +327,23 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
     if (kind == kNoKind || step < 0) {
       close();
     } else {
-      if (kind != cur_kind || step != cur_step || cur_end != t) {
+      IdleCause cause = IdleCause::kNone;
+      if (kind == static_cast<int>(WindowKind::kGpuIdle)) {
+        cause = idx < n ? cause_of(idx, t) : IdleCause::kUnknown;
+      } else if (kind == static_cast<int>(WindowKind::kCommExposed)) {
+        // Every running collective still waits for another rank to arrive.
+        bool all_wait = false;
+        for (const Active& a : active) {
+          if (a.r != Resource::kCommunication) continue;
+          all_wait = a.peer_until > t;
+          if (!all_wait) break;
+        }
+        if (all_wait) cause = IdleCause::kPeer;
+      }
+      if (kind != cur_kind || step != cur_step || cur_end != t || cause != cur_cause) {
         close();
         cur_kind = kind;
+        cur_cause = cause;
         cur_step = step;
         cur_start = t;
       }
@@ -269,7 +387,8 @@ DeviceWindows FindIdleWindows(const Trace& trace, const OperatorLinks& links,
   for (Group& g : groups) {
     IdleWindow w;
     w.kind = g.kind;
-    w.label = Label(g.kind, trace.strings.Get(g.primary));
+    w.cause = g.cause;
+    w.label = Label(g.kind, trace.strings.Get(g.primary), g.cause);
     w.occurrences = g.occurrences;
     w.total_us = static_cast<double>(g.total) / 1000.0;
     w.per_step_us = w.total_us / n_steps;
