@@ -13,6 +13,7 @@
 
 #include "analysis/importers/reader.h"
 #include "cli/commands.h"
+#include "cli/trace_parts.h"
 #include "reports/format.h"
 
 namespace dynaflow {
@@ -130,7 +131,25 @@ std::string ReplaceAll(std::string message, const std::string& from, const std::
 
 }  // namespace
 
+// A parts folder that `dynaflow trace` left when it died (the traced
+// processes' own stores, finished by them): merged as `trace` would have.
+Status LoadPartsFolder(const std::string& dir, Trace* trace) {
+  const PartsSummary summary = MergeParts(dir, trace);
+  if (summary.processes == 0) return Status::BadInput(dir + ": no readable process store in it");
+  std::cerr << "dynaflow: recovered " << summary.processes
+            << (summary.processes == 1 ? " process store" : " process stores") << " from " << dir
+            << "\n";
+  return Status::Ok();
+}
+
 Status LoadInputs(const std::vector<std::string>& inputs, Trace* trace, RecordSink* sink) {
+  for (const std::string& input : inputs) {
+    if (!IsPartsFolder(input)) continue;
+    if (inputs.size() > 1) {
+      return Status::BadInput(input + ": a parts folder is read alone, not with other inputs");
+    }
+    return LoadPartsFolder(input, trace);
+  }
   // "-" is standard input, once.
   std::vector<std::string> paths = inputs;
   StdinSpool spool;

@@ -22,6 +22,7 @@
 #include "analysis/store/store.h"
 #include "cli/child_process.h"
 #include "cli/commands.h"
+#include "cli/trace_parts.h"
 
 namespace dynaflow {
 namespace {
@@ -90,22 +91,6 @@ std::vector<std::string> ChildEnvironment(const TraceArgs& args, const TraceTool
   return env;
 }
 
-// What the merged processes said about themselves (their meta).
-struct MergeSummary {
-  int processes = 0;
-  int64_t dropped_records = 0;
-  std::set<std::string> cupti;  // distinct non-empty "cupti" statuses
-  std::vector<std::string> crashes;  // "<pid> died of SIGSEGV": meta "exit_signal"
-};
-
-// "<pid>.db": what the tracer writes. Anything else (a writer's temporary or
-// journal file) is not a part.
-bool IsPart(const fs::path& p) {
-  const std::string stem = p.stem().string();
-  return p.extension() == ".db" && !stem.empty() &&
-         std::all_of(stem.begin(), stem.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
 // How many live processes were started with `entry` ("NAME=value") in their
 // environment. A zombie's environment reads empty, so it does not count.
 int ProcessesWithEnv(const std::string& entry) {
@@ -143,50 +128,9 @@ int WaitForStragglers(const std::string& parts_dir) {
   }
 }
 
-int64_t MetaInt(const Trace& t, const std::string& key) {
-  auto it = t.metadata.find(key);
-  if (it == t.metadata.end()) return 0;
-  return std::strtoll(it->second.c_str(), nullptr, 10);
-}
-
-// Reads every part into `merged`. A process's store holds one rank (meta
-// "rank", the tracer's DYNAFLOW_RANK or RANK); its records keep it. An
-// unreadable part (a process killed while creating it) is skipped with a line.
-MergeSummary MergeParts(const std::string& parts_dir, Trace* merged) {
-  std::vector<fs::path> parts;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(parts_dir, ec)) {
-    if (IsPart(entry.path())) parts.push_back(entry.path());
-  }
-  std::sort(parts.begin(), parts.end());
-  MergeSummary summary;
-  for (const fs::path& path : parts) {
-    Trace part;
-    Status st = ReadTraceDb(path.string(), &part);
-    if (!st.ok()) {
-      std::cerr << "dynaflow: skipped " << st.message() << "\n";
-      continue;
-    }
-    ++summary.processes;
-    summary.dropped_records += MetaInt(part, "dropped_records");
-    auto cupti = part.metadata.find("cupti");
-    if (cupti != part.metadata.end() && !cupti->second.empty()) summary.cupti.insert(cupti->second);
-    if (auto signal = part.metadata.find("exit_signal"); signal != part.metadata.end()) {
-      summary.crashes.push_back(path.stem().string() + " died of " + signal->second);
-    }
-    const auto rank = static_cast<int32_t>(MetaInt(part, "rank"));
-    merged->Append(std::move(part), rank);
-  }
-  // Append joined the per-process values with ';'; these read as totals.
-  merged->metadata["format"] = "dynaflow";
-  merged->metadata["dropped_records"] = std::to_string(summary.dropped_records);
-  merged->metadata["processes"] = std::to_string(summary.processes);
-  return summary;
-}
-
 // One line when no GPU work was recorded, with the tracer's reason (its
 // "cupti" status, e.g. "unavailable: ... did not initialise CUDA").
-void ReportMissingGpu(const Trace& trace, const MergeSummary& summary) {
+void ReportMissingGpu(const Trace& trace, const PartsSummary& summary) {
   std::string why;
   for (const std::string& status : summary.cupti) {
     if (status.rfind("enabled", 0) != 0) why = status;
@@ -198,7 +142,7 @@ void ReportMissingGpu(const Trace& trace, const MergeSummary& summary) {
 // `missing_ext`: where the torch extension was looked for when operators were
 // asked for and it is not there ("" otherwise); the summary then says why
 // there are no operators instead of a bare "0 operators".
-void PrintSummary(const Trace& trace, const MergeSummary& summary, const std::string& output,
+void PrintSummary(const Trace& trace, const PartsSummary& summary, const std::string& output,
                   const std::string& missing_ext) {
   const int64_t kernels =
       std::count_if(trace.gpu.begin(), trace.gpu.end(),
@@ -238,7 +182,7 @@ int RunTrace(const TraceArgs& args) {
               << " still running; the trace has their records up to their last flush\n";
   }
   Trace trace;
-  const MergeSummary summary = MergeParts(*parts_dir, &trace);
+  const PartsSummary summary = MergeParts(*parts_dir, &trace);
   const Status written = WriteTraceDb(trace, args.output);
   if (!written.ok()) {
     std::cerr << "dynaflow: " << written.message() << " (the parts are kept in " << *parts_dir

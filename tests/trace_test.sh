@@ -258,6 +258,13 @@ time.sleep(60)" >/dev/null 2>&1 &
   check "dynaflow killed: the program ended too" test -z "$(pgrep -f "$work/killed/ready")"
   check "dynaflow killed: the program's store holds its operators" test "$(q \
     "$(ls "$work"/killed/.k.db.parts-*/*.db | head -1)" "SELECT count(*) FROM operators")" -ge 200
+  parts=$(ls -d "$work"/killed/.k.db.parts-*)
+  expect_code "recover the parts folder: import" 0 "$bin" import "$parts" -o "$work/killed/rec.db"
+  check "recover: said" grep -q "^dynaflow: recovered 1 process store from" "$work/err"
+  check "recover: the operators" test "$(q "$work/killed/rec.db" \
+    "SELECT count(*) FROM operators")" -ge 200
+  expect_code "recover the parts folder: info" 0 "$bin" info "$parts"
+  expect_code "a parts folder with other inputs" 2 "$bin" info "$parts" "$work/killed/rec.db"
 
   # Beside torch.profiler: a program that profiles a window of its own steps
   # loses none of its operators in dynaflow's trace.

@@ -1,0 +1,69 @@
+#include "cli/trace_parts.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+
+#include "analysis/store/store.h"
+
+namespace dynaflow {
+namespace {
+
+namespace fs = std::filesystem;
+
+int64_t MetaInt(const Trace& t, const std::string& key) {
+  auto it = t.metadata.find(key);
+  if (it == t.metadata.end()) return 0;
+  return std::strtoll(it->second.c_str(), nullptr, 10);
+}
+
+std::vector<fs::path> Parts(const fs::path& dir) {
+  std::vector<fs::path> parts;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (IsPart(entry.path())) parts.push_back(entry.path());
+  }
+  std::sort(parts.begin(), parts.end());
+  return parts;
+}
+
+}  // namespace
+
+bool IsPart(const fs::path& p) {
+  const std::string stem = p.stem().string();
+  return p.extension() == ".db" && !stem.empty() &&
+         std::all_of(stem.begin(), stem.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+bool IsPartsFolder(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec) && !Parts(p).empty();
+}
+
+PartsSummary MergeParts(const std::string& parts_dir, Trace* merged) {
+  PartsSummary summary;
+  for (const fs::path& path : Parts(parts_dir)) {
+    Trace part;
+    Status st = ReadTraceDb(path.string(), &part);
+    if (!st.ok()) {
+      std::cerr << "dynaflow: skipped " << st.message() << "\n";
+      continue;
+    }
+    ++summary.processes;
+    summary.dropped_records += MetaInt(part, "dropped_records");
+    auto cupti = part.metadata.find("cupti");
+    if (cupti != part.metadata.end() && !cupti->second.empty()) summary.cupti.insert(cupti->second);
+    if (auto signal = part.metadata.find("exit_signal"); signal != part.metadata.end()) {
+      summary.crashes.push_back(path.stem().string() + " died of " + signal->second);
+    }
+    const auto rank = static_cast<int32_t>(MetaInt(part, "rank"));
+    merged->Append(std::move(part), rank);
+  }
+  // Append joined the per-process values with ';'; these read as totals.
+  merged->metadata["format"] = "dynaflow";
+  merged->metadata["dropped_records"] = std::to_string(summary.dropped_records);
+  merged->metadata["processes"] = std::to_string(summary.processes);
+  return summary;
+}
+
+}  // namespace dynaflow
