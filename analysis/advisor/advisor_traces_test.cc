@@ -13,29 +13,12 @@
 
 #include "analysis/advisor/advisor.h"
 #include "analysis/importers/reader.h"
+#include "analysis/importers/shared_traces_testing.h"
 
 namespace dynaflow {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path SharedTraces() { return fs::path(DYNAFLOW_SOURCE_DIR) / ".." / "shared" / "traces"; }
-
-// The importable traces (every file but the TraceLens CSVs and READMEs), sorted.
-std::vector<fs::path> TraceFiles() {
-  std::vector<fs::path> out;
-  for (const char* dir : {"kineto", "nsys"}) {
-    if (!fs::exists(SharedTraces() / dir)) continue;
-    for (const auto& e : fs::directory_iterator(SharedTraces() / dir)) {
-      const std::string name = e.path().filename().string();
-      if (name.ends_with(".json.gz") || name.ends_with(".json") || name.ends_with(".sqlite")) {
-        out.push_back(e.path());
-      }
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 // One line per trace: the best recommendation, the speedup its bound allows,
 // and the candidate that came closest to its bound (simulated / bound).
@@ -66,7 +49,7 @@ void PrintSummary(const std::string& name, const AdviceResult& a) {
 
 TEST(AdvisorTracesTest, NoCandidateBelowItsPhysicalBound) {
   if (!fs::exists(SharedTraces())) GTEST_SKIP() << "no ../shared/traces beside the checkout";
-  const std::vector<fs::path> files = TraceFiles();
+  const std::vector<fs::path> files = SharedTraceFiles();
   ASSERT_FALSE(files.empty());
   for (const fs::path& f : files) {
     const std::string name = f.parent_path().filename().string() + "/" + f.filename().string();

@@ -11,29 +11,13 @@
 #include <vector>
 
 #include "analysis/importers/reader.h"
+#include "analysis/importers/shared_traces_testing.h"
 #include "analysis/roofline/bound.h"
 
 namespace dynaflow {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path SharedTraces() { return fs::path(DYNAFLOW_SOURCE_DIR) / ".." / "shared" / "traces"; }
-
-std::vector<fs::path> TraceFiles() {
-  std::vector<fs::path> out;
-  for (const char* dir : {"kineto", "nsys"}) {
-    if (!fs::exists(SharedTraces() / dir)) continue;
-    for (const auto& e : fs::directory_iterator(SharedTraces() / dir)) {
-      const std::string name = e.path().filename().string();
-      if (name.ends_with(".json.gz") || name.ends_with(".json") || name.ends_with(".sqlite")) {
-        out.push_back(e.path());
-      }
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 // The one operator still above its peak, and why. In ResNet-50's backward
 // (kineto_legacy_v100_resnet50), aten::div divides the mean's gradient, a
@@ -57,7 +41,7 @@ double AllowedPct(const std::string& trace, const std::string& op) {
 
 TEST(RooflineTracesTest, NoCostedOperatorAboveItsPeak) {
   if (!fs::exists(SharedTraces())) GTEST_SKIP() << "no ../shared/traces beside the checkout";
-  const std::vector<fs::path> files = TraceFiles();
+  const std::vector<fs::path> files = SharedTraceFiles();
   ASSERT_FALSE(files.empty());
   BoundOptions options;
   options.top_operators = std::numeric_limits<size_t>::max();  // every operator, not the report's top
