@@ -136,6 +136,7 @@ std::string ReplaceAll(std::string message, const std::string& from, const std::
 Status LoadPartsFolder(const std::string& dir, Trace* trace) {
   const PartsSummary summary = MergeParts(dir, trace);
   if (summary.processes == 0) return Status::BadInput(dir + ": no readable process store in it");
+  WarnSharedRanks(summary);
   std::cerr << "dynaflow: recovered " << summary.processes
             << (summary.processes == 1 ? " process store" : " process stores") << " from " << dir
             << "\n";

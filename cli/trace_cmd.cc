@@ -148,6 +148,7 @@ void PrintSummary(const Trace& trace, const PartsSummary& summary, const std::st
       std::count_if(trace.gpu.begin(), trace.gpu.end(),
                     [](const GpuActivity& g) { return g.kind == GpuKind::kKernel; });
   if (trace.gpu.empty()) ReportMissingGpu(trace, summary);
+  WarnSharedRanks(summary);
   for (const std::string& crash : summary.crashes) {
     std::cerr << "dynaflow: process " << crash << "; what it recorded up to then is kept\n";
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 
 #include "analysis/store/store.h"
 
@@ -42,6 +43,7 @@ bool IsPartsFolder(const fs::path& p) {
 
 PartsSummary MergeParts(const std::string& parts_dir, Trace* merged) {
   PartsSummary summary;
+  std::map<int32_t, int> gpu_processes;  // per rank, the processes that recorded GPU work
   for (const fs::path& path : Parts(parts_dir)) {
     Trace part;
     Status st = ReadTraceDb(path.string(), &part);
@@ -57,13 +59,32 @@ PartsSummary MergeParts(const std::string& parts_dir, Trace* merged) {
       summary.crashes.push_back(path.stem().string() + " died of " + signal->second);
     }
     const auto rank = static_cast<int32_t>(MetaInt(part, "rank"));
+    if (!part.gpu.empty()) ++gpu_processes[rank];
     merged->Append(std::move(part), rank);
+  }
+  for (const auto& [rank, n] : gpu_processes) {
+    if (n < 2) continue;
+    // Their devices become one rank's: the same device number of two
+    // processes merges, and per-rank analysis mixes them.
+    summary.shared_ranks.push_back(rank);
+    merged->stats.Add("rank_with_several_gpu_processes", "info",
+                      "processes of one rank that each recorded GPU work (set RANK per process, or "
+                      "call torch.distributed.init_process_group in each)",
+                      n);
   }
   // Append joined the per-process values with ';'; these read as totals.
   merged->metadata["format"] = "dynaflow";
   merged->metadata["dropped_records"] = std::to_string(summary.dropped_records);
   merged->metadata["processes"] = std::to_string(summary.processes);
   return summary;
+}
+
+void WarnSharedRanks(const PartsSummary& summary) {
+  for (const int32_t rank : summary.shared_ranks) {
+    std::cerr << "dynaflow: warning: several processes recorded GPU work as rank " << rank
+              << "; their devices are merged (set RANK per process, or call "
+                 "torch.distributed.init_process_group in each)\n";
+  }
 }
 
 }  // namespace dynaflow

@@ -20,6 +20,7 @@ struct PartsSummary {
   int64_t dropped_records = 0;
   std::set<std::string> cupti;       // distinct non-empty "cupti" statuses
   std::vector<std::string> crashes;  // "<pid> died of SIGSEGV": meta "exit_signal"
+  std::vector<int32_t> shared_ranks;  // ranks that several processes recorded GPU work as
 };
 
 // "<pid>.db": what the tracer writes. Anything else (a writer's temporary or
@@ -34,5 +35,8 @@ bool IsPartsFolder(const std::filesystem::path& p);
 // DYNAFLOW_RANK or RANK); its records keep it. An unreadable part (a process
 // killed while creating it) is skipped with a line.
 PartsSummary MergeParts(const std::string& parts_dir, Trace* merged);
+
+// One line per rank that several processes recorded GPU work as.
+void WarnSharedRanks(const PartsSummary& summary);
 
 }  // namespace dynaflow

@@ -173,4 +173,16 @@ expect_code "huge string" 2 "$bin" info "$work/huge_string.json.gz"
 check "huge string says why" has "$work/err" "is longer than 64 MiB: refused, to bound memory"
 check "huge string: one line" test "$(wc -l <"$work/err")" -eq 1
 
+# --- a parts folder (what a dead `dynaflow trace` leaves: one store per
+# process) is read like the trace it would have written; two processes that
+# recorded GPU work as one rank are warned about.
+mkdir "$work/parts"
+expect_code "a part" 0 "$bin" import "$ex" -o "$work/parts/100.db"
+cp "$work/parts/100.db" "$work/parts/200.db"
+expect_code "info of a parts folder" 0 "$bin" info --format json "$work/parts"
+check "parts: recovered" has "$work/err" "dynaflow: recovered 2 process stores from"
+check "parts: one rank, two GPU processes" has "$work/err" \
+  "warning: several processes recorded GPU work as rank 0"
+check "parts: counted in the import statistics" has "$work/out" "rank_with_several_gpu_processes"
+
 finish
