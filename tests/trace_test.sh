@@ -266,6 +266,17 @@ time.sleep(60)" >/dev/null 2>&1 &
   expect_code "recover the parts folder: info" 0 "$bin" info "$parts"
   expect_code "a parts folder with other inputs" 2 "$bin" info "$parts" "$work/killed/rec.db"
 
+  # The trace is finished from Python's exit handlers (after a device
+  # synchronize, before torch and CUDA tear down), after the program's own:
+  # work an exit handler of the program does is still recorded.
+  expect_code "trace a program with an exit handler" 0 "$bin" trace -o "$work/atexit.db" -- \
+    "$py" -c "
+import atexit, torch
+atexit.register(lambda: torch.ones(3).softmax(0))
+torch.ones(2).relu()"
+  check "exit handler's operator recorded" test "$(q "$work/atexit.db" \
+    "SELECT count(*) FROM operators_named WHERE name = 'aten::softmax'")" = 1
+
   # Beside torch.profiler: a program that profiles a window of its own steps
   # loses none of its operators in dynaflow's trace.
   cat >"$work/profiled.py" <<'PY'

@@ -60,6 +60,14 @@ void dynaflow_pop_operator(void);
 /* Queues a finished operator for the writer thread. */
 void dynaflow_record_operator(const DynaflowOperatorRecord* record);
 
+/* Finishes this process's trace now: disables CUPTI, which completes its
+ * buffers, writes what remains and closes the store; later records are
+ * ignored. The Python side calls it at interpreter exit, after a device
+ * synchronize, so the last kernels are recorded before torch, libcuda and
+ * libcupti tear down (the tracer's own exit handler runs after their static
+ * destructors). Idempotent. Added within ABI version 1, as below. */
+void dynaflow_tracer_shutdown(void);
+
 /* The process's rank in torch.distributed's default process group, recorded by
  * the Python side when the program calls init_process_group: it replaces the
  * rank of the environment (RANK) as the process metadata "rank", which the

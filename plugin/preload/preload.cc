@@ -255,6 +255,10 @@ DYNAFLOW_EXPORT void dynaflow_record_operator(const DynaflowOperatorRecord* reco
   }
 }
 
+DYNAFLOW_EXPORT void dynaflow_tracer_shutdown(void) {
+  if (g_tracer != nullptr && g_tracer->OwnsProcess()) dynaflow::OnExit();
+}
+
 DYNAFLOW_EXPORT void dynaflow_record_process_group_rank(int32_t rank) {
   try {
     if (g_tracer != nullptr && rank >= 0) g_tracer->RecordProcessGroupRank(rank);

@@ -11,7 +11,8 @@ It does three things and never stops the program (unless `dynaflow apply
    torch or the extension;
 3. right after torch is imported, installs the plan of `dynaflow apply` (env
    DYNAFLOW_PLAN, see dynaflow/_apply.py), and, when tracing, has the tracer
-   told the torch.distributed rank once the program initialises it, loads the
+   told the torch.distributed rank once the program initialises it and its
+   trace finished at interpreter exit after a device synchronize, loads the
    dynaflow torch extension (env DYNAFLOW_TORCH_EXT) and installs the module
    path hooks on every nn.Module.
 Any failure prints one "dynaflow: ..." line on stderr; the program then runs
@@ -74,6 +75,7 @@ def _on_torch_imported():
         from dynaflow import _module_paths
 
         _module_paths.watch_process_group()
+        _module_paths.finish_trace_at_exit()
     except Exception as e:  # noqa: BLE001 - the program must run on
         _warn(f"{e!r}; ranks come from the environment only")
     try:

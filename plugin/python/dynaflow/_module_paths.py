@@ -99,6 +99,31 @@ def _tracer_function(name, argtypes):
     return fn
 
 
+def finish_trace_at_exit():
+    """Registers, at interpreter exit, a device synchronize and the tracer's
+    final flush (dynaflow_tracer_shutdown): Python's exit handlers run before
+    torch, libcuda and libcupti tear down, the tracer's own C exit handler
+    after them, when CUPTI can no longer complete its buffers. Registered
+    after torch's own exit handlers, so it runs before them."""
+    import atexit
+
+    shutdown = _tracer_function("dynaflow_tracer_shutdown", [])
+    if shutdown is None:
+        return
+
+    def finish():
+        try:
+            import torch
+
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001 - a broken device: flush what there is
+            pass
+        shutdown()
+
+    atexit.register(finish)
+
+
 def watch_process_group():
     """Tells the tracer this process's torch.distributed rank as soon as the
     program initialises its default process group (init_process_group is
