@@ -10,7 +10,14 @@ GPU machine and then runs:
     --ops off and under torch.profiler: medians of --reps interleaved runs, both
     of the measured region (steady state) and of the whole process (start-up,
     writing and merging the trace);
-(c) small traces of llama_decode and train_step, for tests/data.
+(c) small traces of llama_decode and train_step, for tests/data;
+(d) integrity of the traced run of (a), each a failure (issue "The tracer on first
+    contact with real programs", item 7): CUPTI enabled in the metadata; no record
+    dropped or unreadable; no kernel with start <= 0, end < start, an empty name or
+    a zero grid; the device an H200 with 132 SMs; >= 95% of the region's kernels
+    linked to an operator, none starting before its launch call; and the
+    overhead of (b): <= 3% with operators on, <= 1% with them off, both below
+    torch.profiler's. On --device cpu only what the CPU run has is checked.
 
 The workload (one child process): build the model, decode once to warm up
 (kernel selection, allocator, lazy initialisation), synchronise, then decode
@@ -199,6 +206,49 @@ class Checker:
             if not ok:
                 self.failures.append("accuracy")
         self.results["accuracy"] = a
+        self.integrity(db, marks, ours_n, linked)
+
+    # (d), on the trace of (a)
+    def integrity(self, db, marks, kernels, linked):
+        cuda = self.args.device == "cuda"
+        checks = {}
+        with sqlite3.connect(db) as c:
+            meta = dict(c.execute("SELECT key, value FROM meta").fetchall())
+            # None: not applicable to a CPU run.
+            checks["cupti enabled"] = meta.get("cupti", "").startswith("enabled") if cuda else None
+            losses = c.execute("SELECT name, count FROM import_stats "
+                               "WHERE severity != 'info'").fetchall()
+            checks["nothing dropped or unreadable"] = (meta.get("dropped_records") == "0"
+                                                      and not losses)
+            bad = c.execute(
+                "SELECT count(*) FROM kernels k JOIN strings s ON s.id = k.name_id "
+                "WHERE k.start_ns <= 0 OR k.end_ns < k.start_ns OR s.value = '' "
+                "OR k.grid_x * k.grid_y * k.grid_z = 0").fetchone()[0]
+            checks["every kernel well formed"] = bad == 0
+            devices = c.execute("SELECT name, sm_count FROM devices").fetchall()
+            checks["an H200 with 132 SMs"] = any(
+                "H200" in name and sms == 132 for name, sms in devices) if cuda else None
+            early = c.execute(
+                "SELECT count(*) FROM kernels k JOIN api_calls a ON a.correlation = k.correlation "
+                "AND a.kind != 'sync' WHERE k.start_ns >= ? AND k.start_ns < ? "
+                "AND k.start_ns < a.start_ns", (marks["t0_ns"], marks["t1_ns"])).fetchone()[0]
+            checks["no kernel before its launch"] = early == 0
+        checks["95% of kernels linked"] = (kernels > 0 and linked >= 0.95 * kernels) if cuda else None
+        self.results["integrity"] = {"checks": checks, "losses": losses, "devices": devices,
+                                     "kernels_before_launch": early, "bad_kernels": bad}
+        self.failures += [f"integrity: {name}" for name, ok in checks.items() if ok is False]
+
+    def overhead_targets(self):
+        """(d): the overhead targets of (b), on the GPU."""
+        o = self.results.get("overhead")
+        if not o or self.args.device != "cuda":
+            return
+        on, off, prof = (o[m]["region_overhead_pct"] for m in ("ops_on", "ops_off", "profiler"))
+        if on > 3.0 or on >= prof:
+            self.failures.append(f"overhead with operators {on:+.1f}% (target <= 3%, below "
+                                 f"torch.profiler's {prof:+.1f}%)")
+        if off > 1.0 or off >= prof:
+            self.failures.append(f"overhead without operators {off:+.1f}% (target <= 1%)")
 
     # (b)
     def overhead(self):
@@ -220,6 +270,7 @@ class Checker:
             for what in ("region", "process"):
                 row[f"{what}_overhead_pct"] = 100.0 * (row[f"{what}_s"] / base[f"{what}_s"] - 1)
         self.results["overhead"] = rows
+        self.overhead_targets()
 
     # (c)
     def small_traces(self):
@@ -260,6 +311,10 @@ class Checker:
                 lines.append(f"    {mode:<24} {r['region_s']:>9.4f}   "
                              f"{r['region_overhead_pct']:>+7.1f}%   {r['process_s']:>9.2f}   "
                              f"{r['process_overhead_pct']:>+7.1f}%")
+        i = self.results.get("integrity")
+        if i:
+            verdict = {True: "ok", False: "NO", None: "n/a"}
+            lines.append("(d) " + ", ".join(f"{k}: {verdict[v]}" for k, v in i["checks"].items()))
         for name, info in self.results.get("small_traces", {}).items():
             lines.append(f"(c) {name}: {info['bytes'] / 1e6:.2f} MB, {info['kernels']} kernels, "
                          f"{info['operators']} operators, {info['memcpy']} memcpy")
