@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -79,6 +80,17 @@ int RunAdvise(const AdviseArgs& args) {
     ShowPhase("simulating the candidate schedules");
     advice = Advise(trace, args.inputs, advise);
     report.advice = &advice;
+    // A forced split that names nothing `apply` can split is bad input:
+    // nothing is written.
+    if (advise.force && (*advise.force == Strategy::kNanobatchOverlap ||
+                         *advise.force == Strategy::kDualBatchOverlap) &&
+        !SplitsModules(advice.plan)) {
+      return Fail(Status::BadInput(
+          "--force-strategy " + args.force_strategy +
+          ": nothing to split: no repeated module (a layer of a stack, \"Model.layers.*\") "
+          "was found in the trace; trace the program with `dynaflow "
+          "trace`, which records module paths"));
+    }
   }
   ShowPhase("");
   std::string text;
@@ -93,18 +105,7 @@ int RunAdvise(const AdviseArgs& args) {
   st = WriteOutput(args.output, text);
   if (!st.ok()) return Fail(st);
   if (!args.plan.empty()) {
-    // A forced split that names nothing `apply` can split is refused: the
-    // report above holds the predictions, no plan is written.
-    if (advise.force && (*advise.force == Strategy::kNanobatchOverlap ||
-                         *advise.force == Strategy::kDualBatchOverlap) &&
-        !SplitsModules(advice.plan)) {
-      return Fail(Status::BadInput(
-          "--force-strategy " + args.force_strategy +
-          ": nothing to split: no repeated module (a layer of a stack, \"Model.layers.*\") "
-          "was found in the trace, so no plan was written; trace the program with `dynaflow "
-          "trace`, which records module paths"));
-    }
-    // A plan is always written otherwise, a sequential one included.
+    // A plan is always written, a sequential one included.
     const nlohmann::json plan = PlanToJson(advice.plan);
     st = ValidatePlanJson(plan);
     if (!st.ok()) return Fail(Status::Failure("internal: the plan fails its schema: " + st.message()));
@@ -113,6 +114,13 @@ int RunAdvise(const AdviseArgs& args) {
     if (!st.ok()) return Fail(st);
     std::cerr << "dynaflow: wrote the plan " << args.plan << ": " << PlanSummary(advice.plan)
               << "\n";
+    const bool splits = std::any_of(advice.plan.buckets.begin(), advice.plan.buckets.end(),
+                                    [](const PlanBucket& b) { return b.splits > 1; });
+    if (splits && !SplitsModules(advice.plan)) {
+      std::cerr << "dynaflow: the trace names no nn.Module to split (no module paths: trace the "
+                   "program with `dynaflow trace`), so `dynaflow apply` runs this plan "
+                   "unmodified\n";
+    }
   }
   return 0;
 }

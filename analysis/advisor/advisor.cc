@@ -302,9 +302,14 @@ std::string SplitUnit(const std::string& path) {
   return unit_end == std::string::npos ? path : path.substr(0, unit_end) + "*";
 }
 
+// The distinct split units of `modules`. Only nn.Module paths: where the trace
+// has none, a partition names operators ("aten::conv2d", "autograd::...") in
+// their place, which `apply` cannot split, so they are left out (the plan then
+// splits nothing, and `advise` says so).
 std::vector<std::string> SplitUnits(const std::vector<std::string>& modules) {
   std::vector<std::string> units;
   for (const std::string& m : modules) {
+    if (m.find("::") != std::string::npos) continue;
     std::string u = SplitUnit(m);
     if (std::find(units.begin(), units.end(), u) == units.end()) units.push_back(std::move(u));
   }
