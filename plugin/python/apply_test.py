@@ -234,6 +234,17 @@ class ApplyTest(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "shapes cannot be multiplied"):
             self.net(torch.randn(4, 5, 7))
 
+    def test_units_resolve_to_the_outermost_matching_modules(self):
+        found = _apply.resolve_units(self.net, plan(["Net.head", "Net.blocks.*"]))
+        self.assertEqual([path for path, _ in found],
+                         ["Net.blocks.0", "Net.blocks.1", "Net.blocks.2", "Net.head"])
+        self.assertIs(found[3][1], self.net.head)
+        inner = _apply.resolve_units(self.net, plan(["Net.blocks.*.up"]))
+        self.assertEqual([m for _, m in inner], [b.up for b in self.net.blocks])
+        # A unit inside another one that is split already matches nothing.
+        with self.assertRaisesRegex(_apply.PlanMismatch, r"unknown module Net\.blocks\.\*\.up"):
+            _apply.resolve_units(self.net, plan(["Net.blocks.*", "Net.blocks.*.up"]))
+
     def test_unknown_modules_and_operators_are_refused_unchanged(self):
         with self.assertRaisesRegex(_apply.PlanMismatch, r"unknown module Net\.layers\.\*"):
             _apply.apply(self.net, plan(["Net.layers.*"]), runtime_lib=RUNTIME)

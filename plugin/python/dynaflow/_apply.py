@@ -130,6 +130,25 @@ def matches(pattern, path):
     return all(a == b or (a == "*" and b.isdigit()) for a, b in zip(p, q))
 
 
+def _first_matching_unit(parts, units, order):
+    """The first unit (plan order) that matches the module path `parts`: the
+    path's spellings with any of its all-digit components as "*" looked up in
+    `order` (unit -> index), so a plan's size costs nothing per module."""
+    digits = [i for i, p in enumerate(parts) if p.isdigit()]
+    if len(digits) > 12:  # 4096 spellings: match the units one by one instead
+        return next((u for u in units if matches(u, ".".join(parts))), None)
+    best = None
+    for mask in range(1 << len(digits)):
+        spelled = list(parts)
+        for bit, i in enumerate(digits):
+            if mask >> bit & 1:
+                spelled[i] = "*"
+        i = order.get(".".join(spelled))
+        if i is not None and (best is None or i < best):
+            best = i
+    return None if best is None else units[best]
+
+
 def root_class(plan):
     """The class name the plan's module paths start with, or None."""
     for unit in split_units(plan):
@@ -148,16 +167,19 @@ def resolve_units(model, plan):
                 f"the plan splits operators ({_cut(unit)}), not modules: advise a trace made by "
                 f"`dynaflow trace`, which records module paths")
     found = []
+    found_paths = set()
     used = set()
+    order = {unit: i for i, unit in enumerate(units)}
     for name, module in model.named_modules():
         path = root + ("." + name if name else "")
-        if any(path.startswith(p + ".") for p, _ in found):
+        parts = path.split(".")
+        if any(".".join(parts[:k]) in found_paths for k in range(1, len(parts))):
             continue  # inside a unit already split
-        for unit in units:
-            if matches(unit, path):
-                found.append((path, module))
-                used.add(unit)
-                break
+        unit = _first_matching_unit(parts, units, order)
+        if unit is not None:
+            found.append((path, module))
+            found_paths.add(path)
+            used.add(unit)
     missing = [u for u in units if u not in used]
     if missing:
         names = [root + ("." + n if n else "") for n, _ in model.named_modules()]
