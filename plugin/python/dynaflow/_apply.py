@@ -771,6 +771,7 @@ def apply(model, plan, verify=False, runtime_lib=None, strict=False):
         applier.detach()
         raise
     model._dynaflow_applier = applier
+    atexit.register(applier.detach)  # the runtime's threads joined before C++ teardown
     return model
 
 
@@ -814,6 +815,10 @@ class _FromEnvironment:
                                    self.report)
             self.applier.on_refuse = self.refuse
             self.applier.attach(module, self.strict)
+            # The runtime's worker threads are joined at interpreter exit,
+            # before C++ static destructors run: left running, a rank of a
+            # torch.distributed program sometimes aborted at exit.
+            atexit.register(self.applier.detach)
             _say(f"{len(self.applier.forwards)} modules of {_cut(self.root)} run the plan")
         except PlanMismatch as e:
             if self.applier is not None:
