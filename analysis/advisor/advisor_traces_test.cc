@@ -52,7 +52,7 @@ TEST(AdvisorTracesTest, NoCandidateBelowItsPhysicalBound) {
   const std::vector<fs::path> files = SharedTraceFiles();
   ASSERT_FALSE(files.empty());
   for (const fs::path& f : files) {
-    const std::string name = f.parent_path().filename().string() + "/" + f.filename().string();
+    const std::string name = SharedTraceName(f);
     SCOPED_TRACE(name);
     Trace trace;
     const Status st = ImportFiles({f.string()}, ImportOptions(), &trace);

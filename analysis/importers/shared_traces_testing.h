@@ -33,4 +33,9 @@ inline std::vector<std::filesystem::path> SharedTraceFiles() {
   return out;
 }
 
+// "kineto/name.json.gz": how a test names a shared trace in its messages.
+inline std::string SharedTraceName(const std::filesystem::path& file) {
+  return file.parent_path().filename().string() + "/" + file.filename().string();
+}
+
 }  // namespace dynaflow

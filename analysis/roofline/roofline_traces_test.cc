@@ -46,7 +46,7 @@ TEST(RooflineTracesTest, NoCostedOperatorAboveItsPeak) {
   BoundOptions options;
   options.top_operators = std::numeric_limits<size_t>::max();  // every operator, not the report's top
   for (const fs::path& f : files) {
-    const std::string name = f.parent_path().filename().string() + "/" + f.filename().string();
+    const std::string name = SharedTraceName(f);
     SCOPED_TRACE(name);
     Trace trace;
     const Status st = ImportFiles({f.string()}, ImportOptions(), &trace);
