@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -23,6 +24,7 @@
 #include "analysis/advisor/plan.h"
 #include "cli/child_process.h"
 #include "cli/commands.h"
+#include "reports/format.h"
 
 namespace dynaflow {
 namespace {
@@ -93,6 +95,15 @@ struct ApplySummary {
   double max_rel_diff = 0;
   bool verify_ok = true;
   std::string worst;
+  // Per staggered unit (by path): its schedule and how many calls ran it in
+  // the schedule's issue order.
+  struct Region {
+    int64_t segments = 0;
+    int64_t micro_batches = 0;
+    int64_t calls = 0;
+    int64_t off_schedule_calls = 0;
+  };
+  std::map<std::string, Region> regions;
 };
 
 ApplySummary MergeReports(const std::string& dir) {
@@ -122,6 +133,16 @@ ApplySummary MergeReports(const std::string& dir) {
     s.max_rel_diff = std::max(s.max_rel_diff, v.value("max_rel_diff", 0.0));
     if (!v.value("worst", "").empty() && s.worst.empty()) s.worst = v.value("worst", "");
     if (!v.value("ok", false)) s.verify_ok = false;
+    const nlohmann::json regions = r.value("regions", nlohmann::json::object());
+    if (!regions.is_object()) continue;
+    for (auto it = regions.begin(); it != regions.end(); ++it) {
+      if (!it.value().is_object()) continue;
+      ApplySummary::Region& g = s.regions[it.key()];
+      g.segments = it.value().value("segments", int64_t{0});
+      g.micro_batches = it.value().value("micro_batches", int64_t{0});
+      g.calls += it.value().value("calls", int64_t{0});
+      g.off_schedule_calls += it.value().value("off_schedule_calls", int64_t{0});
+    }
   }
   return s;
 }
@@ -160,6 +181,18 @@ int Summarize(const ApplyArgs& args, const std::string& report_dir, int exit_cod
               << " original calls of " << r.units << " modules"
               << (r.ran_model > 1 ? " in " + std::to_string(r.ran_model) + " processes" : "")
               << "\n";
+    // Whether the calls ran the schedule the prediction simulated.
+    for (const auto& [path, g] : r.regions) {
+      std::cerr << "dynaflow apply: " << Shorten(path, 200) << " ran staggered ("
+                << g.segments << " segments x " << g.micro_batches
+                << " micro-batches) in the predicted order in " << g.calls - g.off_schedule_calls
+                << " of " << g.calls << " calls";
+      if (g.off_schedule_calls > 0) {
+        std::cerr << "; the others called its stage modules another number of times than the "
+                     "traced program";
+      }
+      std::cerr << "\n";
+    }
   }
   if (!args.verify) return exit_code;
   char line[160];

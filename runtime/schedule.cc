@@ -203,4 +203,23 @@ StatusOr<Schedule> BuildDualBatchOverlap(std::vector<Stage> stages) {
   return BuildMicroBatchSplit(std::move(stages), 2);
 }
 
+StatusOr<Schedule> BuildStaggeredRegion(int segments, int micro_batches) {
+  if (segments < 1 || micro_batches < 1) {
+    return Status::BadInput("a staggered region needs at least one segment and one micro-batch, got " +
+                            std::to_string(segments) + " and " + std::to_string(micro_batches));
+  }
+  ScheduleBuilder builder(micro_batches);
+  const TaskFn nothing = [](TaskContext&) { return Status::Ok(); };
+  for (int j = 0; j < segments; ++j) {
+    for (int i = 0; i < micro_batches; ++i) {
+      std::vector<TaskId> deps;
+      if (j > 0) deps.push_back((j - 1) * micro_batches + i);
+      if (i > 0) deps.push_back(j * micro_batches + i - 1);
+      builder.Add("seg" + std::to_string(j) + "/mb" + std::to_string(i), i, std::move(deps),
+                  nothing, i);
+    }
+  }
+  return std::move(builder).Build();
+}
+
 }  // namespace dynaflow::runtime

@@ -136,4 +136,21 @@ inline constexpr int kComputeStream = 0;
 inline constexpr int kCommStream = 1;
 StatusOr<Schedule> BuildDualBatchOverlap(std::vector<Stage> stages);
 
+// Nano-batch overlap across a split region (NanoFlow): the region (for a
+// decoder, the whole layer stack) runs once per micro-batch, micro-batch i on
+// stream i, and is cut at the plan's stage boundaries into `segments`
+// consecutive segments. Task (segment j, micro-batch i) has id
+// j * micro_batches + i, is named "seg<j>/mb<i>", and depends on (j - 1, i),
+// its own stream's previous segment, and on (j, i - 1), the stagger: micro-
+// batch i runs segment j once micro-batch i - 1 has finished it, so segment j
+// of micro-batch i runs beside segment j + 1 of micro-batch i - 1 (with
+// stages that alternate attention and MLP, the attention of one beside the
+// MLP of the other). The issue order is segment by segment.
+//
+// The tasks' callbacks do nothing: the region's own code does the work, on
+// one host thread per micro-batch that a RegionSequencer (sequencer.h) turns
+// through this issue order. The simulator predicts this same object
+// (analysis/sim/region_split.h), so prediction and execution cannot drift.
+StatusOr<Schedule> BuildStaggeredRegion(int segments, int micro_batches);
+
 }  // namespace dynaflow::runtime

@@ -145,5 +145,23 @@ TEST(ScheduleBuildersTest, DualBatchOverlapPutsCommunicationOnItsOwnStream) {
   EXPECT_NE(st.message().find("'moe' is on stream 2"), std::string::npos) << st.message();
 }
 
+TEST(ScheduleBuildersTest, StaggeredRegionRunsEachMicroBatchOnItsStreamOneSegmentBehind) {
+  auto s = BuildStaggeredRegion(3, 2);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  ASSERT_EQ(s->size(), 6);
+  EXPECT_EQ(s->task(3).name, "seg1/mb1");
+  EXPECT_EQ(s->task(3).stream, 1);
+  EXPECT_EQ(s->task(3).micro_batch, 1);
+  EXPECT_EQ(s->task(3).deps, (Ids{1, 2}));  // its own previous segment, then the stagger
+  EXPECT_EQ(ToVector(s->issue_order()), (Ids{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(ToVector(s->stream_queue(0)), (Ids{0, 2, 4}));
+  EXPECT_EQ(ToVector(s->stream_queue(1)), (Ids{1, 3, 5}));
+  EXPECT_EQ(ToVector(s->cross_stream_waits(3)), (Ids{2}));
+  EXPECT_TRUE(s->signals(2));
+  EXPECT_FALSE(s->signals(3));
+  EXPECT_EQ(BuildStaggeredRegion(0, 2).status().code(), StatusCode::kBadInput);
+  EXPECT_EQ(BuildStaggeredRegion(2, 0).status().code(), StatusCode::kBadInput);
+}
+
 }  // namespace
 }  // namespace dynaflow::runtime

@@ -3,11 +3,12 @@
 For each family (Llama, Qwen2, Mixtral, GPT-2; tiny, built from configs with
 random weights by tests/hf/hf_models.py, nothing downloaded): trace a forward
 with `dynaflow trace`, force a 2-way split with `dynaflow advise
---force-strategy nanobatch_overlap --splits 2`, then run every usage pattern
-(model(ids), a decode loop with past_key_values, generate(), a static cache,
-left padding) unmodified and under `dynaflow apply --verify`: every layer call
-planned, --verify passing, the same tokens and logits within float32's
-tolerance. Llama also runs in process (`dynaflow.apply(model, plan)`), with
+--force-strategy nanobatch_overlap --splits 2`, whose unit is the decoder
+stack cut at its layers' attention and MLP (a staggered region), then run
+every usage pattern (model(ids), a decode loop with past_key_values,
+generate(), a static cache, left padding) unmodified and under `dynaflow apply
+--verify`: every stack call planned and run in the schedule's issue order,
+--verify passing, the same tokens and logits within float32's tolerance. Llama also runs in process (`dynaflow.apply(model, plan)`), with
 and without torch.compile; and once under torch.inference_mode().
 
 Env (ctest sets them): DYNAFLOW_BIN, DYNAFLOW_SOURCE_DIR, DYNAFLOW_PYTHON (a
@@ -31,17 +32,20 @@ MODELS = os.path.join(SRC, "tests", "hf", "hf_models.py")
 # cpu in CI; scripts/device/gpu_truth.sh sets cuda (the runtime's stream path).
 DEVICE = ["--device", os.environ.get("DYNAFLOW_HF_DEVICE", "cpu")]
 
-# family -> (root class, the decoder layers the forced plan must split)
+# family -> (the decoder stack the forced plan splits, its layers' list)
 FAMILIES = {
-    "llama": "LlamaForCausalLM.model.layers.*",
-    "qwen2": "Qwen2ForCausalLM.model.layers.*",
-    "mixtral": "MixtralForCausalLM.model.layers.*",
-    "gpt2": "GPT2LMHeadModel.transformer.h.*",
+    "llama": ("LlamaForCausalLM.model", "LlamaForCausalLM.model.layers.*"),
+    "qwen2": ("Qwen2ForCausalLM.model", "Qwen2ForCausalLM.model.layers.*"),
+    "mixtral": ("MixtralForCausalLM.model", "MixtralForCausalLM.model.layers.*"),
+    "gpt2": ("GPT2LMHeadModel.transformer", "GPT2LMHeadModel.transformer.h.*"),
 }
+# The layers' children that cut the stack into segments.
+STAGES = {"gpt2": ("attn", "mlp")}
 PATTERNS = ("forward", "decode_loop", "generate", "static_cache", "left_padding")
-# Layer calls of one run of every pattern: 2 layers x (1 forward + 4 loop
-# steps + 3 generate steps x 3 patterns).
-LAYER_CALLS = 2 * (1 + 4 + 3 * 3)
+# Stack calls of one run of every pattern: 1 forward + 4 loop steps + 3
+# generate steps x 3 patterns; each layer is called once per stack call.
+STACK_CALLS = 1 + 4 + 3 * 3
+LAYER_CALLS = 2 * STACK_CALLS
 RTOL, ATOL = 1e-4, 1e-5  # float32, as dynaflow apply --verify
 
 
@@ -91,8 +95,11 @@ class HfApplyTest(unittest.TestCase):
 
         with open(plan) as f:
             p = json.load(f)
-        modules = [m for rule in p["partition_rules"] for m in rule["modules"]]
-        self.assertEqual(modules, [FAMILIES[family]])
+        unit, layers = FAMILIES[family]
+        stages = [f"{layers}.{c}" for c in STAGES.get(family, ("self_attn", "mlp"))]
+        rules = {r["role"]: r["modules"] for r in p["partition_rules"]}
+        self.assertEqual(rules, {"split": [unit], "stage": stages})
+        self.assertEqual(p["buckets"][0]["segments"], 4)  # 2 layers x 2 stages
         self.assertRegex(p["model"]["module_fingerprint"], "^[0-9a-f]{16}$")
         return plan
 
@@ -109,12 +116,16 @@ class HfApplyTest(unittest.TestCase):
         r = run(BIN, "apply", "--verify", "--strict", plan, "--", PY, MODELS, "--family", family,
                 "--out", out, *DEVICE, *extra)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn(f"dynaflow apply: {LAYER_CALLS} planned and 0 original calls of 2 modules",
+        self.assertIn(f"dynaflow apply: {STACK_CALLS} planned and 0 original calls of 1 modules",
                       r.stderr)
+        # Every call ran the schedule the simulator predicts, in its order.
+        self.assertIn(f"dynaflow apply: {FAMILIES[family][0]} ran staggered (4 segments x 2 "
+                      f"micro-batches) in the predicted order in {STACK_CALLS} of "
+                      f"{STACK_CALLS} calls", r.stderr)
         verify = re.search(r"^verify: max_abs_diff=(\S+) max_rel_diff=(\S+) \((\d+) calls\)$",
                            r.stdout, re.M)
         self.assertIsNotNone(verify, r.stdout)
-        self.assertEqual(int(verify.group(3)), LAYER_CALLS)
+        self.assertEqual(int(verify.group(3)), STACK_CALLS)
         self.assertLess(float(verify.group(1)), 1e-4)
         self.assertNotIn("FAILED", r.stderr)
         compare(self, base, out)
@@ -131,25 +142,48 @@ class HfApplyTest(unittest.TestCase):
     def test_gpt2(self):
         self.check_family("gpt2")
 
-    def test_llama_whole_decoder_stack_as_one_unit(self):
-        # The plan's unit is the decoder stack (LlamaForCausalLM.model),
-        # called by keywords only, which makes its own DynamicCache when none
-        # is passed: each micro-batch runs every layer with no join between
-        # layers, and the caches they make are stacked by rows.
+    def test_llama_layers_as_units_without_stagger(self):
+        # A plan whose units are the layers themselves and that has no stage
+        # rule: each layer call splits and joins, its micro-batches side by
+        # side (the layer's own DynamicCache slices merged back per call).
         import json
 
         with open(self.plan_for("llama")) as f:
             p = json.load(f)
-        p["partition_rules"][0]["modules"] = ["LlamaForCausalLM.model"]
-        region = self.path("llama_region.json")
-        with open(region, "w") as f:
+        p["partition_rules"] = [dict(p["partition_rules"][0],
+                                     modules=[FAMILIES["llama"][1]])]
+        p["buckets"][0]["rules"] = [p["partition_rules"][0]["name"]]
+        del p["buckets"][0]["segments"]
+        layers = self.path("llama_layers.json")
+        with open(layers, "w") as f:
             json.dump(p, f)
-        out = self.path("llama_region.pt")
-        r = run(BIN, "apply", "--verify", "--strict", region, "--", PY, MODELS, "--family",
+        out = self.path("llama_layers.pt")
+        r = run(BIN, "apply", "--verify", "--strict", layers, "--", PY, MODELS, "--family",
                 "llama", "--out", out, *DEVICE)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("dynaflow apply: 14 planned and 0 original calls of 1 modules", r.stderr)
+        self.assertIn(f"dynaflow apply: {LAYER_CALLS} planned and 0 original calls of 2 modules",
+                      r.stderr)
+        self.assertNotIn("staggered", r.stderr)
         compare(self, self.base_for("llama"), out)
+
+    def test_a_model_with_other_stage_modules_is_refused_before_it_runs(self):
+        # The plan cuts the stack into 4 segments; a 3-layer model would run
+        # 6: another schedule than the predicted one, refused at attach.
+        import json
+
+        with open(self.plan_for("llama")) as f:
+            p = json.load(f)
+        p["buckets"][0]["segments"] = 6
+        other = self.path("llama_other.json")
+        with open(other, "w") as f:
+            json.dump(p, f)
+        r = run(BIN, "apply", "--strict", other, "--", PY, MODELS, "--family", "llama",
+                "--patterns", "forward", *DEVICE)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("LlamaForCausalLM.model: the plan cuts it into 6 segments at "
+                      "LlamaForCausalLM.model.layers.*.self_attn and others, this model has 4 "
+                      "such modules", r.stderr)
+        self.assertNotIn("tokens", r.stdout)  # the program never ran a forward
 
     def test_llama_under_inference_mode(self):
         # Inference tensors have no version counters: shared inputs are
@@ -164,7 +198,11 @@ class HfApplyTest(unittest.TestCase):
         r = run(PY, MODELS, "--family", "llama", "--apply", self.plan_for("llama"), "--out", out,
                 *DEVICE, *extra, env=env)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn(f"in-process: {LAYER_CALLS} planned and 0 original calls", r.stdout)
+        self.assertIn(f"in-process: {STACK_CALLS} planned and 0 original calls", r.stdout)
+        # The executed order of every call is the schedule's issue order.
+        self.assertIn("in-process: LlamaForCausalLM.model ran 14 calls, 0 off schedule, "
+                      "executed [[0, 0, 0], [0, 1, 1], [1, 0, 0], [1, 1, 1], [2, 0, 0], [2, 1, 1], "
+                      "[3, 0, 0], [3, 1, 1]]", r.stdout)
         compare(self, self.base_for("llama"), out)
 
     @unittest.skipUnless(RUNTIME, "needs the built runtime library")

@@ -1,5 +1,7 @@
 #include "analysis/advisor/advisor.h"
 
+#include "analysis/sim/region_split.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -316,6 +318,28 @@ std::vector<std::string> SplitUnits(const std::vector<std::string>& modules) {
   return units;
 }
 
+// The split region of the step graph's tasks (module paths in launch order).
+std::optional<SplitRegion> RegionOfGraph(const Trace& trace, const StepGraph& g) {
+  std::vector<ModuleTime> calls;
+  calls.reserve(g.host_order.size());
+  for (int32_t t : g.host_order) {
+    const SimTask& task = g.tasks[static_cast<size_t>(t)];
+    if (task.module != 0) calls.push_back({trace.strings.Get(task.module), task.dur_us});
+  }
+  return FindSplitRegion(calls);
+}
+
+// The split region of the trace's operators (by start), for a trace without
+// GPU work. Each operator weighs one: CPU times hold one-off warm-up (the
+// first projection of a tiny model took 88 ms of a 100 ms run).
+std::optional<SplitRegion> RegionOfOperators(const Trace& trace) {
+  std::vector<ModuleTime> calls;
+  for (const Operator& op : trace.ops) {
+    if (op.module_path != 0) calls.push_back({trace.strings.Get(op.module_path), 1.0});
+  }
+  return FindSplitRegion(calls);
+}
+
 bool SplitsBatch(Strategy s) {
   return s == Strategy::kNanobatchOverlap || s == Strategy::kDualBatchOverlap;
 }
@@ -345,6 +369,16 @@ void ForceWithoutGraph(const Trace& trace, const AdviseOptions& opt, Plan& plan)
   plan.splits = opt.splits > 0 ? opt.splits : 2;
   PlanBucket& only = plan.buckets.front();
   only.splits = plan.splits;
+  const std::optional<SplitRegion> region =
+      plan.strategy == Strategy::kNanobatchOverlap ? RegionOfOperators(trace) : std::nullopt;
+  if (region && region->segments > 0) {
+    const std::string s = StrategyName(plan.strategy);
+    plan.partition_rules = {{s + ".split", "split", {}, {region->unit}},
+                            {s + ".stage", "stage", {}, region->stages}};
+    only.rules = {s + ".split", s + ".stage"};
+    only.segments = region->segments;
+    return;
+  }
   if (units.empty()) return;
   PlanRule rule{std::string(StrategyName(plan.strategy)) + ".split", "split", {}, std::move(units)};
   only.rules = {rule.name};
@@ -370,6 +404,7 @@ std::vector<PlanRule> RulesFor(const Candidate& c) {
       break;
     case Strategy::kNanobatchOverlap:
       add("split", {}, SplitUnits(p.modules));
+      add("stage", {}, p.stages);
       add("compute", p.compute_ops, {});
       add("memory", p.memory_ops, {});
       add("communication", p.communication_ops, {});
@@ -528,6 +563,8 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
   CandidateContext ctx;
   ctx.trace = &trace;
   ctx.graph = &graph;
+  const std::optional<SplitRegion> region = RegionOfGraph(trace, graph);
+  ctx.region = region ? &*region : nullptr;
   ctx.peaks = dr.peaks;
   ctx.params = opt.sim;
 
@@ -600,6 +637,7 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
     b.strategy = strategy_at(rep);
     b.splits = splits_at(rep);
     b.streams = StreamsFor(b.strategy);
+    if (e.cand.strategy == b.strategy) b.segments = e.cand.partition.segments;
     b.predicted_speedup = e.speedup;
     b.baseline_step_us = baseline * evals[rep].front().makespan_us / seq_observed;
     b.predicted_step_us = b.baseline_step_us / e.speedup;

@@ -178,8 +178,8 @@ TEST(AdvisorTest, ForcedStrategyAndEmptyTraces) {
 }
 
 // A CPU run (operators with module paths, no GPU activity): a forced split
-// plan still names the repeated blocks to split, busiest first, so that
-// `dynaflow apply` can run it.
+// plan still names the split region (the blocks' parent, cut at the blocks'
+// children), so that `dynaflow apply` can run it.
 TEST(AdvisorTest, ForcedSplitWithoutGpuActivityNamesRepeatedBlocks) {
   Trace trace;
   auto op = [&trace](const char* name, const char* module, TimeNs start, TimeNs end) {
@@ -199,14 +199,19 @@ TEST(AdvisorTest, ForcedSplitWithoutGpuActivityNamesRepeatedBlocks) {
   opt.splits = 3;
   const AdviceResult a = Advise(trace, {"cpu.db"}, opt);
   EXPECT_EQ(a.plan.splits, 3);
-  ASSERT_EQ(a.plan.partition_rules.size(), 1u);
+  ASSERT_EQ(a.plan.partition_rules.size(), 2u);
   const PlanRule& rule = a.plan.partition_rules[0];
   EXPECT_EQ(rule.name, "nanobatch_overlap.split");
   EXPECT_EQ(rule.role, "split");
-  EXPECT_EQ(rule.modules, (std::vector<std::string>{"Lm.blocks.*", "Lm.heads.*"}));
+  EXPECT_EQ(rule.modules, (std::vector<std::string>{"Lm"}));
+  const PlanRule& stage = a.plan.partition_rules[1];
+  EXPECT_EQ(stage.role, "stage");
+  EXPECT_EQ(stage.modules, (std::vector<std::string>{"Lm.blocks.*.attn", "Lm.blocks.*.mlp"}));
   ASSERT_EQ(a.plan.buckets.size(), 1u);
   EXPECT_EQ(a.plan.buckets[0].splits, 3);
-  EXPECT_EQ(a.plan.buckets[0].rules, (std::vector<std::string>{"nanobatch_overlap.split"}));
+  EXPECT_EQ(a.plan.buckets[0].segments, 2);  // blocks.0.attn, blocks.1.mlp
+  EXPECT_EQ(a.plan.buckets[0].rules,
+            (std::vector<std::string>{"nanobatch_overlap.split", "nanobatch_overlap.stage"}));
   EXPECT_TRUE(ValidatePlanJson(PlanToJson(a.plan)).ok());
   EXPECT_TRUE(SplitsModules(a.plan));
   EXPECT_EQ(a.plan.module_fingerprint, "");  // the trace recorded none

@@ -9,8 +9,8 @@ namespace {
 
 using nlohmann::json;
 
-const std::vector<std::string> kRoles = {"split",       "compute",    "memory", "communication",
-                                         "copy",        "side_stream", "fused"};
+const std::vector<std::string> kRoles = {"split", "stage",       "compute", "memory",
+                                         "communication", "copy", "side_stream", "fused"};
 const std::vector<std::string> kStreamRoles = {"compute", "memory", "communication"};
 
 json Strings(const std::vector<std::string>& v) { return json(v); }
@@ -197,6 +197,7 @@ json PlanToJson(const Plan& p) {
                        {"baseline_step_us", b.baseline_step_us},
                        {"predicted_step_us", b.predicted_step_us},
                        {"extra_memory_bytes", b.extra_memory_bytes}});
+    if (b.segments > 0) buckets.back()["segments"] = b.segments;
   }
   json out = {{"schema", p.schema},
               {"generator", p.generator},
@@ -281,7 +282,7 @@ Status ValidatePlanJson(const json& j) {
   for (size_t i = 0; i < buckets.size(); ++i) {
     const json& b = buckets[i];
     const std::string w = "buckets[" + std::to_string(i) + "]";
-    DF_RETURN_IF_ERROR(Object(b, w, PlanBucketRequiredKeys(), {}));
+    DF_RETURN_IF_ERROR(Object(b, w, PlanBucketRequiredKeys(), {"segments"}));
     DF_RETURN_IF_ERROR(Number(b["min_tokens"], w + ".min_tokens", 0, PlanLimits::kMaxCount));
     if (!b["max_tokens"].is_null()) {
       DF_RETURN_IF_ERROR(Number(b["max_tokens"], w + ".max_tokens", 0, PlanLimits::kMaxCount));
@@ -290,6 +291,9 @@ Status ValidatePlanJson(const json& j) {
     }
     DF_RETURN_IF_ERROR(Enum(b["strategy"], w + ".strategy", StrategyNames()));
     DF_RETURN_IF_ERROR(Integer(b["splits"], w + ".splits", 1, PlanLimits::kMaxSplits));
+    if (b.contains("segments")) {
+      DF_RETURN_IF_ERROR(Integer(b["segments"], w + ".segments", 1, PlanLimits::kMaxSegments));
+    }
     DF_RETURN_IF_ERROR(StringArray(b["rules"], w + ".rules"));
     for (const json& r : b["rules"]) {
       DF_RETURN_IF_ERROR(Expect(rule_names.count(r.get<std::string>()) > 0, w + ".rules",
@@ -358,6 +362,7 @@ StatusOr<Plan> PlanFromJson(const json& j) {
     if (!b["max_tokens"].is_null()) pb.max_tokens = b["max_tokens"].get<double>();
     ParseStrategy(b["strategy"].get<std::string>(), &pb.strategy);
     pb.splits = b["splits"].get<int>();
+    pb.segments = b.value("segments", 0);
     pb.rules = b["rules"].get<std::vector<std::string>>();
     for (const json& s : b["streams"]) pb.streams.push_back({s["id"].get<int>(), s["role"].get<std::string>()});
     pb.predicted_speedup = b["predicted_speedup"].get<double>();

@@ -35,13 +35,20 @@ struct PlanLimits {
   static constexpr size_t kMaxItems = 4096;   // operators, modules, traces, a bucket's rules
   static constexpr size_t kMaxRules = 256;    // partition_rules
   static constexpr size_t kMaxBuckets = 64;   // advise writes one per workload point, ~10
+  // Segments of a staggered region: stage calls per forward (two per layer of
+  // a 128-layer model is 256); `apply` keeps one CUDA event per segment and
+  // micro-batch.
+  static constexpr int kMaxSegments = 4096;
   static constexpr int64_t kMaxInt = 2147483647;  // rank, device, sm_count (C int)
   static constexpr int64_t kMaxCount = 9007199254740991;  // kernels_per_step: 2^53-1
 };
 
 struct PlanRule {
   std::string name;  // "<strategy>.<role>", referenced by buckets
-  std::string role;  // split | compute | memory | communication | copy | side_stream | fused
+  // split | stage | compute | memory | communication | copy | side_stream | fused.
+  // A bucket with `segments` names a split rule (the unit) and a stage rule
+  // (the module patterns whose calls cut the unit into segments).
+  std::string role;
   std::vector<std::string> operators;
   std::vector<std::string> modules;
   friend bool operator==(const PlanRule&, const PlanRule&) = default;
@@ -58,6 +65,10 @@ struct PlanBucket {
   std::optional<double> max_tokens;  // none: no upper bound
   Strategy strategy = Strategy::kSequential;
   int splits = 1;
+  // > 0: the split unit runs as runtime::BuildStaggeredRegion(segments,
+  // splits), the schedule the prediction simulated. 0: absent (each unit call
+  // runs its micro-batches side by side, unstaggered).
+  int segments = 0;
   std::vector<std::string> rules;  // PlanRule names
   std::vector<PlanStream> streams;
   double predicted_speedup = 1;

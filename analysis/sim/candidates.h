@@ -13,10 +13,12 @@
 //                       launches disappear, their work hides in the collective
 //   dual_batch_overlap  two micro-batches; one computes (one SM stream shared)
 //                       while the other communicates (vLLM DBO, SGLang TBO)
-//   nanobatch_overlap   k nano-batches; at most one task per bound resource runs
-//                       at a time, so differently-bound work of different
-//                       nano-batches overlaps (GEMM with decode attention with
-//                       collectives: NanoFlow)
+//   nanobatch_overlap   k nano-batches; with module paths, the split region
+//                       staggered by one segment (region_split.h: the object
+//                       `apply` executes); without, at most one task per bound
+//                       resource at a time, so differently-bound work of
+//                       different nano-batches overlaps (GEMM with decode
+//                       attention with collectives: NanoFlow)
 // A generator returns nullopt where its strategy does not apply (no collective,
 // nothing to fuse, nothing to split).
 #pragma once
@@ -57,6 +59,10 @@ struct Partition {
   std::vector<std::string> copy_ops;
   std::vector<std::string> side_stream;   // operators moved to a side stream
   std::vector<std::string> fused;         // operators fused into one kernel
+  // A staggered region (region_split.h): the module patterns whose calls cut
+  // the split unit (`modules`, one path) into `segments` segments.
+  std::vector<std::string> stages;
+  int segments = 0;
 };
 
 struct Candidate {
@@ -67,6 +73,8 @@ struct Candidate {
   Partition partition;
 };
 
+struct SplitRegion;
+
 struct CandidateContext {
   const Trace* trace = nullptr;  // for names
   const StepGraph* graph = nullptr;
@@ -74,6 +82,10 @@ struct CandidateContext {
   SimParams params;
   double scale = 1.0;  // tokens of the bucket / observed tokens
   int splits = 2;      // nano-batches (dual-batch overlap always uses 2)
+  // The step's split region (FindSplitRegion), when its tasks have module
+  // paths: nano-batch overlap then simulates the staggered schedule `apply`
+  // runs. Null: the kernel-level model below, which no `apply` can run.
+  const SplitRegion* region = nullptr;
 };
 
 std::optional<Candidate> MakeSequential(const CandidateContext& ctx);

@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "analysis/sim/candidates.h"
+#include "analysis/sim/region_split.h"
 
 namespace dynaflow {
 namespace {
@@ -36,16 +37,22 @@ std::optional<Candidate> MakeNanobatchOverlap(const CandidateContext& ctx) {
   Candidate c;
   c.strategy = Strategy::kNanobatchOverlap;
   c.splits = k;
-  c.schedule = sim_internal::BuildSplit(ctx, k, 4, [](const SimTask& t) -> int32_t {
-                 switch (t.resource) {
-                   case Resource::kCompute: return 0;
-                   case Resource::kMemory: return LightKind(t.kind) ? -1 : 1;
-                   case Resource::kLatency: return -1;
-                   case Resource::kCommunication: return 2;
-                   case Resource::kCopy: return 3;
-                 }
-                 return 1;
-               }).schedule;
+  std::optional<RegionSchedule> staggered;
+  if (ctx.region != nullptr) staggered = BuildRegionSplit(ctx, *ctx.region, k);
+  if (staggered) {
+    c.schedule = std::move(staggered->schedule);
+  } else {
+    c.schedule = sim_internal::BuildSplit(ctx, k, 4, [](const SimTask& t) -> int32_t {
+                   switch (t.resource) {
+                     case Resource::kCompute: return 0;
+                     case Resource::kMemory: return LightKind(t.kind) ? -1 : 1;
+                     case Resource::kLatency: return -1;
+                     case Resource::kCommunication: return 2;
+                     case Resource::kCopy: return 3;
+                   }
+                   return 1;
+                 }).schedule;
+  }
   c.extra_memory_bytes = (k - 1) * sim_internal::kStreamWorkspaceBytes +
                          activation * ctx.scale * (k - 1) / k;
   c.partition.split = "batch";
@@ -59,7 +66,13 @@ std::optional<Candidate> MakeNanobatchOverlap(const CandidateContext& ctx) {
   c.partition.memory_ops = sim_internal::TopNames(ctx, of(Resource::kMemory), false);
   c.partition.communication_ops = sim_internal::TopNames(ctx, of(Resource::kCommunication), false);
   c.partition.copy_ops = sim_internal::TopNames(ctx, of(Resource::kCopy), false);
-  c.partition.modules = sim_internal::TopNames(ctx, [](const SimTask& t) { return t.token_scaled; }, true);
+  if (staggered) {
+    c.partition.modules = {ctx.region->unit};
+    c.partition.stages = ctx.region->stages;
+    c.partition.segments = ctx.region->segments;
+  } else {
+    c.partition.modules = sim_internal::TopNames(ctx, [](const SimTask& t) { return t.token_scaled; }, true);
+  }
   return c;
 }
 

@@ -9,7 +9,9 @@
 #include "analysis/roofline/device_table.h"
 #include "analysis/sim/candidates.h"
 #include "analysis/sim/physical_bound.h"
+#include "analysis/sim/region_split.h"
 #include "analysis/sim/simulator.h"
+#include "runtime/schedule.h"
 #include "analysis/sim/synthetic_trace.h"
 
 namespace dynaflow {
@@ -541,6 +543,88 @@ TEST(CandidatesTest, ApplyWhereTheyShould) {
   EXPECT_EQ(nano->partition.memory_ops.front(), "aten::_scaled_dot_product_flash_attention");
   EXPECT_EQ(nano->partition.compute_ops.front(), "aten::mm");
   EXPECT_GT(nano->extra_memory_bytes, 0);
+}
+
+// Nano-batch overlap as `apply` runs it: the decoder stack ("model") split in
+// two micro-batches that flow through all layers, cut at the attention and
+// MLP calls and staggered by one segment. The simulated schedule is the
+// runtime's: the host issues the segments in its issue order, each segment
+// starts only after the one it waits for in the runtime schedule, and the
+// micro-batches' work lands on their own lanes.
+TEST(CandidatesTest, RegionSplitSimulatesTheRuntimeSchedule) {
+  Built decode = Build(testing::LlamaDecode(512, 1024, 4, 3));
+  std::vector<ModuleTime> calls;
+  for (int32_t t : decode.graph.host_order) {
+    const SimTask& task = decode.graph.tasks[static_cast<size_t>(t)];
+    if (task.module != 0) calls.push_back({decode.trace.strings.Get(task.module), task.dur_us});
+  }
+  const std::optional<SplitRegion> region = FindSplitRegion(calls);
+  ASSERT_TRUE(region.has_value());
+  EXPECT_EQ(region->unit, "model");
+  EXPECT_EQ(region->stages,
+            (std::vector<std::string>{"model.layers.*.self_attn", "model.layers.*.mlp"}));
+  EXPECT_EQ(region->segments, 8);
+
+  CandidateContext ctx;
+  ctx.trace = &decode.trace;
+  ctx.graph = &decode.graph;
+  ctx.peaks = decode.res[0].peaks;
+  ctx.region = &*region;
+  ctx.splits = 2;
+  const std::optional<RegionSchedule> split = BuildRegionSplit(ctx, *region, 2);
+  ASSERT_TRUE(split.has_value());
+  const Schedule& sim = split->schedule;
+  auto runtime_schedule = runtime::BuildStaggeredRegion(region->segments, 2);
+  ASSERT_TRUE(runtime_schedule.ok());
+  auto runtime_task = [&](int32_t node) { return split->runtime_task[static_cast<size_t>(node)]; };
+  // The host issues whole segments in the runtime schedule's issue order.
+  std::vector<int> issued;
+  for (int32_t node : sim.host_order) {
+    const int rt = runtime_task(node);
+    if (rt >= 0 && (issued.empty() || issued.back() != rt)) issued.push_back(rt);
+  }
+  const auto order = runtime_schedule->issue_order();
+  EXPECT_EQ(issued, std::vector<int>(order.begin(), order.end()));
+
+  const SimResult r = Simulate(sim, ctx.params);
+  ASSERT_TRUE(r.ok) << r.stall;
+  // Per runtime task: its simulated span; each starts after the tasks it waits for end.
+  std::vector<double> start(order.size(), 1e300), end(order.size(), 0);
+  int outside = 0;
+  for (size_t i = 0; i < sim.nodes.size(); ++i) {
+    const int rt = runtime_task(static_cast<int32_t>(i));
+    if (rt < 0) {
+      ++outside;
+      continue;
+    }
+    start[static_cast<size_t>(rt)] = std::min(start[static_cast<size_t>(rt)], r.start_us[i]);
+    end[static_cast<size_t>(rt)] = std::max(end[static_cast<size_t>(rt)], r.end_us[i]);
+    EXPECT_EQ(rt % 2, sim.nodes[i].chain);
+    EXPECT_EQ(sim.nodes[i].lane / static_cast<int32_t>(decode.graph.lane_streams.size()),
+              sim.nodes[i].chain);
+  }
+  EXPECT_GT(outside, 0);  // the residual add after the last call of the unit runs once
+  for (runtime::TaskId t : order) {
+    for (runtime::TaskId w : runtime_schedule->cross_stream_waits(t)) {
+      EXPECT_GE(start[static_cast<size_t>(t)], end[static_cast<size_t>(w)] - 1e-6)
+          << runtime_schedule->task(t).name << " starts before " << runtime_schedule->task(w).name;
+    }
+  }
+  // Micro-batch 1's attention runs beside micro-batch 0's MLP: a gain, within
+  // the step's physical bound.
+  const double seq = Simulate(MakeSequential(ctx)->schedule, ctx.params).makespan_us;
+  EXPECT_LT(r.makespan_us, seq * 0.97);
+  EXPECT_GE(r.makespan_us, BoundOf(sim).bound_us * (1 - 1e-9));
+  auto nano = MakeNanobatchOverlap(ctx);
+  ASSERT_TRUE(nano.has_value());
+  EXPECT_EQ(nano->partition.modules, std::vector<std::string>{"model"});
+  EXPECT_EQ(nano->partition.segments, 8);
+
+  // A plan whose segment count differs from the step's stage calls does not
+  // describe this step: no prediction from it.
+  SplitRegion other = *region;
+  other.segments = 4;
+  EXPECT_FALSE(BuildRegionSplit(ctx, other, 2).has_value());
 }
 
 // A tensor-parallel forward: the all-reduces are consumed at once (no

@@ -11,6 +11,7 @@
 #include "runtime/executor.h"
 #include "runtime/policy.h"
 #include "runtime/schedule.h"
+#include "runtime/sequencer.h"
 #ifdef DYNAFLOW_APPLY_WITH_CUDA
 #include "runtime/cuda/cuda_executor.h"
 #include "runtime/cuda/cudart_api.h"
@@ -66,12 +67,20 @@ StatusOr<runtime::Schedule> BuildSchedule(const char* name, int num_streams, int
   return std::move(builder).Build();
 }
 
+// A staggered region's schedule and the sequencer over it (which refers to it).
+struct RegionHandle {
+  explicit RegionHandle(runtime::Schedule s) : schedule(std::move(s)), sequencer(schedule) {}
+  runtime::Schedule schedule;
+  runtime::RegionSequencer sequencer;
+};
+
 }  // namespace
 }  // namespace dynaflow::apply
 
 using dynaflow::Status;
 using dynaflow::StatusOr;
 using dynaflow::apply::ExecutorHandle;
+using dynaflow::apply::RegionHandle;
 using dynaflow::apply::SetError;
 namespace runtime = dynaflow::runtime;
 
@@ -181,6 +190,97 @@ int dynaflow_apply_policy_pick(const void* policy, int64_t tokens) {
 
 void dynaflow_apply_policy_free(void* policy) {
   delete static_cast<runtime::BucketPolicy*>(policy);
+}
+
+void* dynaflow_apply_region_new(int segments, int micro_batches, char* err, size_t err_len) {
+  if (micro_batches > DYNAFLOW_APPLY_MAX_STREAMS) {
+    SetError(err, err_len, "a region has at most " + std::to_string(DYNAFLOW_APPLY_MAX_STREAMS) +
+                               " micro-batches, not " + std::to_string(micro_batches));
+    return nullptr;
+  }
+  try {
+    StatusOr<runtime::Schedule> schedule = runtime::BuildStaggeredRegion(segments, micro_batches);
+    if (!schedule.ok()) {
+      SetError(err, err_len, schedule.status().message());
+      return nullptr;
+    }
+    return new RegionHandle(std::move(*schedule));
+  } catch (const std::exception& e) {
+    SetError(err, err_len, std::string("cannot build the region: ") + e.what());
+    return nullptr;
+  }
+}
+
+void dynaflow_apply_region_free(void* region) { delete static_cast<RegionHandle*>(region); }
+
+int dynaflow_apply_region_tasks(const void* region, int* streams, int* segments,
+                                int* micro_batches, int* issue_order, int capacity) {
+  if (region == nullptr) return 0;
+  const runtime::Schedule& s = static_cast<const RegionHandle*>(region)->schedule;
+  if (capacity < s.size()) return s.size();
+  const int mbs = static_cast<const RegionHandle*>(region)->sequencer.micro_batches();
+  for (const runtime::Task& t : s.tasks()) {
+    if (streams != nullptr) streams[t.id] = t.stream;
+    if (segments != nullptr) segments[t.id] = t.id / mbs;
+    if (micro_batches != nullptr) micro_batches[t.id] = t.micro_batch;
+  }
+  if (issue_order != nullptr) std::copy(s.issue_order().begin(), s.issue_order().end(), issue_order);
+  return s.size();
+}
+
+void dynaflow_apply_region_reset(void* region) {
+  if (region != nullptr) static_cast<RegionHandle*>(region)->sequencer.Reset();
+}
+
+int dynaflow_apply_region_turn(void* region, int mb, int first, int* task, int* signal, int* waits,
+                               int max_waits, int* num_waits, char* err, size_t err_len) {
+  if (region == nullptr || task == nullptr || signal == nullptr || num_waits == nullptr ||
+      (max_waits > 0 && waits == nullptr)) {
+    SetError(err, err_len, "no region or no output");
+    return DYNAFLOW_APPLY_BAD_INPUT;
+  }
+  try {
+    runtime::RegionSequencer& seq = static_cast<RegionHandle*>(region)->sequencer;
+    StatusOr<runtime::RegionSequencer::Turn> turn = first != 0 ? seq.Begin(mb) : seq.Next(mb);
+    if (!turn.ok()) {
+      SetError(err, err_len, turn.status().message());
+      return turn.status().code() == dynaflow::StatusCode::kBadInput ? DYNAFLOW_APPLY_BAD_INPUT
+                                                                     : DYNAFLOW_APPLY_FAILED;
+    }
+    *task = turn->task;
+    *signal = turn->signal ? 1 : 0;
+    const int n = std::min(static_cast<int>(turn->waits.size()), std::max(0, max_waits));
+    std::copy_n(turn->waits.begin(), n, waits == nullptr ? nullptr : waits);
+    *num_waits = n;
+    return DYNAFLOW_APPLY_OK;
+  } catch (const std::exception& e) {
+    SetError(err, err_len, std::string("region turn: ") + e.what());
+    return DYNAFLOW_APPLY_FAILED;
+  }
+}
+
+void dynaflow_apply_region_finish(void* region, int mb) {
+  if (region != nullptr) static_cast<RegionHandle*>(region)->sequencer.Finish(mb);
+}
+
+void dynaflow_apply_region_abort(void* region, const char* why) {
+  if (region != nullptr) {
+    static_cast<RegionHandle*>(region)->sequencer.Abort(why == nullptr ? "" : why);
+  }
+}
+
+int dynaflow_apply_region_executed(const void* region, int* tasks, int capacity, int* skipped,
+                                   int* extra_boundaries) {
+  if (region == nullptr) return 0;
+  const runtime::RegionSequencer& seq = static_cast<const RegionHandle*>(region)->sequencer;
+  const std::vector<runtime::TaskId> executed = seq.executed();
+  if (tasks != nullptr) {
+    std::copy_n(executed.begin(), std::min(static_cast<int>(executed.size()), std::max(0, capacity)),
+                tasks);
+  }
+  if (skipped != nullptr) *skipped = seq.skipped();
+  if (extra_boundaries != nullptr) *extra_boundaries = seq.extra_boundaries();
+  return static_cast<int>(executed.size());
 }
 
 }  // extern "C"

@@ -78,6 +78,41 @@ DYNAFLOW_APPLY_API void* dynaflow_apply_policy_new(int num_buckets, const int64_
 DYNAFLOW_APPLY_API int dynaflow_apply_policy_pick(const void* policy, int64_t tokens);
 DYNAFLOW_APPLY_API void dynaflow_apply_policy_free(void* policy);
 
+/* A staggered region (runtime/schedule.h BuildStaggeredRegion): `segments`
+ * segments of `micro_batches` micro-batches, with the sequencer that turns
+ * the micro-batches' host threads through its issue order
+ * (runtime/sequencer.h). NULL and err when either count is out of range
+ * (segments >= 1, 1 <= micro_batches <= DYNAFLOW_APPLY_MAX_STREAMS). */
+DYNAFLOW_APPLY_API void* dynaflow_apply_region_new(int segments, int micro_batches, char* err,
+                                                   size_t err_len);
+DYNAFLOW_APPLY_API void dynaflow_apply_region_free(void* region);
+/* The region's schedule as arrays: for task i (0 <= i < num_tasks) its
+ * stream, segment and micro-batch, and its issue order. Returns num_tasks;
+ * writes nothing when `capacity` is smaller. Any array may be NULL. */
+DYNAFLOW_APPLY_API int dynaflow_apply_region_tasks(const void* region, int* streams, int* segments,
+                                                   int* micro_batches, int* issue_order,
+                                                   int capacity);
+/* Starts a call (no thread of the previous one may still run). */
+DYNAFLOW_APPLY_API void dynaflow_apply_region_reset(void* region);
+/* Begin (first = 1) or Next (first = 0) of micro-batch `mb`: blocks until its
+ * next task has its turn, then writes the task (-1: past its last segment),
+ * whether an event must be recorded at its end (*signal), and up to
+ * `max_waits` tasks whose events its stream must wait for (*num_waits).
+ * Returns DYNAFLOW_APPLY_OK, or FAILED/BAD_INPUT with err (aborted, or a
+ * micro-batch outside the call). */
+DYNAFLOW_APPLY_API int dynaflow_apply_region_turn(void* region, int mb, int first, int* task,
+                                                  int* signal, int* waits, int max_waits,
+                                                  int* num_waits, char* err, size_t err_len);
+/* Micro-batch `mb` returned or failed: its remaining tasks are skipped. */
+DYNAFLOW_APPLY_API void dynaflow_apply_region_finish(void* region, int mb);
+/* Wakes every waiting thread with a failure naming `why`. */
+DYNAFLOW_APPLY_API void dynaflow_apply_region_abort(void* region, const char* why);
+/* This call's tasks in the order their turns came (returns the count; writes
+ * up to `capacity`), and how many were skipped and how many boundaries fell
+ * past a micro-batch's last segment. */
+DYNAFLOW_APPLY_API int dynaflow_apply_region_executed(const void* region, int* tasks, int capacity,
+                                                      int* skipped, int* extra_boundaries);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,7 @@
 #include <climits>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -136,6 +137,58 @@ TEST(ApplyAbiTest, PolicyPicksTheBucketOfTheTokenCount) {
   const int two[2] = {0, 0};
   EXPECT_EQ(dynaflow_apply_policy_new(2, unsorted, two, 1, err, sizeof(err)), nullptr);
   EXPECT_NE(std::string(err), "");
+}
+
+}  // namespace
+
+namespace {
+
+// Two host threads turned through a 2-segment, 2-micro-batch region as the
+// Python side turns them: the turns come in the schedule's issue order.
+TEST(ApplyAbiTest, RegionTurnsThreadsThroughItsIssueOrder) {
+  char err[256] = "";
+  void* region = dynaflow_apply_region_new(2, 2, err, sizeof err);
+  ASSERT_NE(region, nullptr) << err;
+  int streams[4], segments[4], mbs[4], order[4];
+  ASSERT_EQ(dynaflow_apply_region_tasks(region, streams, segments, mbs, order, 4), 4);
+  EXPECT_EQ(std::vector<int>(segments, segments + 4), (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(std::vector<int>(streams, streams + 4), (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(std::vector<int>(order, order + 4), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(dynaflow_apply_region_tasks(region, nullptr, nullptr, nullptr, nullptr, 3), 4);
+
+  dynaflow_apply_region_reset(region);
+  auto run = [region](int mb, std::vector<int>* waited) {
+    char e[128];
+    int task = -1, signal = 0, waits[4], n = 0;
+    for (int first = 1;; first = 0) {
+      ASSERT_EQ(dynaflow_apply_region_turn(region, mb, first, &task, &signal, waits, 4, &n, e,
+                                           sizeof e),
+                DYNAFLOW_APPLY_OK)
+          << e;
+      if (task < 0) break;
+      waited->insert(waited->end(), waits, waits + n);
+    }
+    dynaflow_apply_region_finish(region, mb);
+  };
+  std::vector<int> waited0, waited1;
+  std::thread second(run, 1, &waited1);
+  run(0, &waited0);
+  second.join();
+  int executed[4], skipped = -1, extra = -1;
+  ASSERT_EQ(dynaflow_apply_region_executed(region, executed, 4, &skipped, &extra), 4);
+  EXPECT_EQ(std::vector<int>(executed, executed + 4), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(waited1, (std::vector<int>{0, 2}));
+  EXPECT_TRUE(waited0.empty());
+  EXPECT_EQ(skipped, 0);
+  EXPECT_EQ(extra, 2);  // each thread's last Next fell past its last segment
+
+  int task = 0, signal = 0, n = 0;
+  EXPECT_EQ(dynaflow_apply_region_turn(region, 0, 0, &task, &signal, nullptr, 0, &n, err, sizeof err),
+            DYNAFLOW_APPLY_BAD_INPUT);  // finished
+  dynaflow_apply_region_free(region);
+  EXPECT_EQ(dynaflow_apply_region_new(0, 2, err, sizeof err), nullptr);
+  EXPECT_NE(std::string(err).find("at least one segment"), std::string::npos) << err;
+  EXPECT_EQ(dynaflow_apply_region_new(2, 65, err, sizeof err), nullptr);
 }
 
 }  // namespace

@@ -139,6 +139,9 @@ def main():
         a = model._dynaflow_applier.report
         print(f"in-process: {a.planned_calls} planned and {a.original_calls} original calls",
               flush=True)
+        for path, r in a.regions.items():  # [segment, micro-batch, stream] in turn order
+            print(f"in-process: {path} ran {r['calls']} calls, {r['off_schedule_calls']} off "
+                  f"schedule, executed {r['executed']}", flush=True)
     if args.out:
         torch.save(results, args.out)
 

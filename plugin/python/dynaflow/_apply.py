@@ -53,6 +53,7 @@ UNSUPPORTED_STRATEGIES = ("comm_overlap", "fusion")
 # PlanLimits::kMaxSplits): `dynaflow apply` validates it before the program
 # starts; dynaflow.apply(model, plan) in code checks it here.
 MAX_SPLITS = 16
+DYNAFLOW_APPLY_MAX_STREAMS = 64  # plugin/apply/dynaflow_apply.h
 # Names quoted in messages are cut to this many characters.
 _QUOTED = 200
 INT64_MAX = 2**63 - 1
@@ -118,6 +119,31 @@ def split_units(plan):
                 continue
             units.update(dict.fromkeys(rule.get("modules", [])))
     return list(units)
+
+
+def stage_rules(plan):
+    """{splits: (stage patterns, segments)} of the plan's split buckets that
+    run a staggered region (a "stage" rule and a segment count): the unit's
+    micro-batches flow through the whole unit, cut at those stages' calls
+    into `segments` segments (runtime/schedule.h BuildStaggeredRegion)."""
+    rules = _rules_by_name(plan)
+    out = {}
+    for bucket in plan.get("buckets", []):
+        if bucket.get("strategy") not in SPLIT_STRATEGIES or not bucket.get("segments"):
+            continue
+        stages = [m for name in bucket.get("rules", [])
+                  for m in (rules.get(name) or {}).get("modules", [])
+                  if (rules.get(name) or {}).get("role") == "stage"]
+        if stages:
+            out[int(bucket.get("splits", 1))] = (stages, int(bucket["segments"]))
+    return out
+
+
+def stage_modules(unit_path, unit, patterns):
+    """The submodules of `unit` (at `unit_path`) that match a stage pattern,
+    in registration order."""
+    return [m for name, m in unit.named_modules()
+            if name and any(matches(p, f"{unit_path}.{name}") for p in patterns)]
 
 
 def matches(pattern, path):
@@ -271,6 +297,19 @@ class _Runtime:
         lib.dynaflow_apply_policy_pick.argtypes = [vp, ctypes.c_int64]
         lib.dynaflow_apply_policy_pick.restype = ctypes.c_int
         lib.dynaflow_apply_policy_free.argtypes = [vp]
+        lib.dynaflow_apply_region_new.argtypes = [ctypes.c_int, ctypes.c_int] + err
+        lib.dynaflow_apply_region_new.restype = vp
+        lib.dynaflow_apply_region_free.argtypes = [vp]
+        lib.dynaflow_apply_region_tasks.argtypes = [vp, ip, ip, ip, ip, ctypes.c_int]
+        lib.dynaflow_apply_region_tasks.restype = ctypes.c_int
+        lib.dynaflow_apply_region_reset.argtypes = [vp]
+        lib.dynaflow_apply_region_turn.argtypes = [vp, ctypes.c_int, ctypes.c_int, ip, ip, ip,
+                                                   ctypes.c_int, ip] + err
+        lib.dynaflow_apply_region_turn.restype = ctypes.c_int
+        lib.dynaflow_apply_region_finish.argtypes = [vp, ctypes.c_int]
+        lib.dynaflow_apply_region_abort.argtypes = [vp, ctypes.c_char_p]
+        lib.dynaflow_apply_region_executed.argtypes = [vp, ip, ctypes.c_int, ip, ip]
+        lib.dynaflow_apply_region_executed.restype = ctypes.c_int
         self.lib = lib
 
     @staticmethod
@@ -314,6 +353,37 @@ class _Runtime:
 
     def pick(self, policy, tokens):
         return self.lib.dynaflow_apply_policy_pick(policy, tokens)
+
+    def region(self, segments, splits):
+        """A staggered region and its sequencer: (handle, [(segment, micro-batch,
+        stream)] per task, issue order)."""
+        err = ctypes.create_string_buffer(512)
+        h = self.lib.dynaflow_apply_region_new(segments, splits, err, len(err))
+        if not h:
+            raise PlanMismatch(f"runtime: {err.value.decode()}")
+        n = segments * splits
+        streams, segs, mbs, order = (self._ints([0] * n) for _ in range(4))
+        self.lib.dynaflow_apply_region_tasks(h, streams, segs, mbs, order, n)
+        return h, [(segs[i], mbs[i], streams[i]) for i in range(n)], list(order[:n])
+
+    def turn(self, region, mb, first):
+        """(task, signal, waits) once micro-batch `mb`'s next task has its turn."""
+        task, signal, count = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        waits = (ctypes.c_int * DYNAFLOW_APPLY_MAX_STREAMS)()
+        err = ctypes.create_string_buffer(512)
+        rc = self.lib.dynaflow_apply_region_turn(region, mb, 1 if first else 0, ctypes.byref(task),
+                                                 ctypes.byref(signal), waits, len(waits),
+                                                 ctypes.byref(count), err, len(err))
+        if rc != 0:
+            raise RuntimeError(f"dynaflow apply: {err.value.decode()}")
+        return task.value, bool(signal.value), list(waits[:count.value])
+
+    def executed(self, region, capacity):
+        tasks = self._ints([0] * capacity)
+        skipped, extra = ctypes.c_int(), ctypes.c_int()
+        n = self.lib.dynaflow_apply_region_executed(region, tasks, capacity, ctypes.byref(skipped),
+                                                    ctypes.byref(extra))
+        return list(tasks[:min(n, capacity)]), skipped.value, extra.value
 
 
 def bucket_table(plan):
@@ -394,6 +464,21 @@ class Report:
         self.max_rel_diff = 0.0
         self.verify_ok = True
         self.worst = ""
+        self.regions = {}  # unit path -> what its staggered calls ran
+
+    def region_call(self, region, executed, skipped, extra):
+        """One call of a staggered region: the tasks in the order their turns
+        came, against the schedule's issue order (the simulated one)."""
+        as_rows = lambda ids: [list(region.tasks[i]) for i in ids]  # noqa: E731
+        with self.lock:
+            r = self.regions.setdefault(region.path, {
+                "segments": region.segments, "micro_batches": region.splits,
+                "issue_order": as_rows(region.issue_order), "executed": as_rows(executed),
+                "calls": 0, "off_schedule_calls": 0})
+            r["calls"] += 1
+            if executed != region.issue_order or skipped or extra:
+                r["off_schedule_calls"] += 1
+                r["executed"] = as_rows(executed)
 
     def compare_call(self, path, baseline, planned):
         """Compares a planned call with its baseline (`_Baseline`): outputs,
@@ -447,6 +532,7 @@ class Report:
             "units": self.units,
             "planned_calls": self.planned_calls,
             "original_calls": self.original_calls,
+            "regions": self.regions,
         }
         if verify:
             out["verify"] = {
@@ -457,6 +543,108 @@ class Report:
                 "worst": self.worst,
             }
         return out
+
+
+# The staggered region (and micro-batch) the current thread runs, if any:
+# the stage modules' pre-hooks cut segments only there.
+_ON_THREAD = threading.local()
+
+
+class _Region:
+    """One planned unit's staggered schedule for one split count
+    (runtime/schedule.h BuildStaggeredRegion, the object the simulator
+    predicts): the unit's micro-batches each run the whole unit on their own
+    host thread (and CUDA stream), and every call of one of its `stages`
+    after the first in a micro-batch is a segment boundary, where the
+    sequencer (runtime/sequencer.h) hands the turn to the next task in the
+    schedule's issue order. On CUDA a segment that another micro-batch waits
+    for records an event at its end, and the waiting segment's stream waits
+    for it; on the CPU the turn itself orders them."""
+
+    def __init__(self, runtime, path, stages, segments, splits, cuda):
+        self.runtime = runtime
+        self.path = path
+        self.segments = segments
+        self.splits = splits
+        self.handle, self.tasks, self.issue_order = runtime.region(segments, splits)
+        self.cuda = cuda
+        self.current = [None] * splits  # per micro-batch: (task, signal)
+        self.cut = [False] * splits     # per micro-batch: a stage has been called
+        self.hooks = [m.register_forward_pre_hook(self._pre_hook) for m in stages]
+        self.streams = self.events = self.fork = self.ends = None
+        if cuda:
+            import torch
+
+            self.streams = [torch.cuda.Stream() for _ in range(splits)]
+            self.events = [torch.cuda.Event() for _ in self.tasks]
+            self.fork = torch.cuda.Event()
+            self.ends = [torch.cuda.Event() for _ in range(splits)]
+
+    def free(self):
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
+        if self.handle:
+            self.runtime.lib.dynaflow_apply_region_free(self.handle)
+            self.handle = None
+
+    def start_call(self, caller_stream):
+        self.runtime.lib.dynaflow_apply_region_reset(self.handle)
+        self.current = [None] * self.splits
+        self.cut = [False] * self.splits
+        if self.cuda:
+            self.fork.record(caller_stream)
+
+    def end_call(self, caller_stream):
+        if self.cuda:
+            for e in self.ends:
+                caller_stream.wait_event(e)
+
+    def stream(self, mb):
+        return self.streams[mb] if self.cuda else None
+
+    def _take(self, mb, first):
+        task, signal, waits = self.runtime.turn(self.handle, mb, first)
+        if task < 0:
+            return  # past the last segment: stays in it (counted by the sequencer)
+        self.current[mb] = (task, signal)
+        if self.cuda:
+            for w in waits:
+                self.streams[mb].wait_event(self.events[w])
+
+    def _close(self, mb):
+        task, signal = self.current[mb]
+        if signal and self.cuda:
+            self.events[task].record(self.streams[mb])
+
+    def begin(self, mb):
+        if self.cuda:
+            self.streams[mb].wait_event(self.fork)
+        self._take(mb, True)
+
+    def end(self, mb):
+        try:
+            if self.current[mb] is not None:
+                self._close(mb)
+            if self.cuda:
+                self.ends[mb].record(self.streams[mb])
+        finally:
+            self.runtime.lib.dynaflow_apply_region_finish(self.handle, mb)
+
+    def _pre_hook(self, _module, _args):
+        at = getattr(_ON_THREAD, "at", None)
+        if at is None or at[0] is not self:
+            return
+        mb = at[1]
+        if not self.cut[mb]:
+            self.cut[mb] = True  # the first stage call lies inside segment 0
+            return
+        self._close(mb)
+        self._take(mb, False)
+
+    def account(self, report):
+        executed, skipped, extra = self.runtime.executed(self.handle, len(self.tasks))
+        report.region_call(self, executed, skipped, extra)
 
 
 class _PlannedForward:
@@ -479,6 +667,7 @@ class _PlannedForward:
         except (TypeError, ValueError):
             self.signature = None
         self.schedules = {}  # splits -> (schedule handle, task function, state)
+        self.regions = {}    # splits -> _Region, where the plan staggers the unit
         # Under torch.compile the planned call is a graph break: the split,
         # the runtime's threads and streams, and the merge run as they do
         # eagerly, never traced into a graph that would bake in one call's
@@ -495,6 +684,9 @@ class _PlannedForward:
         for handle, _, _ in self.schedules.values():
             self.applier.runtime.lib.dynaflow_apply_schedule_free(handle)
         self.schedules = {}
+        for region in self.regions.values():
+            region.free()
+        self.regions = {}
 
     def __call__(self, *args, **kwargs):
         a = self.applier
@@ -539,15 +731,29 @@ class _PlannedForward:
         # one rank's micro-batch 0 with another's micro-batch 1), so with
         # torch.distributed on the CPU the micro-batches run one after the
         # other. On CUDA every task is launched from this thread, in order.
-        handle, _, shared = self._schedule(split.parts, not a.cuda and _distributed())
+        # A staggered region needs no such care: its sequencer issues the
+        # segments in the schedule's order on every rank, from one host
+        # thread per micro-batch (CPU workers also on CUDA, each on its
+        # micro-batch's stream).
+        region = self.regions.get(split.parts)
+        state["region"] = region
+        ordered = region is None and not a.cuda and _distributed()
+        handle, _, shared = self._schedule(split.parts, ordered)
         shared.update(state)  # what the schedule's task function reads
-        caller = state["caller"].cuda_stream if a.cuda else 0
+        caller = state["caller"].cuda_stream if a.cuda and region is None else 0
+        executor = a.executor if region is None or not a.cuda else a.host_executor
+        if region is not None:
+            region.start_call(state["caller"])
         try:
-            rc, message = a.runtime.run(a.executor, handle, caller, wait=not a.cuda)
+            rc, message = a.runtime.run(executor, handle, caller,
+                                        wait=not a.cuda or region is not None)
             error = shared["error"]
             results = shared["results"]
         finally:
             shared.clear()  # drops the views and results
+        if region is not None:
+            region.end_call(state["caller"])
+            region.account(a.report)
         if error is not None:
             raise error
         if rc != 0:
@@ -589,7 +795,19 @@ class _PlannedForward:
                     modes.enter_context(torch.set_grad_enabled(state["grad"]))
                 if stream:
                     modes.enter_context(torch.cuda.stream(torch.cuda.ExternalStream(stream)))
-                state["results"][mb] = self.original(*split.args[mb], **split.kwargs[mb])
+                region = state["region"]
+                if region is None:
+                    state["results"][mb] = self.original(*split.args[mb], **split.kwargs[mb])
+                    return 0
+                if region.cuda:
+                    modes.enter_context(torch.cuda.stream(region.stream(mb)))
+                _ON_THREAD.at = (region, mb)
+                try:
+                    region.begin(mb)
+                    state["results"][mb] = self.original(*split.args[mb], **split.kwargs[mb])
+                finally:
+                    _ON_THREAD.at = None
+                    region.end(mb)
             return 0
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
             if state.get("error") is None:
@@ -722,6 +940,7 @@ class Applier:
         self.policy = self.runtime.policy(max_tokens, schedules, len(self.splits_of))
         self.cuda = False
         self.executor = None
+        self.host_executor = None  # CPU threads of staggered regions on CUDA
         self.forwards = []
 
     def attach(self, model, strict=False):
@@ -733,9 +952,29 @@ class Applier:
             return self
         param = next(model.parameters(), None)
         self.cuda = param is not None and param.device.type == "cuda"
-        self.executor = self.runtime.executor(self.cuda, max(self.splits_of))
+        staggered = stage_rules(self.plan)
+        # Every unit's stages are counted before anything is installed: a
+        # model whose stage calls differ from the plan's segments would run
+        # another schedule than the one predicted, so the plan is refused.
+        stages = {}
         for path, module in units:
-            self.forwards.append(_PlannedForward(path, module, self))
+            for splits, (patterns, segments) in staggered.items():
+                found = stage_modules(path, module, patterns)
+                if len(found) != segments:
+                    raise PlanMismatch(
+                        f"{_cut(path)}: the plan cuts it into {segments} segments at "
+                        f"{_cut(patterns[0])}{' and others' if len(patterns) > 1 else ''}, "
+                        f"this model has {len(found)} such modules")
+                stages[(path, splits)] = found
+        self.executor = self.runtime.executor(self.cuda, max(self.splits_of))
+        if self.cuda and staggered:
+            self.host_executor = self.runtime.executor(False, max(self.splits_of))
+        for path, module in units:
+            forward = _PlannedForward(path, module, self)
+            self.forwards.append(forward)
+            for splits, (_, segments) in staggered.items():
+                forward.regions[splits] = _Region(self.runtime, path, stages[(path, splits)],
+                                                  segments, splits, self.cuda)
         self.report.units = [p for p, _ in units]
         return self
 
@@ -745,9 +984,10 @@ class Applier:
             f.restore()
         self.forwards = []
         lib = self.runtime.lib
-        if self.executor:
-            lib.dynaflow_apply_executor_free(self.executor)
-            self.executor = None
+        for name in ("executor", "host_executor"):
+            if getattr(self, name):
+                lib.dynaflow_apply_executor_free(getattr(self, name))
+                setattr(self, name, None)
         if self.policy:
             lib.dynaflow_apply_policy_free(self.policy)
             self.policy = None
