@@ -5,8 +5,10 @@ runtime (its dispatch: the split proved safe, views, two worker threads, the
 merge), on a module so small that the overhead dominates; the same split with
 the arguments a Hugging Face decoder layer gets (a (cos, sin) tuple, a mask,
 a DynamicCache, cache_position: what the split and merge walk), when
-transformers is installed; and the runtime alone, running no-op Python tasks
-(ctypes, worker threads, the GIL) per call.
+transformers is installed; a 4-block stack split in 2 as one unit, its
+micro-batches side by side and staggered (8 segments each: the sequencer's
+turns at every attention and MLP call); and the runtime alone, running no-op
+Python tasks (ctypes, worker threads, the GIL) per call.
 
     .venv/bin/python bench/apply_overhead.py build/plugin/apply/libdynaflow_apply.so
 """
@@ -69,6 +71,38 @@ class HfLikeLayer(nn.Module):
         return self.proj(x)
 
 
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.Linear(8, 8)
+        self.mlp = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + self.mlp(x + self.attn(x))
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block() for _ in range(4)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def stack_plan(staggered):
+    p = plan(2, False)
+    p["partition_rules"][0]["modules"] = ["Stack"]
+    if staggered:
+        p["partition_rules"].append({"name": "t", "role": "stage", "operators": [],
+                                     "modules": ["Stack.blocks.*.attn", "Stack.blocks.*.mlp"]})
+        p["buckets"][0]["rules"].append("t")
+        p["buckets"][0]["segments"] = 8
+    return p
+
+
 def plan(splits, sequential):
     strategy = "sequential" if sequential else "nanobatch_overlap"
     return {"schema": _apply.PLAN_SCHEMA, "device": {"name": ""},
@@ -96,6 +130,9 @@ def main():
     for name, p in [("sequential bucket", plan(2, True)), ("split 2", plan(2, False)),
                     ("split 4", plan(4, False))]:
         nets[name] = _apply.apply(Net(), p, runtime_lib=lib)
+    nets["stack, original"] = Stack()
+    nets["stack, split 2"] = _apply.apply(Stack(), stack_plan(False), runtime_lib=lib)
+    nets["stack, staggered 2"] = _apply.apply(Stack(), stack_plan(True), runtime_lib=lib)
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -111,10 +148,10 @@ def main():
             samples[name].append(per_call_us(net, x))
     print(f"{CALLS} calls x {RUNS} runs, median us per module call (added over its original):")
     for name, s in samples.items():
-        base = statistics.median(samples["HF args, original" if name.startswith("HF") else
-                                        "original"])
+        base = statistics.median(samples[name.split(",")[0] + ", original" if "," in name
+                                         else "original"])
         m = statistics.median(s)
-        print(f"  {name:18s} {m:8.2f} us  (+{m - base:.2f} us)")
+        print(f"  {name:20s} {m:8.2f} us  (+{m - base:.2f} us)")
     print("the runtime alone, no-op Python tasks, median us per call:")
     runtime = _apply._Runtime(lib)
     for splits in (1, 2, 4):

@@ -15,6 +15,7 @@ and generate (examples/train_step.py, scripts/device/trace_check.py).
 """
 
 import argparse
+import dataclasses
 import time
 
 import torch
@@ -54,17 +55,22 @@ class RotaryEmbedding(nn.Module):
         return x * cos + rotated * sin
 
 
+@dataclasses.dataclass
 class KVCache:
     """Keys and values of every layer, preallocated for max_len positions.
-    A plain object, not a module: it holds state, not computation. Layers get
-    their slice as tensors whose first dimension is the batch, so a split of
-    the batch into micro-batches (dynaflow apply) writes each micro-batch's
-    rows in place."""
+    A plain dataclass, not a module: it holds state, not computation. Each
+    layer's keys and values are tensors whose first dimension is the batch,
+    so a split of the batch into micro-batches (dynaflow apply) hands each
+    micro-batch a cache of row views and its writes land in place."""
 
-    def __init__(self, layers, batch, kv_heads, max_len, head_dim, dtype, device):
-        shape = (layers, batch, kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+    k: list
+    v: list
+
+    @classmethod
+    def empty(cls, layers, batch, kv_heads, max_len, head_dim, dtype, device):
+        shape = (batch, kv_heads, max_len, head_dim)
+        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
+                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)])
 
     def layer(self, index):
         """Layer `index`'s keys and values [batch, kv_heads, max_len, head_dim]."""
@@ -204,8 +210,8 @@ def generate(model, args, prompt, decode_steps):
     """Prefills `prompt` [batch, prompt_len] into a fresh KV cache, then decodes
     greedily; returns the decoded tokens [batch, decode_steps]."""
     batch, prompt_len = prompt.shape
-    cache = KVCache(args.layers, batch, args.kv_heads, prompt_len + decode_steps,
-                    args.hidden // args.heads, args.dtype, args.device)
+    cache = KVCache.empty(args.layers, batch, args.kv_heads, prompt_len + decode_steps,
+                          args.hidden // args.heads, args.dtype, args.device)
     token = model(prompt, 0, cache)[:, -1].argmax(-1, keepdim=True)
     decoded = [token]
     for step in range(decode_steps - 1):

@@ -18,11 +18,18 @@ if ! "$py" -c "import torch" 2>/dev/null; then
 fi
 decode=("$py" "$src/examples/llama_decode.py" --batch 4 --decode-steps 4)
 
-# edit_plan IN OUT PYTHON: OUT is IN after PYTHON ran on it as `p`.
+# edit_plan IN OUT PYTHON: OUT is IN after PYTHON ran on it as `p`; in it,
+# units(p, [patterns]) makes the split units those patterns, unstaggered.
 edit_plan() {
   "$py" - "$1" "$2" "$3" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))
+def units(p, patterns):
+    p["partition_rules"] = [r for r in p["partition_rules"] if r["role"] != "stage"]
+    p["partition_rules"][0]["modules"] = patterns
+    for b in p["buckets"]:
+        b.pop("segments", None)
+        b["rules"] = [n for n in b["rules"] if n.endswith(".split")]
 exec(sys.argv[3])
 json.dump(p, open(sys.argv[2], "w"))
 PY
@@ -40,7 +47,8 @@ expect_code "not a plan" 2 "$bin" apply "$work/empty.json" -- /bin/true
 expect_code "trace" 0 "$bin" trace -o "$work/run.db" -- "${decode[@]}"
 expect_code "advise forced" 0 "$bin" advise "$work/run.db" --plan "$work/plan.json" \
   --force-strategy nanobatch_overlap --splits 2
-check "plan splits the decoder layers" has "$work/plan.json" '"LlamaForCausalLM.model.layers.*"'
+check "plan splits the decoder stack" has "$work/plan.json" '"LlamaForCausalLM.model"'
+check "plan cuts it at the layers' attention" has "$work/plan.json" '"LlamaForCausalLM.model.layers.*.attn"'
 expect_code "command not found" 127 "$bin" apply "$work/plan.json" -- "$work/no-such-program"
 # Past the schema's bounds: refused in one line before the program starts
 # (splits: 100000 used to abort it with exit 134; long names are quoted cut).
@@ -60,8 +68,10 @@ check "long name not echoed" test "$(wc -c <"$work/err")" -lt 400
 base=$(grep checksum "$work/base.out")
 expect_code "apply --verify" 0 "$bin" apply --verify "$work/plan.json" -- "${decode[@]}"
 check "same tokens as the original run" has "$work/out" "$base"
-check "verify line" grep -qE '^verify: max_abs_diff=[0-9.e+-]+ max_rel_diff=[0-9.e+-]+ \(8 calls\)' "$work/out"
-check "every layer call planned" has "$work/err" "8 planned and 0 original calls of 2 modules"
+check "verify line" grep -qE '^verify: max_abs_diff=[0-9.e+-]+ max_rel_diff=[0-9.e+-]+ \(4 calls\)' "$work/out"
+check "every stack call planned" has "$work/err" "4 planned and 0 original calls of 1 modules"
+check "every stack call staggered as predicted" has "$work/err" \
+  "LlamaForCausalLM.model ran staggered (4 segments x 2 micro-batches) in the predicted order in 4 of 4 calls"
 
 expect_code "advise dual batch" 0 "$bin" advise "$work/run.db" --plan "$work/dbo.json" \
   --force-strategy dual_batch_overlap
@@ -80,8 +90,8 @@ losses=$(grep -o "loss .*" "$work/train_base.out")
 expect_code "apply --verify training" 0 "$bin" apply --verify --strict "$work/train.json" -- \
   "${train[@]}"
 check "training: same losses" has "$work/out" "$losses"
-check "training: every layer call planned" has "$work/err" "6 planned and 0 original calls"
-check "training: verify line" grep -qE '^verify: .* \(6 calls\)' "$work/out"
+check "training: every stack call planned" has "$work/err" "3 planned and 0 original calls"
+check "training: verify line" grep -qE '^verify: .* \(3 calls\)' "$work/out"
 
 # Sequential below 8 tokens: decode steps (4 tokens) run the original path,
 # the prefill (4 x 32 tokens) the plan.
@@ -90,12 +100,12 @@ split = p["buckets"][0]
 seq = dict(split, strategy="sequential", splits=1, rules=[], max_tokens=8)
 p["buckets"] = [seq, dict(split, min_tokens=8)]'
 expect_code "bucketed" 0 "$bin" apply "$work/bucketed.json" -- "${decode[@]}"
-check "prefill planned, decode original" has "$work/err" "2 planned and 6 original calls"
+check "prefill planned, decode original" has "$work/err" "1 planned and 3 original calls"
 check "bucketed: same tokens" has "$work/out" "$base"
 
 # --- plans that do not fit
 edit_plan "$work/plan.json" "$work/unknown.json" \
-  'p["partition_rules"][0]["modules"] = ["LlamaForCausalLM.model.blocks.*"]'
+  'units(p, ["LlamaForCausalLM.model.blocks.*"])'
 expect_code "unknown module runs unmodified" 0 "$bin" apply "$work/unknown.json" -- "${decode[@]}"
 check "unknown module named" has "$work/err" "plan refused: unknown module LlamaForCausalLM.model.blocks.*"
 check "unmodified run: same tokens" has "$work/out" "$base"
@@ -119,7 +129,9 @@ check "no torch said" has "$work/err" "never imported torch"
 expect_code "no torch --strict" 2 "$bin" apply --strict "$work/plan.json" -- /bin/echo hi
 
 # --- torch.distributed over gloo, two processes: a tensor-parallel MLP whose
-# layers all_reduce. Each rank must issue the micro-batches' collectives in the
+# layers all_reduce. The plan's unit is the model itself (the first call,
+# which attaches the plan, runs the original: torch chose its forward before
+# the hook ran), cut at each layer. Each rank must issue the micro-batches' collectives in the
 # same order (on the CPU they run one after the other), or gloo sums one
 # rank's micro-batch 0 with the other's micro-batch 1: silently wrong.
 tp=("$py" "$src/tests/dist/tp_mlp.py")
@@ -131,8 +143,17 @@ expect_code "apply --verify tensor parallel" 0 "$bin" apply --verify --strict "$
   "${tp[@]}"
 check "tensor parallel: same outputs" has "$work/out" "$(cat "$work/tp_base.out")"
 check "tensor parallel: both ranks planned" has "$work/err" \
+  "4 planned and 2 original calls of 1 modules in 2 processes"
+check "tensor parallel: verify line" grep -qE '^verify: .* \(4 calls\)' "$work/out"
+check "tensor parallel: the sequencer's order on both ranks" has "$work/err" \
+  "TPModel ran staggered (3 segments x 2 micro-batches) in the predicted order in 4 of 4 calls"
+# The same with the layers as units, unstaggered: the micro-batches run in order.
+edit_plan "$work/tp.json" "$work/tp_layers.json" 'units(p, ["TPModel.layers.*"])'
+expect_code "apply tensor parallel, layer units" 0 "$bin" apply --verify --strict \
+  "$work/tp_layers.json" -- "${tp[@]}"
+check "tensor parallel, layer units: same outputs" has "$work/out" "$(cat "$work/tp_base.out")"
+check "tensor parallel, layer units: both ranks planned" has "$work/err" \
   "18 planned and 0 original calls of 3 modules in 2 processes"
-check "tensor parallel: verify line" grep -qE '^verify: .* \(18 calls\)' "$work/out"
 
 # --- modules that compute across the rows of the batch
 # BatchNorm in training mode normalises by the batch's statistics: refused
@@ -157,7 +178,7 @@ torch.manual_seed(0)
 print("sum", round(float(Net()(torch.randn(16, 8) * torch.arange(1, 17).unsqueeze(1)).sum()), 3))
 PY
 edit_plan "$work/plan.json" "$work/bn.json" '
-p["partition_rules"][0]["modules"] = ["Net.blocks.*"]
+units(p, ["Net.blocks.*"])
 del p["model"]["module_fingerprint"]'
 "$py" "$work/bn.py" >"$work/bn_base.out"
 expect_code "batch norm refused" 0 "$bin" apply "$work/bn.json" -- "$py" "$work/bn.py"
@@ -198,7 +219,7 @@ edit_plan "$work/plan.json" "$work/other.json" 'p["model"]["module_fingerprint"]
 expect_code "another model" 0 "$bin" apply "$work/other.json" -- "${decode[@]}"
 check "another model: warned" has "$work/err" \
   "warning: the plan was made for another model: module fingerprint 0000000000000000"
-check "another model: applied" has "$work/err" "8 planned and 0 original calls"
+check "another model: applied" has "$work/err" "4 planned and 0 original calls"
 expect_code "another model --strict" 2 "$bin" apply --strict "$work/other.json" -- "${decode[@]}"
 check "another model --strict: refused" has "$work/err" "plan refused: the plan was made for another model"
 edit_plan "$work/plan.json" "$work/nofp.json" 'del p["model"]["module_fingerprint"]'
