@@ -98,6 +98,7 @@ struct ApplySummary {
   // Per staggered unit (by path): its schedule and how many calls ran it in
   // the schedule's issue order.
   struct Region {
+    std::string kind;  // "staggered" (segments) or "dual-batch" (segments are collectives)
     int64_t segments = 0;
     int64_t micro_batches = 0;
     int64_t calls = 0;
@@ -138,6 +139,7 @@ ApplySummary MergeReports(const std::string& dir) {
     for (auto it = regions.begin(); it != regions.end(); ++it) {
       if (!it.value().is_object()) continue;
       ApplySummary::Region& g = s.regions[it.key()];
+      g.kind = it.value().value("kind", "staggered");
       g.segments = it.value().value("segments", int64_t{0});
       g.micro_batches = it.value().value("micro_batches", int64_t{0});
       g.calls += it.value().value("calls", int64_t{0});
@@ -183,13 +185,15 @@ int Summarize(const ApplyArgs& args, const std::string& report_dir, int exit_cod
               << "\n";
     // Whether the calls ran the schedule the prediction simulated.
     for (const auto& [path, g] : r.regions) {
-      std::cerr << "dynaflow apply: " << Shorten(path, 200) << " ran staggered ("
-                << g.segments << " segments x " << g.micro_batches
+      const bool dual = g.kind == "dual-batch";
+      std::cerr << "dynaflow apply: " << Shorten(path, 200) << " ran " << (dual ? "dual-batch" : "staggered")
+                << " (" << g.segments << (dual ? " collectives x " : " segments x ") << g.micro_batches
                 << " micro-batches) in the predicted order in " << g.calls - g.off_schedule_calls
                 << " of " << g.calls << " calls";
       if (g.off_schedule_calls > 0) {
-        std::cerr << "; the others called its stage modules another number of times than the "
-                     "traced program";
+        std::cerr << (dual ? "; the others made another number of collectives"
+                           : "; the others called its stage modules another number of times")
+                  << " than the traced program";
       }
       std::cerr << "\n";
     }

@@ -203,6 +203,25 @@ StatusOr<Schedule> BuildDualBatchOverlap(std::vector<Stage> stages) {
   return BuildMicroBatchSplit(std::move(stages), 2);
 }
 
+StatusOr<Schedule> BuildDualBatchRegion(int collectives) {
+  if (collectives < 1) {
+    return Status::BadInput("a dual-batch region needs at least one collective, got " +
+                            std::to_string(collectives));
+  }
+  ScheduleBuilder builder(2);
+  const TaskFn nothing = [](TaskContext&) { return Status::Ok(); };
+  for (int p = 0; p <= 2 * collectives; ++p) {
+    const bool compute = p % 2 == 0;
+    for (int i = 0; i < 2; ++i) {
+      std::vector<TaskId> deps;
+      if (p > 0) deps.push_back((p - 1) * 2 + i);
+      builder.Add((compute ? "C" : "X") + std::to_string(p / 2) + "/mb" + std::to_string(i),
+                  compute ? kComputeStream : kCommStream, std::move(deps), nothing, i);
+    }
+  }
+  return std::move(builder).Build();
+}
+
 StatusOr<Schedule> BuildStaggeredRegion(int segments, int micro_batches) {
   if (segments < 1 || micro_batches < 1) {
     return Status::BadInput("a staggered region needs at least one segment and one micro-batch, got " +

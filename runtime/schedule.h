@@ -153,4 +153,15 @@ StatusOr<Schedule> BuildDualBatchOverlap(std::vector<Stage> stages);
 // (analysis/sim/region_split.h), so prediction and execution cannot drift.
 StatusOr<Schedule> BuildStaggeredRegion(int segments, int micro_batches);
 
+// Dual-batch overlap across a split region (vLLM DBO, SGLang TBO): two
+// micro-batches, each cut at its `collectives` collective calls into
+// alternating parts, compute C0, collective X0, C1, X1, ..., C<collectives>.
+// Part p (even: compute, odd: a collective) of micro-batch i has id
+// p * 2 + i, is named "C<j>/mb<i>" or "X<j>/mb<i>", and depends on part p - 1
+// of its micro-batch. Compute parts run on kComputeStream, one at a time in
+// issue order, collectives on kCommStream, so one micro-batch's collective
+// runs beside the other's compute. Issue order: C0/mb0, C0/mb1, X0/mb0,
+// X0/mb1, C1/mb0, ...; the callbacks do nothing, as for BuildStaggeredRegion.
+StatusOr<Schedule> BuildDualBatchRegion(int collectives);
+
 }  // namespace dynaflow::runtime

@@ -145,6 +145,22 @@ TEST(ScheduleBuildersTest, DualBatchOverlapPutsCommunicationOnItsOwnStream) {
   EXPECT_NE(st.message().find("'moe' is on stream 2"), std::string::npos) << st.message();
 }
 
+TEST(ScheduleBuildersTest, DualBatchRegionAlternatesComputeAndCollectives) {
+  auto s = BuildDualBatchRegion(2);  // C0 X0 C1 X1 C2 per micro-batch
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  ASSERT_EQ(s->size(), 10);
+  EXPECT_EQ(s->task(3).name, "X0/mb1");
+  EXPECT_EQ(s->task(3).stream, kCommStream);
+  EXPECT_EQ(s->task(3).deps, (Ids{1}));
+  EXPECT_EQ(ToVector(s->issue_order()), (Ids{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  // Both micro-batches' compute shares one stream; their collectives another.
+  EXPECT_EQ(ToVector(s->stream_queue(kComputeStream)), (Ids{0, 1, 4, 5, 8, 9}));
+  EXPECT_EQ(ToVector(s->stream_queue(kCommStream)), (Ids{2, 3, 6, 7}));
+  EXPECT_EQ(ToVector(s->cross_stream_waits(4)), (Ids{2}));  // C1/mb0 after X0/mb0
+  EXPECT_EQ(ToVector(s->cross_stream_waits(2)), (Ids{0}));  // X0/mb0 after C0/mb0
+  EXPECT_EQ(BuildDualBatchRegion(0).status().code(), StatusCode::kBadInput);
+}
+
 TEST(ScheduleBuildersTest, StaggeredRegionRunsEachMicroBatchOnItsStreamOneSegmentBehind) {
   auto s = BuildStaggeredRegion(3, 2);
   ASSERT_TRUE(s.ok()) << s.status().message();

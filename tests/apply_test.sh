@@ -147,6 +147,21 @@ check "tensor parallel: both ranks planned" has "$work/err" \
 check "tensor parallel: verify line" grep -qE '^verify: .* \(4 calls\)' "$work/out"
 check "tensor parallel: the sequencer's order on both ranks" has "$work/err" \
   "TPModel ran staggered (3 segments x 2 micro-batches) in the predicted order in 4 of 4 calls"
+# Dual-batch overlap: the model cut at its all_reduce calls, both micro-batches'
+# compute in turn, one's collective beside the other's compute (on the CPU the
+# sequencer's order, the same on both ranks).
+expect_code "advise dual batch, tensor parallel" 0 "$bin" advise "$work/tp.db" \
+  --plan "$work/tp_dbo.json" --force-strategy dual_batch_overlap
+check "dual batch plan: the model, 3 collectives" "$py" -c '
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["buckets"][0]["segments"] == 3, p["buckets"][0]
+assert p["partition_rules"][0]["modules"] == ["TPModel"], p["partition_rules"]' "$work/tp_dbo.json"
+expect_code "apply dual batch, tensor parallel" 0 "$bin" apply --verify --strict "$work/tp_dbo.json" \
+  -- "${tp[@]}"
+check "dual batch, tensor parallel: same outputs" has "$work/out" "$(cat "$work/tp_base.out")"
+check "dual batch, tensor parallel: the predicted order" has "$work/err" \
+  "TPModel ran dual-batch (3 collectives x 2 micro-batches) in the predicted order in 4 of 4 calls"
 # The same with the layers as units, unstaggered: the micro-batches run in order.
 edit_plan "$work/tp.json" "$work/tp_layers.json" 'units(p, ["TPModel.layers.*"])'
 expect_code "apply tensor parallel, layer units" 0 "$bin" apply --verify --strict \

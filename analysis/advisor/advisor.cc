@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <string>
 #include <unordered_map>
 
@@ -340,6 +341,28 @@ std::optional<SplitRegion> RegionOfOperators(const Trace& trace) {
   return FindSplitRegion(calls);
 }
 
+// Collective calls per call of the region's unit, from a trace's operators:
+// the c10d operators in the unit over the unit's calls (each entry of a
+// thread into the unit's first stage instance). 0 without either.
+int CollectivesPerCall(const Trace& trace, const SplitRegion& region) {
+  std::string first_instance;
+  int64_t collectives = 0, calls = 0;
+  std::map<std::pair<int32_t, int32_t>, std::string> current;  // (pid, tid) -> stage instance
+  for (const Operator& op : trace.ops) {
+    if (op.module_path == 0) continue;
+    const std::string_view path = trace.strings.Get(op.module_path);
+    if (!InUnit(region.unit, path)) continue;
+    if (trace.strings.Get(op.name).starts_with("c10d::")) ++collectives;
+    std::string inst = StageInstance(region, path);
+    if (inst.empty()) continue;
+    if (first_instance.empty()) first_instance = inst;
+    std::string& cur = current[{op.pid, op.tid}];
+    if (inst != cur && inst == first_instance) ++calls;
+    cur = std::move(inst);
+  }
+  return calls > 0 ? static_cast<int>(collectives / calls) : 0;
+}
+
 bool SplitsBatch(Strategy s) {
   return s == Strategy::kNanobatchOverlap || s == Strategy::kDualBatchOverlap;
 }
@@ -369,9 +392,19 @@ void ForceWithoutGraph(const Trace& trace, const AdviseOptions& opt, Plan& plan)
   plan.splits = opt.splits > 0 ? opt.splits : 2;
   PlanBucket& only = plan.buckets.front();
   only.splits = plan.splits;
-  const std::optional<SplitRegion> region =
-      plan.strategy == Strategy::kNanobatchOverlap ? RegionOfOperators(trace) : std::nullopt;
-  if (region && region->segments > 0) {
+  const std::optional<SplitRegion> region = RegionOfOperators(trace);
+  const int collectives = region ? CollectivesPerCall(trace, *region) : 0;
+  if (region && plan.strategy == Strategy::kDualBatchOverlap && collectives > 0) {
+    // The unit, cut at its collectives (runtime BuildDualBatchRegion).
+    plan.splits = 2;
+    only.splits = 2;
+    const std::string s = StrategyName(plan.strategy);
+    plan.partition_rules = {{s + ".split", "split", {}, {region->unit}}};
+    only.rules = {s + ".split"};
+    only.segments = collectives;
+    return;
+  }
+  if (region && plan.strategy == Strategy::kNanobatchOverlap && region->segments > 0) {
     const std::string s = StrategyName(plan.strategy);
     plan.partition_rules = {{s + ".split", "split", {}, {region->unit}},
                             {s + ".stage", "stage", {}, region->stages}};

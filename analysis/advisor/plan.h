@@ -65,9 +65,11 @@ struct PlanBucket {
   std::optional<double> max_tokens;  // none: no upper bound
   Strategy strategy = Strategy::kSequential;
   int splits = 1;
-  // > 0: the split unit runs as runtime::BuildStaggeredRegion(segments,
-  // splits), the schedule the prediction simulated. 0: absent (each unit call
-  // runs its micro-batches side by side, unstaggered).
+  // > 0: the split unit runs as one region, the schedule the prediction
+  // simulated: nanobatch_overlap runtime::BuildStaggeredRegion(segments,
+  // splits) (segments cut at the stage rule's modules), dual_batch_overlap
+  // runtime::BuildDualBatchRegion(segments) (segments = collective calls).
+  // 0: absent (each unit call runs its micro-batches side by side).
   int segments = 0;
   std::vector<std::string> rules;  // PlanRule names
   std::vector<PlanStream> streams;

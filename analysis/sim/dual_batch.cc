@@ -1,10 +1,13 @@
-// Candidate: dual-batch overlap. Two micro-batches of half the batch; their
-// SM work shares one exclusive group (one micro-batch computes at a time), so
-// the only overlap is one micro-batch's collectives and copies under the
-// other's compute, as vLLM's DBO and SGLang's TBO schedule them.
+// Candidate: dual-batch overlap. Two micro-batches of half the batch; one
+// micro-batch computes at a time, so the only overlap is one micro-batch's
+// collectives and copies under the other's compute, as vLLM's DBO and
+// SGLang's TBO schedule them. With module paths, the split region's unit cut
+// at its collectives (region_split.h: the object `apply` executes); without,
+// the SM work of both shares one exclusive group.
 #include <algorithm>
 
 #include "analysis/sim/candidates.h"
+#include "analysis/sim/region_split.h"
 
 namespace dynaflow {
 
@@ -23,13 +26,22 @@ std::optional<Candidate> MakeDualBatchOverlap(const CandidateContext& ctx) {
   Candidate c;
   c.strategy = Strategy::kDualBatchOverlap;
   c.splits = 2;
-  c.schedule = sim_internal::BuildSplit(ctx, 2, 3, [](const SimTask& t) -> int32_t {
-                 switch (t.resource) {
-                   case Resource::kCommunication: return 1;
-                   case Resource::kCopy: return 2;
-                   default: return 0;
-                 }
-               }).schedule;
+  int collectives = 0;
+  std::optional<RegionSchedule> region;
+  if (ctx.region != nullptr) region = BuildDualBatchRegionSplit(ctx, *ctx.region, &collectives);
+  if (region) {
+    c.schedule = std::move(region->schedule);
+    c.partition.modules = {ctx.region->unit};
+    c.partition.segments = collectives;
+  } else {
+    c.schedule = sim_internal::BuildSplit(ctx, 2, 3, [](const SimTask& t) -> int32_t {
+                   switch (t.resource) {
+                     case Resource::kCommunication: return 1;
+                     case Resource::kCopy: return 2;
+                     default: return 0;
+                   }
+                 }).schedule;
+  }
   // A second stream's GEMM workspace, a second collective buffer and half of
   // the largest activation held twice while the micro-batches interleave.
   c.extra_memory_bytes = sim_internal::kStreamWorkspaceBytes +
@@ -42,7 +54,9 @@ std::optional<Candidate> MakeDualBatchOverlap(const CandidateContext& ctx) {
   auto link = [](const SimTask& t) { return t.token_scaled && t.resource == Resource::kCommunication; };
   c.partition.compute_ops = sim_internal::TopNames(ctx, sm, false);
   c.partition.communication_ops = sim_internal::TopNames(ctx, link, false);
-  c.partition.modules = sim_internal::TopNames(ctx, [](const SimTask& t) { return t.token_scaled; }, true);
+  if (!region) {
+    c.partition.modules = sim_internal::TopNames(ctx, [](const SimTask& t) { return t.token_scaled; }, true);
+  }
   return c;
 }
 

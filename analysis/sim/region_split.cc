@@ -100,40 +100,52 @@ std::string StageInstance(const SplitRegion& region, std::string_view path) {
 
 namespace {
 
-// The segment of each task of the unit (-1 outside it), following the host's
-// launch order (then measured order for tasks without a launch call); false
-// when a stage instance comes back after another (the unit ran twice) or the
-// count differs from the region's.
-bool AssignSegments(const CandidateContext& ctx, const SplitRegion& region,
-                    std::vector<int32_t>* seg, std::vector<int32_t>* order) {
+// The step's tasks in launch order (then measured order for tasks without a
+// launch call), and the unit's call: its first to its last task in that
+// order. Work launched in between without the unit's path (operators called
+// outside any submodule) is still run by the unit's forward, once per
+// micro-batch.
+struct UnitCall {
+  std::vector<int32_t> order;
+  size_t first = 0;
+  size_t end = 0;  // one past the last
+};
+
+std::string_view PathOf(const CandidateContext& ctx, int32_t t) {
+  const StringId module = ctx.graph->tasks[static_cast<size_t>(t)].module;
+  return module == 0 ? std::string_view() : ctx.trace->strings.Get(module);
+}
+
+UnitCall FindUnitCall(const CandidateContext& ctx, const std::string& unit) {
   const StepGraph& g = *ctx.graph;
-  seg->assign(g.tasks.size(), -1);
+  UnitCall call;
   std::vector<bool> listed(g.tasks.size(), false);
-  *order = g.host_order;
+  call.order = g.host_order;
   for (int32_t t : g.host_order) listed[static_cast<size_t>(t)] = true;
   for (size_t t = 0; t < g.tasks.size(); ++t) {
-    if (!listed[t]) order->push_back(static_cast<int32_t>(t));
+    if (!listed[t]) call.order.push_back(static_cast<int32_t>(t));
   }
-  // The unit's call spans its first to its last task: work launched in
-  // between without the unit's path (operators called outside any submodule)
-  // is still run by the unit's forward, once per micro-batch.
-  auto path_of = [&](int32_t t) -> std::string_view {
-    const StringId module = g.tasks[static_cast<size_t>(t)].module;
-    return module == 0 ? std::string_view() : ctx.trace->strings.Get(module);
-  };
-  size_t first = order->size(), last = 0;
-  for (size_t i = 0; i < order->size(); ++i) {
-    if (InUnit(region.unit, path_of((*order)[i]))) {
-      first = std::min(first, i);
-      last = i;
-    }
+  call.first = call.order.size();
+  for (size_t i = 0; i < call.order.size(); ++i) {
+    if (!InUnit(unit, PathOf(ctx, call.order[i]))) continue;
+    call.first = std::min(call.first, i);
+    call.end = i + 1;
   }
+  return call;
+}
+
+// The segment of each task of the unit (-1 outside it); false when a stage
+// instance comes back after another (the unit ran twice) or the count
+// differs from the region's.
+bool AssignSegments(const CandidateContext& ctx, const SplitRegion& region, const UnitCall& call,
+                    std::vector<int32_t>* seg) {
+  seg->assign(ctx.graph->tasks.size(), -1);
   std::unordered_set<std::string> seen;
   std::string current;
   int32_t count = 0;
-  for (size_t i = first; i <= last && i < order->size(); ++i) {
-    const int32_t t = (*order)[i];
-    const std::string_view path = path_of(t);
+  for (size_t i = call.first; i < call.end; ++i) {
+    const int32_t t = call.order[i];
+    const std::string_view path = PathOf(ctx, t);
     std::string inst = InUnit(region.unit, path) ? StageInstance(region, path) : std::string();
     if (!inst.empty() && inst != current) {
       if (!seen.insert(inst).second) return false;
@@ -145,129 +157,221 @@ bool AssignSegments(const CandidateContext& ctx, const SplitRegion& region,
   return count == region.segments;
 }
 
+// The part of each task of the unit for dual-batch overlap (-1 outside it):
+// compute before the j-th collective is part 2j, the collective 2j + 1.
+// Returns the collectives.
+int32_t AssignParts(const CandidateContext& ctx, const UnitCall& call, std::vector<int32_t>* part) {
+  part->assign(ctx.graph->tasks.size(), -1);
+  int32_t collectives = 0;
+  for (size_t i = call.first; i < call.end; ++i) {
+    const int32_t t = call.order[i];
+    if (ctx.graph->tasks[static_cast<size_t>(t)].resource == Resource::kCommunication) {
+      (*part)[static_cast<size_t>(t)] = 2 * collectives + 1;
+      ++collectives;
+    } else {
+      (*part)[static_cast<size_t>(t)] = 2 * collectives;
+    }
+  }
+  return collectives;
+}
+
+// The step graph with the unit's tasks (part[t] >= 0) run once per
+// micro-batch as task part[t] * k + c of `rt`, the rest once.
+// `shared_lanes`: every micro-batch's work on the measured lanes (streams
+// shared between micro-batches, in the issue order's stream order); else
+// micro-batch c on its own copy of the lanes.
+class PartsBuilder {
+ public:
+  PartsBuilder(const CandidateContext& ctx, const std::vector<int32_t>& part,
+               const runtime::Schedule& rt, int k, bool shared_lanes)
+      : ctx_(ctx), g_(*ctx.graph), part_(part), rt_(rt), k_(k), shared_(shared_lanes) {}
+
+  RegionSchedule Build() {
+    AssignIds();
+    IndexParts();
+    HostOrder();
+    Lanes();
+    for (size_t t = 0; t < g_.tasks.size(); ++t) {
+      for (int c = 0; c < (In(t) ? k_ : 1); ++c) AddNode(t, c);
+    }
+    Syncs();
+    return std::move(out_);
+  }
+
+ private:
+  bool In(size_t t) const { return part_[t] >= 0; }
+  int32_t Id(size_t t, int c) const { return first_id_[t] + (In(t) ? c : 0); }
+
+  // Node ids first (a unit task has one node per micro-batch), so that
+  // dependencies may point at nodes of later tasks.
+  void AssignIds() {
+    first_id_.resize(g_.tasks.size());
+    int32_t next = 0;
+    for (size_t t = 0; t < g_.tasks.size(); ++t) {
+      first_id_[t] = next;
+      next += In(t) ? k_ : 1;
+    }
+  }
+
+  // Per part: its first launched task, its last task on each lane.
+  void IndexParts() {
+    const size_t parts = static_cast<size_t>(rt_.size() / k_);
+    const size_t lanes = g_.lane_streams.size();
+    first_of_.assign(parts, -1);
+    last_of_.assign(parts, std::vector<int32_t>(lanes, -1));
+    launches_.assign(parts, {});
+    for (int32_t t : g_.host_order) {
+      const int32_t p = part_[static_cast<size_t>(t)];
+      if (p >= 0) launches_[static_cast<size_t>(p)].push_back(t);
+    }
+    for (size_t p = 0; p < parts; ++p) {
+      if (!launches_[p].empty()) first_of_[p] = launches_[p].front();
+    }
+    for (size_t t = 0; t < g_.tasks.size(); ++t) {
+      if (!In(t)) continue;
+      int32_t& last = last_of_[static_cast<size_t>(part_[t])][static_cast<size_t>(g_.tasks[t].lane)];
+      last = std::max(last, static_cast<int32_t>(t));
+    }
+  }
+
+  // Launches before the unit, then its parts in the runtime schedule's issue
+  // order, then everything after; with shared lanes, each node also follows
+  // the node issued before it on its lane.
+  void HostOrder() {
+    std::vector<int32_t> before, after;
+    bool started = false;
+    for (int32_t t : g_.host_order) {
+      started = started || In(static_cast<size_t>(t));
+      if (!In(static_cast<size_t>(t))) (started ? after : before).push_back(t);
+    }
+    std::vector<int32_t>& h = out_.schedule.host_order;
+    for (int32_t t : before) h.push_back(Id(static_cast<size_t>(t), 0));
+    for (runtime::TaskId task : rt_.issue_order()) {
+      for (int32_t t : launches_[static_cast<size_t>(task / k_)]) {
+        h.push_back(Id(static_cast<size_t>(t), rt_.task(task).micro_batch));
+      }
+    }
+    for (int32_t t : after) h.push_back(Id(static_cast<size_t>(t), 0));
+    lane_prev_.assign(static_cast<size_t>(first_id_.empty() ? 0 : Id(g_.tasks.size() - 1, k_ - 1) + 1), -1);
+    if (!shared_) return;
+    std::vector<int32_t> last(g_.lane_streams.size(), -1);
+    for (size_t i = 0; i < h.size(); ++i) {
+      const size_t t = static_cast<size_t>(NodeTask(h[i]));
+      int32_t& prev = last[static_cast<size_t>(g_.tasks[t].lane)];
+      lane_prev_[static_cast<size_t>(h[i])] = prev;
+      prev = h[i];
+    }
+  }
+
+  int32_t NodeTask(int32_t node) const {
+    const auto it = std::upper_bound(first_id_.begin(), first_id_.end(), node);
+    return static_cast<int32_t>(it - first_id_.begin()) - 1;
+  }
+
+  void Lanes() {
+    const int32_t lanes = static_cast<int32_t>(g_.lane_streams.size());
+    Schedule& sc = out_.schedule;
+    const int copies = shared_ ? 1 : k_;
+    sc.lanes = lanes * copies;
+    for (int c = 0; c < copies; ++c) {
+      for (int32_t l = 0; l < lanes; ++l) {
+        std::string name = "stream " + std::to_string(g_.lane_streams[static_cast<size_t>(l)]);
+        sc.lane_names.push_back(shared_ ? name : "batch " + std::to_string(c) + " · " + name);
+      }
+    }
+    sc.tail_us = g_.tail_us;
+  }
+
+  void AddNode(size_t t, int c) {
+    const SimTask& task = g_.tasks[t];
+    const double scale = In(t) && task.token_scaled ? ctx_.scale / k_ : ctx_.scale;
+    SimNode node;
+    node.task = static_cast<int32_t>(t);
+    node.chain = c;
+    node.lane = task.lane + (shared_ ? 0 : c * static_cast<int32_t>(g_.lane_streams.size()));
+    node.resource = task.resource;
+    node.work_us = PartDuration(task, scale, ctx_.peaks, ctx_.params);
+    node.hbm = HbmDemand(task, ctx_.peaks, ctx_.params);
+    node.delay_us = task.delay_us;
+    node.priority = Id(t, c);
+    node.launch_latency_us = task.launch_latency_us;
+    // Each micro-batch runs the unit's host code again: the same host time.
+    node.host_delta_us = task.host_delta_us;
+    if (c == 0) node.post_sync_us = task.post_sync_us;
+    std::vector<int32_t> deps;
+    for (int32_t d = g_.dep_begin[t]; d < g_.dep_begin[t + 1]; ++d) {
+      const size_t dt = static_cast<size_t>(g_.deps[static_cast<size_t>(d)]);
+      if (In(dt) && !In(t)) {
+        for (int cc = 0; cc < k_; ++cc) deps.push_back(Id(dt, cc));  // after the unit: a join
+      } else {
+        deps.push_back(Id(dt, c));
+      }
+    }
+    if (In(t) && first_of_[static_cast<size_t>(part_[t])] == static_cast<int32_t>(t)) {
+      for (runtime::TaskId w : rt_.cross_stream_waits(part_[t] * k_ + c)) {
+        for (int32_t last : last_of_[static_cast<size_t>(w / k_)]) {
+          if (last >= 0) deps.push_back(Id(static_cast<size_t>(last), rt_.task(w).micro_batch));
+        }
+      }
+    }
+    const int32_t prev = lane_prev_[static_cast<size_t>(Id(t, c))];
+    if (prev >= 0) deps.push_back(prev);
+    out_.schedule.Add(node, deps);  // returns Id(t, c): nodes are added in id order
+    out_.runtime_task.push_back(In(t) ? part_[t] * k_ + c : -1);
+  }
+
+  // What a blocking call waited for: the last micro-batch's part of its task.
+  void Syncs() {
+    for (SimNode& node : out_.schedule.nodes) {
+      const SimTask& task = g_.tasks[static_cast<size_t>(node.task)];
+      if (node.post_sync_us >= 0 && task.sync_task >= 0) {
+        node.sync_node = Id(static_cast<size_t>(task.sync_task), k_ - 1);
+      }
+    }
+    if (!g_.end_known) return;
+    SimNode e;
+    e.host_delta_us = g_.end.host_delta_us;
+    e.post_sync_us = g_.end.post_sync_us;
+    if (g_.end.sync_task >= 0) e.sync_node = Id(static_cast<size_t>(g_.end.sync_task), k_ - 1);
+    e.launch_latency_us = g_.end.latency_us;
+    out_.schedule.end_issue = e;
+  }
+
+  const CandidateContext& ctx_;
+  const StepGraph& g_;
+  const std::vector<int32_t>& part_;
+  const runtime::Schedule& rt_;
+  const int k_;
+  const bool shared_;
+  std::vector<int32_t> first_id_;
+  std::vector<int32_t> first_of_;
+  std::vector<std::vector<int32_t>> last_of_;
+  std::vector<std::vector<int32_t>> launches_;
+  std::vector<int32_t> lane_prev_;
+  RegionSchedule out_;
+};
+
 }  // namespace
 
 std::optional<RegionSchedule> BuildRegionSplit(const CandidateContext& ctx,
                                                const SplitRegion& region, int k) {
-  const StepGraph& g = *ctx.graph;
-  auto staggered = runtime::BuildStaggeredRegion(region.segments, k);
-  if (!staggered.ok() || k < 2) return std::nullopt;
-  std::vector<int32_t> seg, order;
-  if (!AssignSegments(ctx, region, &seg, &order)) return std::nullopt;
-  const size_t n = g.tasks.size();
-  const int32_t lanes = static_cast<int32_t>(g.lane_streams.size());
+  auto rt = runtime::BuildStaggeredRegion(region.segments, k);
+  if (!rt.ok() || k < 2) return std::nullopt;
+  const UnitCall call = FindUnitCall(ctx, region.unit);
+  std::vector<int32_t> seg;
+  if (!AssignSegments(ctx, region, call, &seg)) return std::nullopt;
+  return PartsBuilder(ctx, seg, *rt, k, /*shared_lanes=*/false).Build();
+}
 
-  // Node ids first (a unit task has one node per micro-batch), so that the
-  // stagger may point at nodes of later tasks.
-  std::vector<int32_t> first_id(n);
-  int32_t next = 0;
-  for (size_t t = 0; t < n; ++t) {
-    first_id[t] = next;
-    next += seg[t] >= 0 ? k : 1;
-  }
-  auto id = [&](size_t t, int c) { return first_id[t] + (seg[t] >= 0 ? c : 0); };
-  // Per segment: its first task in launch order, its last task on each lane.
-  std::vector<int32_t> first_of(static_cast<size_t>(region.segments), -1);
-  std::vector<std::vector<int32_t>> last_of(static_cast<size_t>(region.segments),
-                                            std::vector<int32_t>(static_cast<size_t>(lanes), -1));
-  for (int32_t t : order) {
-    const int32_t j = seg[static_cast<size_t>(t)];
-    if (j < 0) continue;
-    if (first_of[static_cast<size_t>(j)] < 0) first_of[static_cast<size_t>(j)] = t;
-    int32_t& last = last_of[static_cast<size_t>(j)][static_cast<size_t>(g.tasks[static_cast<size_t>(t)].lane)];
-    last = std::max(last, t);
-  }
-
-  RegionSchedule out;
-  Schedule& sc = out.schedule;
-  sc.lanes = lanes * k;
-  for (int c = 0; c < k; ++c) {
-    for (int32_t l = 0; l < lanes; ++l) {
-      sc.lane_names.push_back("batch " + std::to_string(c) + " · stream " +
-                              std::to_string(g.lane_streams[static_cast<size_t>(l)]));
-    }
-  }
-  sc.tail_us = g.tail_us;
-  std::vector<int32_t> deps;
-  for (size_t t = 0; t < n; ++t) {
-    const SimTask& task = g.tasks[t];
-    const bool in = seg[t] >= 0;
-    const double scale = in && task.token_scaled ? ctx.scale / k : ctx.scale;
-    const double work = PartDuration(task, scale, ctx.peaks, ctx.params);
-    const double hbm = HbmDemand(task, ctx.peaks, ctx.params);
-    for (int c = 0; c < (in ? k : 1); ++c) {
-      SimNode node;
-      node.task = static_cast<int32_t>(t);
-      node.chain = c;
-      node.lane = task.lane + c * lanes;
-      node.resource = task.resource;
-      node.work_us = work;
-      node.hbm = hbm;
-      node.delay_us = task.delay_us;
-      node.priority = id(t, c);
-      node.launch_latency_us = task.launch_latency_us;
-      // Each micro-batch runs the unit's host code again: the same host time.
-      node.host_delta_us = task.host_delta_us;
-      if (c == 0) node.post_sync_us = task.post_sync_us;
-      deps.clear();
-      for (int32_t d = g.dep_begin[t]; d < g.dep_begin[t + 1]; ++d) {
-        const size_t dt = static_cast<size_t>(g.deps[static_cast<size_t>(d)]);
-        if (seg[dt] >= 0 && !in) {
-          for (int cc = 0; cc < k; ++cc) deps.push_back(id(dt, cc));  // after the region: a join
-        } else {
-          deps.push_back(id(dt, c));
-        }
-      }
-      if (in && first_of[static_cast<size_t>(seg[t])] == static_cast<int32_t>(t)) {
-        const runtime::TaskId rt = seg[t] * k + c;
-        for (runtime::TaskId w : staggered->cross_stream_waits(rt)) {
-          const runtime::Task& wt = staggered->task(w);
-          for (int32_t last : last_of[static_cast<size_t>(w / k)]) {
-            if (last >= 0) deps.push_back(id(static_cast<size_t>(last), wt.micro_batch));
-          }
-        }
-      }
-      sc.Add(node, deps);  // returns id(t, c): nodes are added in id order
-      out.runtime_task.push_back(in ? seg[t] * k + c : -1);
-    }
-  }
-  for (SimNode& node : sc.nodes) {
-    const SimTask& task = g.tasks[static_cast<size_t>(node.task)];
-    if (node.post_sync_us >= 0 && task.sync_task >= 0) {
-      node.sync_node = id(static_cast<size_t>(task.sync_task), k - 1);
-    }
-  }
-  if (g.end_known) {
-    SimNode e;
-    e.host_delta_us = g.end.host_delta_us;
-    e.post_sync_us = g.end.post_sync_us;
-    if (g.end.sync_task >= 0) e.sync_node = id(static_cast<size_t>(g.end.sync_task), k - 1);
-    e.launch_latency_us = g.end.latency_us;
-    sc.end_issue = e;
-  }
-  // The host: launches before the unit, then the unit's segments in the
-  // runtime schedule's issue order, then everything after.
-  std::vector<std::vector<int32_t>> launches(static_cast<size_t>(region.segments));
-  std::vector<int32_t> before, after;
-  bool started = false;
-  for (int32_t t : g.host_order) {
-    const int32_t j = seg[static_cast<size_t>(t)];
-    started = started || j >= 0;
-    if (j >= 0) {
-      launches[static_cast<size_t>(j)].push_back(t);
-    } else {
-      (started ? after : before).push_back(t);
-    }
-  }
-  for (int32_t t : before) sc.host_order.push_back(id(static_cast<size_t>(t), 0));
-  for (runtime::TaskId rt : staggered->issue_order()) {
-    const runtime::Task& task = staggered->task(rt);
-    for (int32_t t : launches[static_cast<size_t>(rt / k)]) {
-      sc.host_order.push_back(id(static_cast<size_t>(t), task.micro_batch));
-    }
-  }
-  for (int32_t t : after) sc.host_order.push_back(id(static_cast<size_t>(t), 0));
-  return out;
+std::optional<RegionSchedule> BuildDualBatchRegionSplit(const CandidateContext& ctx,
+                                                        const SplitRegion& region,
+                                                        int* collectives) {
+  const UnitCall call = FindUnitCall(ctx, region.unit);
+  std::vector<int32_t> part;
+  *collectives = AssignParts(ctx, call, &part);
+  auto rt = runtime::BuildDualBatchRegion(*collectives);
+  if (!rt.ok()) return std::nullopt;
+  return PartsBuilder(ctx, part, *rt, 2, /*shared_lanes=*/true).Build();
 }
 
 }  // namespace dynaflow

@@ -63,4 +63,17 @@ struct RegionSchedule {
 std::optional<RegionSchedule> BuildRegionSplit(const CandidateContext& ctx,
                                                const SplitRegion& region, int k);
 
+// The step graph under dual-batch overlap of the region's unit
+// (runtime::BuildDualBatchRegion(collectives)): the unit runs once per
+// micro-batch (2), cut at its collectives (communication tasks) into compute
+// parts and collective parts; the host issues the parts in the runtime
+// schedule's issue order, and each lane keeps CUDA's stream order in that
+// issue order, so the two micro-batches' compute shares the compute lanes
+// and one micro-batch's collective runs beside the other's compute.
+// `*collectives` receives the collectives per unit call. nullopt when the
+// unit launches no collective, or its tasks do not follow one unit call.
+std::optional<RegionSchedule> BuildDualBatchRegionSplit(const CandidateContext& ctx,
+                                                        const SplitRegion& region,
+                                                        int* collectives);
+
 }  // namespace dynaflow

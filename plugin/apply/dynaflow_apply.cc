@@ -192,14 +192,25 @@ void dynaflow_apply_policy_free(void* policy) {
   delete static_cast<runtime::BucketPolicy*>(policy);
 }
 
-void* dynaflow_apply_region_new(int segments, int micro_batches, char* err, size_t err_len) {
+void* dynaflow_apply_region_new(int kind, int n, int micro_batches, char* err, size_t err_len) {
   if (micro_batches > DYNAFLOW_APPLY_MAX_STREAMS) {
     SetError(err, err_len, "a region has at most " + std::to_string(DYNAFLOW_APPLY_MAX_STREAMS) +
                                " micro-batches, not " + std::to_string(micro_batches));
     return nullptr;
   }
+  if (kind != DYNAFLOW_APPLY_STAGGERED && kind != DYNAFLOW_APPLY_DUAL_BATCH) {
+    SetError(err, err_len, "unknown region kind " + std::to_string(kind));
+    return nullptr;
+  }
+  if (kind == DYNAFLOW_APPLY_DUAL_BATCH && micro_batches != 2) {
+    SetError(err, err_len, "dual-batch overlap runs 2 micro-batches, not " +
+                               std::to_string(micro_batches));
+    return nullptr;
+  }
   try {
-    StatusOr<runtime::Schedule> schedule = runtime::BuildStaggeredRegion(segments, micro_batches);
+    StatusOr<runtime::Schedule> schedule = kind == DYNAFLOW_APPLY_STAGGERED
+                                               ? runtime::BuildStaggeredRegion(n, micro_batches)
+                                               : runtime::BuildDualBatchRegion(n);
     if (!schedule.ok()) {
       SetError(err, err_len, schedule.status().message());
       return nullptr;

@@ -78,16 +78,21 @@ DYNAFLOW_APPLY_API void* dynaflow_apply_policy_new(int num_buckets, const int64_
 DYNAFLOW_APPLY_API int dynaflow_apply_policy_pick(const void* policy, int64_t tokens);
 DYNAFLOW_APPLY_API void dynaflow_apply_policy_free(void* policy);
 
-/* A staggered region (runtime/schedule.h BuildStaggeredRegion): `segments`
- * segments of `micro_batches` micro-batches, with the sequencer that turns
- * the micro-batches' host threads through its issue order
- * (runtime/sequencer.h). NULL and err when either count is out of range
- * (segments >= 1, 1 <= micro_batches <= DYNAFLOW_APPLY_MAX_STREAMS). */
-DYNAFLOW_APPLY_API void* dynaflow_apply_region_new(int segments, int micro_batches, char* err,
+/* Kinds of region (runtime/schedule.h): DYNAFLOW_APPLY_STAGGERED is
+ * BuildStaggeredRegion(n, micro_batches), n segments; DYNAFLOW_APPLY_DUAL_BATCH
+ * is BuildDualBatchRegion(n), n collectives, micro_batches must be 2. */
+enum DynaflowApplyRegionKind { DYNAFLOW_APPLY_STAGGERED = 0, DYNAFLOW_APPLY_DUAL_BATCH = 1 };
+
+/* A region's schedule, with the sequencer that turns the micro-batches' host
+ * threads through its issue order (runtime/sequencer.h). NULL and err when a
+ * count is out of range (n >= 1, 1 <= micro_batches <=
+ * DYNAFLOW_APPLY_MAX_STREAMS) or the kind is unknown. */
+DYNAFLOW_APPLY_API void* dynaflow_apply_region_new(int kind, int n, int micro_batches, char* err,
                                                    size_t err_len);
 DYNAFLOW_APPLY_API void dynaflow_apply_region_free(void* region);
 /* The region's schedule as arrays: for task i (0 <= i < num_tasks) its
- * stream, segment and micro-batch, and its issue order. Returns num_tasks;
+ * stream, segment (a dual-batch region's part: compute 2j, collective 2j+1)
+ * and micro-batch, and its issue order. Returns num_tasks;
  * writes nothing when `capacity` is smaller. Any array may be NULL. */
 DYNAFLOW_APPLY_API int dynaflow_apply_region_tasks(const void* region, int* streams, int* segments,
                                                    int* micro_batches, int* issue_order,

@@ -147,7 +147,7 @@ namespace {
 // Python side turns them: the turns come in the schedule's issue order.
 TEST(ApplyAbiTest, RegionTurnsThreadsThroughItsIssueOrder) {
   char err[256] = "";
-  void* region = dynaflow_apply_region_new(2, 2, err, sizeof err);
+  void* region = dynaflow_apply_region_new(DYNAFLOW_APPLY_STAGGERED, 2, 2, err, sizeof err);
   ASSERT_NE(region, nullptr) << err;
   int streams[4], segments[4], mbs[4], order[4];
   ASSERT_EQ(dynaflow_apply_region_tasks(region, streams, segments, mbs, order, 4), 4);
@@ -186,9 +186,22 @@ TEST(ApplyAbiTest, RegionTurnsThreadsThroughItsIssueOrder) {
   EXPECT_EQ(dynaflow_apply_region_turn(region, 0, 0, &task, &signal, nullptr, 0, &n, err, sizeof err),
             DYNAFLOW_APPLY_BAD_INPUT);  // finished
   dynaflow_apply_region_free(region);
-  EXPECT_EQ(dynaflow_apply_region_new(0, 2, err, sizeof err), nullptr);
+  EXPECT_EQ(dynaflow_apply_region_new(DYNAFLOW_APPLY_STAGGERED, 0, 2, err, sizeof err), nullptr);
   EXPECT_NE(std::string(err).find("at least one segment"), std::string::npos) << err;
-  EXPECT_EQ(dynaflow_apply_region_new(2, 65, err, sizeof err), nullptr);
+  EXPECT_EQ(dynaflow_apply_region_new(DYNAFLOW_APPLY_STAGGERED, 2, 65, err, sizeof err), nullptr);
+  EXPECT_EQ(dynaflow_apply_region_new(DYNAFLOW_APPLY_DUAL_BATCH, 2, 3, err, sizeof err), nullptr);
+  EXPECT_NE(std::string(err).find("runs 2 micro-batches, not 3"), std::string::npos) << err;
+  EXPECT_EQ(dynaflow_apply_region_new(7, 2, 2, err, sizeof err), nullptr);
+
+  // A dual-batch region: compute parts on stream 0, collectives on stream 1.
+  region = dynaflow_apply_region_new(DYNAFLOW_APPLY_DUAL_BATCH, 1, 2, err, sizeof err);
+  ASSERT_NE(region, nullptr) << err;
+  int s6[6], g6[6], m6[6], o6[6];
+  ASSERT_EQ(dynaflow_apply_region_tasks(region, s6, g6, m6, o6, 6), 6);
+  EXPECT_EQ(std::vector<int>(s6, s6 + 6), (std::vector<int>{0, 0, 1, 1, 0, 0}));
+  EXPECT_EQ(std::vector<int>(g6, g6 + 6), (std::vector<int>{0, 0, 1, 1, 2, 2}));
+  EXPECT_EQ(std::vector<int>(m6, m6 + 6), (std::vector<int>{0, 1, 0, 1, 0, 1}));
+  dynaflow_apply_region_free(region);
 }
 
 }  // namespace

@@ -37,6 +37,7 @@ import atexit
 import contextlib
 import copy
 import ctypes
+import functools
 import inspect
 import json
 import os
@@ -121,21 +122,26 @@ def split_units(plan):
     return list(units)
 
 
-def stage_rules(plan):
-    """{splits: (stage patterns, segments)} of the plan's split buckets that
-    run a staggered region (a "stage" rule and a segment count): the unit's
-    micro-batches flow through the whole unit, cut at those stages' calls
-    into `segments` segments (runtime/schedule.h BuildStaggeredRegion)."""
+def region_rules(plan):
+    """{splits: (kind, stage patterns, n)} of the plan's split buckets that
+    run a region (a segment count): the unit's micro-batches flow through the
+    whole unit. nanobatch_overlap with a "stage" rule: cut at those stages'
+    calls into n segments (runtime/schedule.h BuildStaggeredRegion);
+    dual_batch_overlap: cut at its n collective calls (BuildDualBatchRegion)."""
     rules = _rules_by_name(plan)
     out = {}
     for bucket in plan.get("buckets", []):
         if bucket.get("strategy") not in SPLIT_STRATEGIES or not bucket.get("segments"):
             continue
+        n = int(bucket["segments"])
+        if bucket.get("strategy") == "dual_batch_overlap":
+            out[2] = (DUAL_BATCH, [], n)
+            continue
         stages = [m for name in bucket.get("rules", [])
                   for m in (rules.get(name) or {}).get("modules", [])
                   if (rules.get(name) or {}).get("role") == "stage"]
         if stages:
-            out[int(bucket.get("splits", 1))] = (stages, int(bucket["segments"]))
+            out[int(bucket.get("splits", 1))] = (STAGGERED, stages, n)
     return out
 
 
@@ -297,7 +303,7 @@ class _Runtime:
         lib.dynaflow_apply_policy_pick.argtypes = [vp, ctypes.c_int64]
         lib.dynaflow_apply_policy_pick.restype = ctypes.c_int
         lib.dynaflow_apply_policy_free.argtypes = [vp]
-        lib.dynaflow_apply_region_new.argtypes = [ctypes.c_int, ctypes.c_int] + err
+        lib.dynaflow_apply_region_new.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int] + err
         lib.dynaflow_apply_region_new.restype = vp
         lib.dynaflow_apply_region_free.argtypes = [vp]
         lib.dynaflow_apply_region_tasks.argtypes = [vp, ip, ip, ip, ip, ctypes.c_int]
@@ -354,14 +360,14 @@ class _Runtime:
     def pick(self, policy, tokens):
         return self.lib.dynaflow_apply_policy_pick(policy, tokens)
 
-    def region(self, segments, splits):
-        """A staggered region and its sequencer: (handle, [(segment, micro-batch,
+    def region(self, kind, segments, splits):
+        """A region of `kind` and its sequencer: (handle, [(segment, micro-batch,
         stream)] per task, issue order)."""
         err = ctypes.create_string_buffer(512)
-        h = self.lib.dynaflow_apply_region_new(segments, splits, err, len(err))
+        h = self.lib.dynaflow_apply_region_new(kind, segments, splits, err, len(err))
         if not h:
             raise PlanMismatch(f"runtime: {err.value.decode()}")
-        n = segments * splits
+        n = self.lib.dynaflow_apply_region_tasks(h, None, None, None, None, 0)
         streams, segs, mbs, order = (self._ints([0] * n) for _ in range(4))
         self.lib.dynaflow_apply_region_tasks(h, streams, segs, mbs, order, n)
         return h, [(segs[i], mbs[i], streams[i]) for i in range(n)], list(order[:n])
@@ -472,6 +478,7 @@ class Report:
         as_rows = lambda ids: [list(region.tasks[i]) for i in ids]  # noqa: E731
         with self.lock:
             r = self.regions.setdefault(region.path, {
+                "kind": "dual-batch" if region.kind == DUAL_BATCH else "staggered",
                 "segments": region.segments, "micro_batches": region.splits,
                 "issue_order": as_rows(region.issue_order), "executed": as_rows(executed),
                 "calls": 0, "off_schedule_calls": 0})
@@ -550,23 +557,36 @@ class Report:
 _ON_THREAD = threading.local()
 
 
-class _Region:
-    """One planned unit's staggered schedule for one split count
-    (runtime/schedule.h BuildStaggeredRegion, the object the simulator
-    predicts): the unit's micro-batches each run the whole unit on their own
-    host thread (and CUDA stream), and every call of one of its `stages`
-    after the first in a micro-batch is a segment boundary, where the
-    sequencer (runtime/sequencer.h) hands the turn to the next task in the
-    schedule's issue order. On CUDA a segment that another micro-batch waits
-    for records an event at its end, and the waiting segment's stream waits
-    for it; on the CPU the turn itself orders them."""
+# Region kinds (plugin/apply/dynaflow_apply.h DynaflowApplyRegionKind).
+STAGGERED, DUAL_BATCH = 0, 1
 
-    def __init__(self, runtime, path, stages, segments, splits, cuda):
+# The torch.distributed collectives a dual-batch region cuts at.
+_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast",
+                "reduce")
+
+
+class _Region:
+    """One planned unit's schedule for one split count (runtime/schedule.h:
+    BuildStaggeredRegion or BuildDualBatchRegion, the object the simulator
+    predicts): the unit's micro-batches each run the whole unit on their own
+    host thread, and at every boundary the sequencer (runtime/sequencer.h)
+    hands the turn to the next task in the schedule's issue order.
+    Boundaries: for a staggered region, every call of one of its `stages`
+    after the first in a micro-batch; for a dual-batch region, the start and
+    the end of every torch.distributed collective (the collective is its own
+    part, on the communication stream). On CUDA each task runs on its
+    schedule stream (the thread's current stream is switched at its turn), a
+    task that another waits for records an event at its end and the waiting
+    task's stream waits for it; on the CPU the turn itself orders them."""
+
+    def __init__(self, runtime, path, kind, stages, n, splits, cuda):
         self.runtime = runtime
         self.path = path
-        self.segments = segments
+        self.kind = kind
+        self.segments = n
         self.splits = splits
-        self.handle, self.tasks, self.issue_order = runtime.region(segments, splits)
+        self.handle, self.tasks, self.issue_order = runtime.region(kind, n, splits)
         self.cuda = cuda
         self.current = [None] * splits  # per micro-batch: (task, signal)
         self.cut = [False] * splits     # per micro-batch: a stage has been called
@@ -575,7 +595,7 @@ class _Region:
         if cuda:
             import torch
 
-            self.streams = [torch.cuda.Stream() for _ in range(splits)]
+            self.streams = [torch.cuda.Stream() for _ in range(max(t[2] for t in self.tasks) + 1)]
             self.events = [torch.cuda.Event() for _ in self.tasks]
             self.fork = torch.cuda.Event()
             self.ends = [torch.cuda.Event() for _ in range(splits)]
@@ -600,8 +620,8 @@ class _Region:
             for e in self.ends:
                 caller_stream.wait_event(e)
 
-    def stream(self, mb):
-        return self.streams[mb] if self.cuda else None
+    def _stream_of(self, task):
+        return self.streams[self.tasks[task][2]]
 
     def _take(self, mb, first):
         task, signal, waits = self.runtime.turn(self.handle, mb, first)
@@ -609,25 +629,29 @@ class _Region:
             return  # past the last segment: stays in it (counted by the sequencer)
         self.current[mb] = (task, signal)
         if self.cuda:
+            import torch
+
+            stream = self._stream_of(task)
+            torch.cuda.set_stream(stream)  # this thread's current stream
+            if first:
+                stream.wait_event(self.fork)
             for w in waits:
-                self.streams[mb].wait_event(self.events[w])
+                stream.wait_event(self.events[w])
 
     def _close(self, mb):
         task, signal = self.current[mb]
         if signal and self.cuda:
-            self.events[task].record(self.streams[mb])
+            self.events[task].record(self._stream_of(task))
 
     def begin(self, mb):
-        if self.cuda:
-            self.streams[mb].wait_event(self.fork)
         self._take(mb, True)
 
     def end(self, mb):
         try:
             if self.current[mb] is not None:
                 self._close(mb)
-            if self.cuda:
-                self.ends[mb].record(self.streams[mb])
+                if self.cuda:
+                    self.ends[mb].record(self._stream_of(self.current[mb][0]))
         finally:
             self.runtime.lib.dynaflow_apply_region_finish(self.handle, mb)
 
@@ -642,9 +666,63 @@ class _Region:
         self._close(mb)
         self._take(mb, False)
 
+    def collective(self, mb, fn, args, kwargs):
+        """A dual-batch region's collective call: its own part, on the
+        communication stream; the compute part after it waits for it."""
+        self._close(mb)
+        self._take(mb, False)
+        if self.cuda:
+            # Its tensors are used on the communication stream: their memory
+            # is not reused before that stream is done (torch's rule).
+            import torch
+
+            for t in _tensors_in((args, kwargs)):
+                if t.is_cuda:
+                    t.record_stream(torch.cuda.current_stream())
+        _ON_THREAD.in_collective = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _ON_THREAD.in_collective = False
+            self._close(mb)
+            self._take(mb, False)
+
     def account(self, report):
         executed, skipped, extra = self.runtime.executed(self.handle, len(self.tasks))
         report.region_call(self, executed, skipped, extra)
+
+
+class _CollectiveCuts:
+    """torch.distributed's collectives, wrapped while a plan with a
+    dual-batch region is attached: called from a micro-batch's thread of such
+    a region (and not from inside another collective), a collective becomes
+    that region's part; from anywhere else it runs as it would."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.originals = {name: getattr(dist, name) for name in _COLLECTIVES
+                          if hasattr(dist, name)}
+        for name, fn in self.originals.items():
+            setattr(dist, name, self._wrap(fn))
+
+    @staticmethod
+    def _wrap(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            at = getattr(_ON_THREAD, "at", None)
+            if at is None or at[0].kind != DUAL_BATCH or getattr(_ON_THREAD, "in_collective",
+                                                                 False):
+                return fn(*args, **kwargs)
+            return at[0].collective(at[1], fn, args, kwargs)
+
+        return call
+
+    def restore(self):
+        for name, fn in self.originals.items():
+            setattr(self.dist, name, fn)
+        self.originals = {}
 
 
 class _PlannedForward:
@@ -799,8 +877,8 @@ class _PlannedForward:
                 if region is None:
                     state["results"][mb] = self.original(*split.args[mb], **split.kwargs[mb])
                     return 0
-                if region.cuda:
-                    modes.enter_context(torch.cuda.stream(region.stream(mb)))
+                if region.cuda:  # restores this thread's stream after the turns switched it
+                    modes.enter_context(torch.cuda.stream(torch.cuda.current_stream()))
                 _ON_THREAD.at = (region, mb)
                 try:
                     region.begin(mb)
@@ -940,7 +1018,8 @@ class Applier:
         self.policy = self.runtime.policy(max_tokens, schedules, len(self.splits_of))
         self.cuda = False
         self.executor = None
-        self.host_executor = None  # CPU threads of staggered regions on CUDA
+        self.host_executor = None  # CPU threads of regions on CUDA
+        self.collective_cuts = None  # torch.distributed wrapped for dual-batch regions
         self.forwards = []
 
     def attach(self, model, strict=False):
@@ -952,13 +1031,18 @@ class Applier:
             return self
         param = next(model.parameters(), None)
         self.cuda = param is not None and param.device.type == "cuda"
-        staggered = stage_rules(self.plan)
+        regions = region_rules(self.plan)
         # Every unit's stages are counted before anything is installed: a
         # model whose stage calls differ from the plan's segments would run
         # another schedule than the one predicted, so the plan is refused.
+        # (A dual-batch region's collectives are counted as they run: calls
+        # that make other collectives are reported off schedule.)
         stages = {}
         for path, module in units:
-            for splits, (patterns, segments) in staggered.items():
+            for splits, (kind, patterns, segments) in regions.items():
+                if kind != STAGGERED:
+                    stages[(path, splits)] = []
+                    continue
                 found = stage_modules(path, module, patterns)
                 if len(found) != segments:
                     raise PlanMismatch(
@@ -967,14 +1051,16 @@ class Applier:
                         f"this model has {len(found)} such modules")
                 stages[(path, splits)] = found
         self.executor = self.runtime.executor(self.cuda, max(self.splits_of))
-        if self.cuda and staggered:
+        if self.cuda and regions:
             self.host_executor = self.runtime.executor(False, max(self.splits_of))
+        if any(kind == DUAL_BATCH for kind, _, _ in regions.values()):
+            self.collective_cuts = _CollectiveCuts()
         for path, module in units:
             forward = _PlannedForward(path, module, self)
             self.forwards.append(forward)
-            for splits, (_, segments) in staggered.items():
-                forward.regions[splits] = _Region(self.runtime, path, stages[(path, splits)],
-                                                  segments, splits, self.cuda)
+            for splits, (kind, _, n) in regions.items():
+                forward.regions[splits] = _Region(self.runtime, path, kind, stages[(path, splits)],
+                                                  n, splits, self.cuda)
         self.report.units = [p for p, _ in units]
         return self
 
@@ -983,6 +1069,9 @@ class Applier:
         for f in self.forwards:
             f.restore()
         self.forwards = []
+        if self.collective_cuts is not None:
+            self.collective_cuts.restore()
+            self.collective_cuts = None
         lib = self.runtime.lib
         for name in ("executor", "host_executor"):
             if getattr(self, name):
