@@ -91,6 +91,12 @@ int RunAdvise(const AdviseArgs& args) {
           "was found in the trace; trace the program with `dynaflow "
           "trace`, which records module paths"));
     }
+    if (advise.force && *advise.force == Strategy::kCommOverlap && !OverlapsModules(advice.plan)) {
+      return Fail(Status::BadInput(
+          "--force-strategy comm_overlap: nothing to overlap: no module of the trace makes a "
+          "torch.distributed collective (a c10d operator); trace the program with `dynaflow "
+          "trace`, which records module paths"));
+    }
   }
   ShowPhase("");
   std::string text;

@@ -105,6 +105,7 @@ struct ApplySummary {
     int64_t off_schedule_calls = 0;
   };
   std::map<std::string, Region> regions;
+  int64_t overlapped_collectives = 0;  // comm_overlap: launched asynchronously
 };
 
 ApplySummary MergeReports(const std::string& dir) {
@@ -134,6 +135,7 @@ ApplySummary MergeReports(const std::string& dir) {
     s.max_rel_diff = std::max(s.max_rel_diff, v.value("max_rel_diff", 0.0));
     if (!v.value("worst", "").empty() && s.worst.empty()) s.worst = v.value("worst", "");
     if (!v.value("ok", false)) s.verify_ok = false;
+    s.overlapped_collectives += r.value("overlapped_collectives", int64_t{0});
     const nlohmann::json regions = r.value("regions", nlohmann::json::object());
     if (!regions.is_object()) continue;
     for (auto it = regions.begin(); it != regions.end(); ++it) {
@@ -183,6 +185,11 @@ int Summarize(const ApplyArgs& args, const std::string& report_dir, int exit_cod
               << " original calls of " << r.units << " modules"
               << (r.ran_model > 1 ? " in " + std::to_string(r.ran_model) + " processes" : "")
               << "\n";
+    if (r.overlapped_collectives > 0) {
+      std::cerr << "dynaflow apply: " << r.overlapped_collectives
+                << " collectives launched asynchronously, each waited for just before the first "
+                   "operator that uses its tensors\n";
+    }
     // Whether the calls ran the schedule the prediction simulated.
     for (const auto& [path, g] : r.regions) {
       const bool dual = g.kind == "dual-batch";

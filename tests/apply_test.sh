@@ -162,6 +162,23 @@ expect_code "apply dual batch, tensor parallel" 0 "$bin" apply --verify --strict
 check "dual batch, tensor parallel: same outputs" has "$work/out" "$(cat "$work/tp_base.out")"
 check "dual batch, tensor parallel: the predicted order" has "$work/err" \
   "TPModel ran dual-batch (3 collectives x 2 micro-batches) in the predicted order in 4 of 4 calls"
+# Communication overlap: each layer's all_reduce launched asynchronously and
+# waited for just before the residual add reads it.
+expect_code "advise comm overlap, tensor parallel" 0 "$bin" advise "$work/tp.db" \
+  --plan "$work/tp_overlap.json" --force-strategy comm_overlap
+check "comm overlap plan: the layers" has "$work/tp_overlap.json" '"TPModel.layers.*"'
+expect_code "apply comm overlap, tensor parallel" 0 "$bin" apply --verify --strict \
+  "$work/tp_overlap.json" -- "${tp[@]}"
+check "comm overlap, tensor parallel: same outputs" has "$work/out" "$(cat "$work/tp_base.out")"
+check "comm overlap, tensor parallel: every layer call planned" has "$work/err" \
+  "18 planned and 0 original calls of 3 modules in 2 processes"
+check "comm overlap, tensor parallel: collectives overlapped" has "$work/err" \
+  "18 collectives launched asynchronously"
+check "comm overlap, tensor parallel: verify line" grep -qE '^verify: .* \(18 calls\)' "$work/out"
+expect_code "nothing to overlap" 2 "$bin" advise "$work/run.db" --plan "$work/no_overlap.json" \
+  --force-strategy comm_overlap
+check "nothing to overlap said" has "$work/err" "--force-strategy comm_overlap: nothing to overlap"
+check "nothing to overlap: no plan written" test ! -e "$work/no_overlap.json"
 # The same with the layers as units, unstaggered: the micro-batches run in order.
 edit_plan "$work/tp.json" "$work/tp_layers.json" 'units(p, ["TPModel.layers.*"])'
 expect_code "apply tensor parallel, layer units" 0 "$bin" apply --verify --strict \

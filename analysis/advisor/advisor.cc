@@ -9,6 +9,7 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace dynaflow {
 namespace {
@@ -371,7 +372,25 @@ bool SplitsBatch(Strategy s) {
 // the CPU): the split rule comes from the operators' module paths, busiest
 // first, so that `apply` can be exercised on any machine. Replaced by the
 // simulated plan when the trace has GPU work.
+// --force-strategy comm_overlap on a trace without a step graph: the modules
+// that make collectives (c10d operators), as patterns, run with their
+// collectives launched asynchronously.
+void ForceOverlapWithoutGraph(const Trace& trace, Plan& plan) {
+  std::vector<std::string> modules;
+  std::unordered_set<StringId> seen;
+  for (const Operator& op : trace.ops) {
+    if (op.module_path == 0 || !trace.strings.Get(op.name).starts_with("c10d::")) continue;
+    if (seen.insert(op.module_path).second) modules.emplace_back(trace.strings.Get(op.module_path));
+  }
+  std::vector<std::string> units = SplitUnits(modules);
+  if (units.empty()) return;
+  const std::string rule = std::string(StrategyName(plan.strategy)) + ".side_stream";
+  plan.partition_rules = {{rule, "side_stream", {"c10d::"}, std::move(units)}};
+  plan.buckets.front().rules = {rule};
+}
+
 void ForceWithoutGraph(const Trace& trace, const AdviseOptions& opt, Plan& plan) {
+  if (plan.strategy == Strategy::kCommOverlap) ForceOverlapWithoutGraph(trace, plan);
   if (!SplitsBatch(plan.strategy)) return;
   std::unordered_map<StringId, double> time;
   for (const Operator& op : trace.ops) {
@@ -428,7 +447,7 @@ std::vector<PlanRule> RulesFor(const Candidate& c) {
   };
   switch (c.strategy) {
     case Strategy::kSequential: break;
-    case Strategy::kCommOverlap: add("side_stream", p.side_stream, p.modules); break;
+    case Strategy::kCommOverlap: add("side_stream", p.side_stream, SplitUnits(p.modules)); break;
     case Strategy::kFusion: add("fused", p.fused, p.modules); break;
     case Strategy::kDualBatchOverlap:
       add("split", {}, SplitUnits(p.modules));
@@ -482,12 +501,12 @@ StepPicture Picture(const Trace& trace, const StepGraph& g, const Schedule& s, c
 }
 
 // The structure fingerprint `dynaflow trace` recorded for the root module
-// that the plan's split units start with ("LlamaForCausalLM" of
+// that the plan's units (split or side-stream) start with ("LlamaForCausalLM" of
 // "LlamaForCausalLM.model.layers.*"); empty when the trace has none, or when
 // its processes recorded different ones (merged metadata joins them by ';').
 std::string ModuleFingerprintOf(const Trace& trace, const Plan& plan) {
   for (const PlanRule& rule : plan.partition_rules) {
-    if (rule.role != "split" || rule.modules.empty()) continue;
+    if ((rule.role != "split" && rule.role != "side_stream") || rule.modules.empty()) continue;
     const std::string& unit = rule.modules.front();
     const auto it = trace.metadata.find("module_fingerprint." + unit.substr(0, unit.find('.')));
     if (it == trace.metadata.end()) return "";

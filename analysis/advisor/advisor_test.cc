@@ -230,6 +230,45 @@ TEST(AdvisorTest, ForcedSplitWithoutGpuActivityNamesRepeatedBlocks) {
   EXPECT_TRUE(c.plan.partition_rules.empty());
   EXPECT_EQ(c.plan.splits, 1);
   EXPECT_FALSE(SplitsModules(c.plan));
+  EXPECT_FALSE(OverlapsModules(c.plan));  // no collective
+}
+
+// A CPU run of a tensor-parallel model: forced communication overlap names
+// the modules that make collectives, as patterns; forced dual-batch overlap
+// cuts the blocks' parent at its collectives, counted per call.
+TEST(AdvisorTest, ForcedOverlapWithoutGpuActivityNamesTheModulesThatCommunicate) {
+  Trace trace;
+  auto op = [&trace](const char* name, const char* module, TimeNs start, TimeNs end) {
+    Operator o;
+    o.name = trace.strings.Intern(name);
+    o.module_path = trace.strings.Intern(module);
+    o.start = start;
+    o.end = end;
+    trace.ops.push_back(o);
+  };
+  for (int call = 0; call < 2; ++call) {  // two forwards of a two-layer model
+    const TimeNs t = call * 100;
+    op("aten::mm", "Tp.layers.0", t, t + 10);
+    op("c10d::allreduce_", "Tp.layers.0", t + 10, t + 20);
+    op("aten::mm", "Tp.layers.1", t + 20, t + 30);
+    op("c10d::allreduce_", "Tp.layers.1", t + 30, t + 40);
+  }
+  AdviseOptions opt;
+  opt.force = Strategy::kCommOverlap;
+  const AdviceResult c = Advise(trace, {"cpu.db"}, opt);
+  ASSERT_EQ(c.plan.partition_rules.size(), 1u);
+  EXPECT_EQ(c.plan.partition_rules[0].role, "side_stream");
+  EXPECT_EQ(c.plan.partition_rules[0].modules, std::vector<std::string>{"Tp.layers.*"});
+  EXPECT_TRUE(OverlapsModules(c.plan));
+  EXPECT_TRUE(ValidatePlanJson(PlanToJson(c.plan)).ok());
+
+  opt.force = Strategy::kDualBatchOverlap;
+  const AdviceResult d = Advise(trace, {"cpu.db"}, opt);
+  ASSERT_EQ(d.plan.partition_rules.size(), 1u);
+  EXPECT_EQ(d.plan.partition_rules[0].modules, std::vector<std::string>{"Tp"});
+  EXPECT_EQ(d.plan.buckets[0].segments, 2);  // collectives per forward
+  EXPECT_EQ(d.plan.splits, 2);
+  EXPECT_TRUE(ValidatePlanJson(PlanToJson(d.plan)).ok());
 }
 
 }  // namespace

@@ -175,6 +175,18 @@ bool SplitsModules(const Plan& plan) {
   return false;
 }
 
+bool OverlapsModules(const Plan& plan) {
+  for (const PlanBucket& b : plan.buckets) {
+    if (b.strategy != Strategy::kCommOverlap) continue;
+    for (const std::string& name : b.rules) {
+      for (const PlanRule& r : plan.partition_rules) {
+        if (r.name == name && r.role == "side_stream" && !r.modules.empty()) return true;
+      }
+    }
+  }
+  return false;
+}
+
 json PlanToJson(const Plan& p) {
   json rules = json::array();
   for (const PlanRule& r : p.partition_rules) {

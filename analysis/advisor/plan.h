@@ -136,4 +136,8 @@ std::vector<PlanStream> StreamsFor(Strategy s);
 // names a split rule with modules: what `dynaflow apply` can run split.
 bool SplitsModules(const Plan& plan);
 
+// Whether some comm_overlap bucket names a side_stream rule with modules:
+// what `dynaflow apply` can run with its collectives overlapped.
+bool OverlapsModules(const Plan& plan);
+
 }  // namespace dynaflow

@@ -101,8 +101,8 @@ class PureFunctionsTest(unittest.TestCase):
 
     def test_unsupported_strategies_are_named(self):
         p = plan(["M.b.*"])
-        p["buckets"][0]["strategy"] = "comm_overlap"
-        with self.assertRaisesRegex(_apply.PlanMismatch, "comm_overlap"):
+        p["buckets"][0]["strategy"] = "fusion"
+        with self.assertRaisesRegex(_apply.PlanMismatch, "fusion"):
             _apply.check_strategies(p)
 
     def test_split_units_deduplicates_in_plan_order_in_linear_time(self):
@@ -132,6 +132,63 @@ class PureFunctionsTest(unittest.TestCase):
         message = str(cm.exception)
         self.assertLess(len(message), 400)
         self.assertIn(f"unknown module {long_name[:200]}... (10000002 characters)", message)
+
+
+@unittest.skipUnless(HAS_TORCH, "needs torch")
+class CommOverlapTest(unittest.TestCase):
+    """comm_overlap's waits, with a collective whose work lands only when
+    waited for (as gloo's and NCCL's asynchronous works do)."""
+
+    def setUp(self):
+        self.events = []
+
+        class Work:
+            def __init__(work, t):
+                work.t = t
+
+            def wait(work):
+                self.events.append("wait")
+                work.t.add_(10)  # the reduction lands
+
+        def all_reduce(t, op=None, group=None, async_op=False):
+            self.events.append(f"launch async_op={async_op}")
+            return Work(t)
+
+        self.all_reduce = all_reduce
+
+    def test_a_collective_is_waited_for_just_before_its_first_use(self):
+        overlap = _apply._CommOverlap()
+        t, other = torch.zeros(3), torch.ones(3)
+        with _apply._wait_before_use(overlap):
+            self.assertIsNone(overlap.launch(self.all_reduce, (t,), {}))
+            y = other * 2  # independent work runs beside the collective
+            self.events.append("independent")
+            z = t + 1      # the consumer waits first
+        self.assertEqual(self.events, ["launch async_op=True", "independent", "wait"])
+        self.assertEqual(z.tolist(), [11.0] * 3)
+        self.assertEqual(y.tolist(), [2.0] * 3)
+        self.assertEqual(overlap.pending, {})
+        self.assertEqual(overlap.launched, 1)
+
+    def test_views_and_in_place_writes_wait_too_and_the_rest_at_the_end(self):
+        overlap = _apply._CommOverlap()
+        a, b = torch.zeros(4), torch.zeros(2)
+        with _apply._wait_before_use(overlap):
+            overlap.launch(self.all_reduce, (a,), {})
+            overlap.launch(self.all_reduce, (b,), {})
+            a[1:].mul_(2)  # a view of a, written in place: waits for a's collective only
+        self.assertEqual(self.events.count("wait"), 1)
+        self.assertEqual(a.tolist(), [10.0, 20.0, 20.0, 20.0])
+        overlap.wait_all()  # the planned call's end: b's collective lands
+        self.assertEqual(b.tolist(), [10.0, 10.0])
+        self.assertEqual(overlap.pending, {})
+
+    def test_a_caller_that_asks_for_its_own_work_keeps_it(self):
+        overlap = _apply._CommOverlap()
+        work = overlap.launch(self.all_reduce, (torch.zeros(1),), {"async_op": True})
+        self.assertIsNotNone(work)
+        self.assertEqual(overlap.launched, 0)
+        self.assertEqual(overlap.pending, {})
 
 
 @unittest.skipUnless(HAS_TORCH and RUNTIME, "needs torch and the built runtime library")

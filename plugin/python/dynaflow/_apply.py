@@ -20,8 +20,10 @@ Calls in a sequential bucket, or with fewer rows than splits, run the original
 forward after one policy lookup.
 
 Strategies that split the batch (nanobatch_overlap, dual_batch_overlap) are
-applied; a plan whose strategy at some bucket is comm_overlap or fusion is
-refused, as is one whose units or device do not match the program.
+applied, and comm_overlap (a unit's collectives launched asynchronously, each
+waited for just before the first operator that uses its tensors); a plan
+whose strategy at some bucket is fusion is refused, as is one whose units or
+device do not match the program.
 A refused plan prints one "dynaflow apply: ..." line and the program runs
 unmodified; with strict, the process exits with code 2 instead.
 
@@ -49,7 +51,10 @@ from ._split import (MergeError, Refusal, Unchanged, check_rows_independent, mer
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
-UNSUPPORTED_STRATEGIES = ("comm_overlap", "fusion")
+UNSUPPORTED_STRATEGIES = ("fusion",)
+# A bucket of communication overlap runs its units unsplit; in the policy's
+# table it takes the schedule index of this pseudo split count.
+OVERLAP = 1
 # schemas/plan.schema.json's bound on splits (analysis/advisor/plan.h
 # PlanLimits::kMaxSplits): `dynaflow apply` validates it before the program
 # starts; dynaflow.apply(model, plan) in code checks it here.
@@ -108,15 +113,20 @@ def _rules_by_name(plan):
 
 
 def split_units(plan):
-    """The module patterns the plan's split buckets split, in plan order."""
+    """The module patterns the plan's buckets run planned, in plan order: the
+    split rules of the batch-splitting buckets, the side-stream rules of the
+    communication-overlap buckets."""
     rules = _rules_by_name(plan)
     units = {}  # a dict keeps plan order and de-duplicates in linear time
     for bucket in plan.get("buckets", []):
-        if bucket.get("strategy") not in SPLIT_STRATEGIES:
+        strategy = bucket.get("strategy")
+        role = "split" if strategy in SPLIT_STRATEGIES else (
+            "side_stream" if strategy == "comm_overlap" else None)
+        if role is None:
             continue
         for name in bucket.get("rules", []):
             rule = rules.get(name)
-            if rule is None or rule.get("role") != "split":
+            if rule is None or rule.get("role") != role:
                 continue
             units.update(dict.fromkeys(rule.get("modules", [])))
     return list(units)
@@ -270,8 +280,9 @@ def check_strategies(plan):
         s = bucket.get("strategy")
         if s in UNSUPPORTED_STRATEGIES:
             raise PlanMismatch(f"strategy {_cut(s)} (tokens {bucket.get('min_tokens')} and up) is "
-                               f"not applied by this version; advise with --force-strategy "
-                               f"nanobatch_overlap or dual_batch_overlap")
+                               f"not applied by this version (fusing a collective with its "
+                               f"consumers needs a fused kernel); advise with --force-strategy "
+                               f"nanobatch_overlap, dual_batch_overlap or comm_overlap")
 
 
 class _Runtime:
@@ -406,6 +417,10 @@ def bucket_table(plan):
             if splits not in splits_of:
                 splits_of.append(splits)
             schedules.append(splits_of.index(splits))
+        elif bucket.get("strategy") == "comm_overlap":
+            if OVERLAP not in splits_of:
+                splits_of.append(OVERLAP)
+            schedules.append(splits_of.index(OVERLAP))
         else:
             schedules.append(-1)
     return max_tokens, schedules, splits_of
@@ -471,6 +486,7 @@ class Report:
         self.verify_ok = True
         self.worst = ""
         self.regions = {}  # unit path -> what its staggered calls ran
+        self.overlapped_collectives = 0  # launched asynchronously by comm_overlap calls
 
     def region_call(self, region, executed, skipped, extra):
         """One call of a staggered region: the tasks in the order their turns
@@ -540,6 +556,7 @@ class Report:
             "planned_calls": self.planned_calls,
             "original_calls": self.original_calls,
             "regions": self.regions,
+            "overlapped_collectives": self.overlapped_collectives,
         }
         if verify:
             out["verify"] = {
@@ -692,11 +709,75 @@ class _Region:
         report.region_call(self, executed, skipped, extra)
 
 
+class _CommOverlap:
+    """The collectives one planned call launched asynchronously, by the
+    storages of their tensors, until they are waited for."""
+
+    def __init__(self):
+        self.pending = {}  # storage data pointer -> work
+        self.launched = 0
+
+    def launch(self, fn, args, kwargs):
+        """Calls the collective `fn` asynchronously; returns what the
+        synchronous call returns (None). A call that asks for its own work
+        (async_op) is left to the caller."""
+        if kwargs.get("async_op") or len(args) >= 4:
+            return fn(*args, **kwargs)
+        work = fn(*args, **dict(kwargs, async_op=True))
+        if work is None:  # this rank is not in the group
+            return None
+        self.launched += 1
+        for t in _tensors_in((args, kwargs)):
+            self.pending[t.untyped_storage().data_ptr()] = work
+        return None
+
+    def wait_for(self, values):
+        """Waits for the collectives whose tensors `values` reference."""
+        for t in _tensors_in(values):
+            work = self.pending.get(t.untyped_storage().data_ptr())
+            if work is not None:
+                self._wait(work)
+
+    def _wait(self, work):
+        work.wait()
+        self.pending = {k: w for k, w in self.pending.items() if w is not work}
+
+    def wait_all(self):
+        for work in list(dict.fromkeys(self.pending.values())):
+            self._wait(work)
+
+
+_WAIT_MODE = []  # the TorchDispatchMode class, made on first use (torch is imported late)
+
+
+def _wait_before_use(overlap):
+    """A dispatch mode in which every operator first waits for the pending
+    collectives of `overlap` whose tensors it reads or writes."""
+    if not _WAIT_MODE:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class WaitBeforeUse(TorchDispatchMode):
+            def __init__(self, pending):
+                super().__init__()
+                self.overlap = pending
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if self.overlap.pending:
+                    self.overlap.wait_for((args, kwargs))
+                return func(*args, **kwargs)
+
+        _WAIT_MODE.append(WaitBeforeUse)
+    return _WAIT_MODE[0](overlap)
+
+
 class _CollectiveCuts:
     """torch.distributed's collectives, wrapped while a plan with a
-    dual-batch region is attached: called from a micro-batch's thread of such
-    a region (and not from inside another collective), a collective becomes
-    that region's part; from anywhere else it runs as it would."""
+    dual-batch region or communication overlap is attached: called during a
+    comm_overlap call, a collective is launched asynchronously; from a
+    micro-batch's thread of a dual-batch region, it becomes that region's
+    part; from anywhere else (or inside another collective) it runs as it
+    would."""
 
     def __init__(self):
         import torch.distributed as dist
@@ -711,9 +792,17 @@ class _CollectiveCuts:
     def _wrap(fn):
         @functools.wraps(fn)
         def call(*args, **kwargs):
+            if getattr(_ON_THREAD, "in_collective", False):
+                return fn(*args, **kwargs)
+            overlap = getattr(_ON_THREAD, "overlap", None)
+            if overlap is not None:
+                _ON_THREAD.in_collective = True
+                try:
+                    return overlap.launch(fn, args, kwargs)
+                finally:
+                    _ON_THREAD.in_collective = False
             at = getattr(_ON_THREAD, "at", None)
-            if at is None or at[0].kind != DUAL_BATCH or getattr(_ON_THREAD, "in_collective",
-                                                                 False):
+            if at is None or at[0].kind != DUAL_BATCH:
                 return fn(*args, **kwargs)
             return at[0].collective(at[1], fn, args, kwargs)
 
@@ -773,6 +862,8 @@ class _PlannedForward:
         if index < 0 or x.shape[0] < a.splits_of[index]:
             a.report.original_calls += 1
             return self.original(*args, **kwargs)
+        if a.splits_of[index] == OVERLAP:
+            return self._overlapped(args, kwargs)
         batch = x.shape[0]
         try:
             check_rows_independent(self.path, self.module)
@@ -787,6 +878,29 @@ class _PlannedForward:
         with a.lock:  # one call at a time per executor
             out = self._run(split)
         a.report.planned_calls += 1
+        if baseline is not None:
+            a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
+        return out
+
+    def _overlapped(self, args, kwargs):
+        """Communication overlap: the call runs once, unsplit; each
+        torch.distributed collective it makes is launched asynchronously (on
+        CUDA, on the process group's communication stream) and waited for
+        just before the first operator that uses one of its tensors, or when
+        the call returns: work in between that does not touch them runs
+        beside it."""
+        a = self.applier
+        baseline = _Baseline(self.module, self.original, args, kwargs) if a.verify else None
+        overlap = _CommOverlap()
+        _ON_THREAD.overlap = overlap
+        try:
+            with _wait_before_use(overlap):
+                out = self.original(*args, **kwargs)
+        finally:
+            _ON_THREAD.overlap = None
+            overlap.wait_all()
+        a.report.planned_calls += 1
+        a.report.overlapped_collectives += overlap.launched
         if baseline is not None:
             a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
         return out
@@ -1053,7 +1167,7 @@ class Applier:
         self.executor = self.runtime.executor(self.cuda, max(self.splits_of))
         if self.cuda and regions:
             self.host_executor = self.runtime.executor(False, max(self.splits_of))
-        if any(kind == DUAL_BATCH for kind, _, _ in regions.values()):
+        if any(kind == DUAL_BATCH for kind, _, _ in regions.values()) or OVERLAP in self.splits_of:
             self.collective_cuts = _CollectiveCuts()
         for path, module in units:
             forward = _PlannedForward(path, module, self)
