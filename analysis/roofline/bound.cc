@@ -84,6 +84,30 @@ double PeakRates::Flops(Precision p) const {
   return flops_half;
 }
 
+namespace {
+
+// CUDA C++ Programming Guide, "Technical Specifications per Compute
+// Capability": resident threads, blocks, 32-bit registers and shared memory
+// (the most a block may configure) per SM.
+void SetSmLimits(int major, int minor, PeakRates* p) {
+  struct Limits {
+    int major, minor, threads, blocks, shared_kib;
+  };
+  static constexpr Limits kLimits[] = {
+      {7, 0, 2048, 32, 96},  {7, 5, 1024, 16, 64},  {8, 0, 2048, 32, 164}, {8, 6, 1536, 16, 100},
+      {8, 9, 1536, 24, 100}, {9, 0, 2048, 32, 228}, {10, 0, 2048, 32, 228},
+  };
+  for (const Limits& l : kLimits) {
+    if (l.major != major || l.minor != minor) continue;
+    p->max_threads_per_sm = l.threads;
+    p->max_blocks_per_sm = l.blocks;
+    p->registers_per_sm = 65536;
+    p->shared_memory_per_sm = l.shared_kib * 1024;
+  }
+}
+
+}  // namespace
+
 PeakRates PeakRatesFor(const DeviceInfo& d) {
   PeakRates p;
   p.name = d.name;
@@ -102,7 +126,21 @@ PeakRates PeakRatesFor(const DeviceInfo& d) {
   p.link_bytes_per_s = src.interconnect_gbps * 1e9;
   // PCIe Gen5 x16 ~ 55 GB/s achieved for Hopper and Blackwell, Gen4 ~ 25 GB/s before.
   p.pcie_bytes_per_s = (src.cc_major >= 9 ? 55.0 : 25.0) * 1e9;
+  if (t != nullptr && t->name.starts_with("NVIDIA")) SetSmLimits(t->cc_major, t->cc_minor, &p);
   return p;
+}
+
+double GridFraction(const GpuActivity& k, const PeakRates& p) {
+  if (k.kind != GpuKind::kKernel || p.sm_count <= 0 || p.max_threads_per_sm <= 0) return 0;
+  const double blocks = static_cast<double>(k.grid[0]) * std::max(1, k.grid[1]) * std::max(1, k.grid[2]);
+  const int64_t threads = static_cast<int64_t>(k.block[0]) * std::max(1, k.block[1]) * std::max(1, k.block[2]);
+  if (blocks <= 0 || threads <= 0) return 0;
+  const int64_t warp_threads = (threads + 31) / 32 * 32;
+  int64_t per_sm = std::min<int64_t>(p.max_blocks_per_sm, p.max_threads_per_sm / warp_threads);
+  if (k.registers > 0) per_sm = std::min<int64_t>(per_sm, p.registers_per_sm / (k.registers * warp_threads));
+  if (k.shared_memory > 0) per_sm = std::min<int64_t>(per_sm, p.shared_memory_per_sm / k.shared_memory);
+  per_sm = std::max<int64_t>(per_sm, 1);  // it ran: at least one block fits
+  return std::min(1.0, blocks / (static_cast<double>(per_sm) * p.sm_count));
 }
 
 namespace {

@@ -49,6 +49,14 @@ struct PeakRates {
   double bytes_per_s = 0;       // HBM
   double link_bytes_per_s = 0;  // NVLink per direction (0: none)
   double pcie_bytes_per_s = 0;
+  // Per-SM residency limits of the part's compute capability (CUDA C++
+  // Programming Guide, "Technical Specifications per Compute Capability");
+  // 0 where unknown (AMD parts, whose compute units schedule wavefronts by
+  // other rules, and capabilities not listed).
+  int max_threads_per_sm = 0;
+  int max_blocks_per_sm = 0;
+  int registers_per_sm = 0;
+  int shared_memory_per_sm = 0;  // bytes
 
   double Flops(Precision p) const;
   // FLOP per byte where BF16 math and HBM take equal time.
@@ -56,6 +64,14 @@ struct PeakRates {
 };
 
 PeakRates PeakRatesFor(const DeviceInfo& device);
+
+// The fraction of the device's SMs a kernel's grid occupies while it runs,
+// from its launch configuration: blocks / (resident blocks per SM x SMs),
+// at most 1 (a grid of a wave or more fills the device until its tail).
+// Resident blocks per SM are limited by threads (whole warps), blocks,
+// registers and shared memory per SM. 0 when unknown: no launch
+// configuration (memcpy, memset, traces without it) or no limits for the part.
+double GridFraction(const GpuActivity& kernel, const PeakRates& peaks);
 
 // Links between the trace's records, built once per trace in linear time
 // (plus one sort of the operators per thread). A GPU activity links to the

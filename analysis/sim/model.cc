@@ -40,6 +40,11 @@ double PartDuration(const SimTask& t, double s, const PeakRates& peaks, const Si
   return fixed + (t.dur_us - fixed) * g;
 }
 
+double SmNeed(const SimTask& t, double s) {
+  if (t.sm_fraction <= 0) return 0;
+  return std::min(1.0, t.token_scaled ? t.sm_fraction * s : t.sm_fraction);
+}
+
 double HbmDemand(const SimTask& t, const PeakRates& peaks, const SimParams& p) {
   double fallback = p.hbm_memory;
   switch (t.resource) {

@@ -23,14 +23,21 @@
 //    is the unit it saturates alone, so tasks of one class share that unit:
 //    the speeds of a class sum to at most its capacity (physical_bound.h),
 //    which keeps every simulation at or above BoundOf(schedule).
-//    a. SMs: communication and latency tasks, and the memory class as a whole,
-//       first get the SM share they need to run at full speed (sm_comm and
-//       sm_latency each, sm_memory for all memory tasks together; scaled down
-//       together if they ask for more than 1 - sm_compute_min), compute tasks
-//       share the rest equally and run in proportion to their share. Memory
-//       tasks split the memory class's speed equally (n of them: 1/n each):
-//       two kernels that each saturate HBM alone take twice as long side by
-//       side. Copies use copy engines, no SMs.
+//    a. SMs: a task needs the SM fraction its grid occupies (its footprint,
+//       GridFraction from the launch configuration: blocks over resident
+//       blocks per SM times SMs, at most 1; a split part's grid shrinks with
+//       its rows, SmNeed), or, where the launch configuration is unknown, its
+//       class's default: all of them for compute, sm_comm and sm_latency
+//       each, sm_memory for all memory tasks together. When the running
+//       tasks need no more than the device, none slows on SMs: kernels of
+//       small grids run side by side. Otherwise communication, latency and
+//       memory tasks first get what they need (scaled down together if they
+//       ask for more than 1 - sm_compute_min), compute tasks share the rest
+//       equally and run at min(1, share / need): two kernels that each fill
+//       the device share it. Memory tasks split the memory class's speed
+//       equally (n of them: 1/n each): two kernels that each saturate HBM
+//       alone take twice as long side by side. Copies use copy engines, no
+//       SMs.
 //    b. HBM: each task asks `hbm` of the bandwidth at full speed (its measured
 //       bytes / time when known, within [hbm_min, hbm_max], else a per-class
 //       default); if the sum of speed * hbm exceeds 1, every bandwidth user
@@ -101,5 +108,10 @@ double PartDuration(const SimTask& task, double s, const PeakRates& peaks, const
 
 // The HBM fraction `task` uses at full speed.
 double HbmDemand(const SimTask& task, const PeakRates& peaks, const SimParams& p);
+
+// The SM fraction a part of `task` on a fraction `s` of its batch occupies:
+// its footprint, scaled with its rows for token-scaled work (a GEMM's grid
+// tiles its rows), at most 1; 0 when the footprint is unknown.
+double SmNeed(const SimTask& task, double s);
 
 }  // namespace dynaflow

@@ -19,7 +19,10 @@ double Capacity(Resource r) {
 
 PhysicalBound BoundOf(const Schedule& schedule) {
   PhysicalBound b;
-  for (const SimNode& n : schedule.nodes) b.class_work_us[static_cast<int>(n.resource)] += n.work_us;
+  for (const SimNode& n : schedule.nodes) {
+    const bool footprint = n.resource == Resource::kCompute && n.sm > 0;
+    b.class_work_us[static_cast<int>(n.resource)] += footprint ? n.work_us * n.sm : n.work_us;
+  }
   for (int c = 0; c < kResourceCount; ++c) {
     const double cap = Capacity(static_cast<Resource>(c));
     if (cap <= 0) continue;

@@ -6,7 +6,9 @@
 // class (bound.h) names the unit it saturates when it runs alone. So, with
 // W(c) the summed work of class c,
 //     makespan >= W(c) / capacity(c)   for every class c,
-// where capacity is 1 for compute (the SMs), memory (HBM bandwidth) and
+// where a compute node's work counts times its SM footprint when known
+// (SimNode::sm: a kernel on a fraction of the SMs leaves the rest to others),
+// capacity is 1 for compute (the SMs), memory (HBM bandwidth) and
 // communication (the interconnect), and kCopyEngines for copies. Latency-bound
 // kernels saturate no shared unit (they wait on launches), so they bound
 // nothing. The sharing model of model.h holds every class to its capacity,

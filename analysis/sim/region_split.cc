@@ -292,6 +292,7 @@ class PartsBuilder {
     node.resource = task.resource;
     node.work_us = PartDuration(task, scale, ctx_.peaks, ctx_.params);
     node.hbm = HbmDemand(task, ctx_.peaks, ctx_.params);
+    node.sm = SmNeed(task, scale);
     node.delay_us = task.delay_us;
     node.priority = Id(t, c);
     node.launch_latency_us = task.launch_latency_us;

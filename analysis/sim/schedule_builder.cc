@@ -53,6 +53,7 @@ SplitSchedule BuildSplit(const CandidateContext& ctx, int k, int groups,
     const int parts = split ? k : 1;
     const double work = PartDuration(task, ctx.scale / parts, ctx.peaks, ctx.params);
     const double hbm = HbmDemand(task, ctx.peaks, ctx.params);
+    const double sm = SmNeed(task, ctx.scale / parts);
     for (int c = 0; c < parts; ++c) {
       SimNode node;
       node.task = static_cast<int32_t>(t);
@@ -61,6 +62,7 @@ SplitSchedule BuildSplit(const CandidateContext& ctx, int k, int groups,
       node.resource = task.resource;
       node.work_us = work;
       node.hbm = hbm;
+      node.sm = sm;
       node.delay_us = task.delay_us;
       node.group = k > 1 ? group_of(task) : -1;
       node.priority = static_cast<int64_t>(t) * k + c;

@@ -125,6 +125,56 @@ TEST(SimulatorTest, SharingFollowsTheDocumentedModel) {
   EXPECT_GT(Simulate(two, p).makespan_us, 200);
 }
 
+// Issue 10, item 1: a kernel's SM footprint from its launch configuration.
+// Two GEMMs whose grids each take 30% of the SMs run side by side at full
+// speed; two that each fill the device share it; the bound counts SM-time.
+TEST(SimulatorTest, SmallGridsRunSideBySideFullGridsShare) {
+  SimParams p;
+  auto gemm = [](double sm) {
+    SimNode n = Node(Resource::kCompute, 100, 0.1);
+    n.sm = sm;
+    return n;
+  };
+  Schedule small;
+  small.Add(gemm(0.3), {});
+  small.Add(gemm(0.3), {});
+  const SimResult s = Simulate(small, p);
+  // No SM slowdown; one co-runner's interference: 100 * 1.05.
+  EXPECT_NEAR(s.makespan_us, 105, 1e-6);
+  EXPECT_NEAR(BoundOf(small).bound_us, 60, 1e-9);  // 2 x 100 us x 0.3 of the SMs
+  EXPECT_GE(s.makespan_us, BoundOf(small).bound_us);
+
+  Schedule full;
+  full.Add(gemm(1.0), {});
+  full.Add(gemm(1.0), {});
+  EXPECT_NEAR(Simulate(full, p).makespan_us, 210, 1e-6);  // half each, then 1.05
+  EXPECT_NEAR(BoundOf(full).bound_us, 200, 1e-9);
+
+  // 0.7 + 0.7 exceed the device: each gets half, at 0.5 / 0.7 of full speed.
+  Schedule over;
+  over.Add(gemm(0.7), {});
+  over.Add(gemm(0.7), {});
+  EXPECT_NEAR(Simulate(over, p).makespan_us, 100 / (0.5 / 0.7) * 1.05, 1e-6);
+
+  // A communication kernel on 16 of 132 SMs beside a small GEMM: both fit.
+  Schedule comm;
+  SimNode nccl = Node(Resource::kCommunication, 100, 0.1);
+  nccl.sm = 16.0 / 132;
+  comm.Add(nccl, {});
+  comm.Add(gemm(0.5), {});
+  EXPECT_NEAR(Simulate(comm, p).makespan_us, 105, 1e-6);
+
+  // Unknown footprints keep the class defaults: a GEMM beside a collective
+  // runs on what the collective leaves (sm_comm) until the collective ends
+  // (at 105 us), then alone.
+  Schedule unknown;
+  unknown.Add(Node(Resource::kCommunication, 100, 0.1), {});
+  unknown.Add(Node(Resource::kCompute, 100, 0.1), {});
+  const SimResult u = Simulate(unknown, p);
+  EXPECT_NEAR(u.end_us[0], 105, 1e-6);
+  EXPECT_NEAR(u.end_us[1], 105 + (100 - 105 * (1 - p.sm_comm) / 1.05), 1e-6);
+}
+
 // Issue 10: kernels of one bound resource side by side share it.
 TEST(SimulatorTest, OneClassSharesItsResource) {
   SimParams p;

@@ -23,22 +23,52 @@ ClassCounts CountClasses(const std::vector<int32_t>& running, const std::vector<
   return c;
 }
 
-// a. SMs: the non-compute classes' shares first (scaled down together if they
-// ask for more than is left beside compute), compute nodes split the rest
-// equally. Memory nodes are one class on one HBM: together they need
-// sm_memory and share it, so their speeds sum to at most 1.
+// The SM fraction node `x` needs at full speed: its footprint, else its
+// class's default (model.h, a).
+double SmNeedOf(const SimNode& x, const SimParams& p) {
+  if (x.sm > 0) return x.sm;
+  switch (x.resource) {
+    case Resource::kCompute: return 1.0;
+    case Resource::kLatency: return p.sm_latency;
+    case Resource::kCommunication: return p.sm_comm;
+    case Resource::kMemory: return p.sm_memory;
+    case Resource::kCopy: return 0.0;
+  }
+  return 1.0;
+}
+
+// a. SMs: when the running nodes need no more than the device, no SM
+// slowdown; otherwise the non-compute classes' needs first (scaled down
+// together if they ask for more than is left beside compute), compute nodes
+// split the rest equally, each at min(1, share / need). Memory nodes are one
+// class on one HBM: together they need at most sm_memory and share it, so
+// their speeds sum to at most 1.
 void ShareSms(const std::vector<int32_t>& running, const std::vector<SimNode>& nodes,
               const ClassCounts& n, const SimParams& p, std::vector<double>* speed) {
-  const double other_need = (n[Resource::kMemory] > 0 ? p.sm_memory : 0.0) +
-                            p.sm_latency * n[Resource::kLatency] +
-                            p.sm_comm * n[Resource::kCommunication];
+  double memory_need = 0, other_need = 0, compute_need = 0;
+  for (int32_t i : running) {
+    const SimNode& x = nodes[static_cast<size_t>(i)];
+    const double need = SmNeedOf(x, p);
+    switch (x.resource) {
+      case Resource::kCompute: compute_need += need; break;
+      case Resource::kMemory: memory_need += need; break;
+      case Resource::kLatency:
+      case Resource::kCommunication: other_need += need; break;
+      case Resource::kCopy: break;
+    }
+  }
+  other_need += std::min(memory_need, p.sm_memory);
+  const bool fits = compute_need + other_need <= 1.0;
   const double cap = n[Resource::kCompute] > 0 ? 1.0 - p.sm_compute_min : 1.0;
-  const double other_scale = other_need > cap ? cap / other_need : 1.0;
+  const double other_scale = fits || other_need <= cap ? 1.0 : cap / other_need;
   const double compute_share =
       n[Resource::kCompute] > 0 ? (1.0 - other_need * other_scale) / n[Resource::kCompute] : 0.0;
   for (size_t k = 0; k < running.size(); ++k) {
-    switch (nodes[static_cast<size_t>(running[k])].resource) {
-      case Resource::kCompute: (*speed)[k] = compute_share; break;
+    const SimNode& x = nodes[static_cast<size_t>(running[k])];
+    switch (x.resource) {
+      case Resource::kCompute:
+        (*speed)[k] = fits ? 1.0 : std::min(1.0, compute_share / SmNeedOf(x, p));
+        break;
       case Resource::kMemory: (*speed)[k] = other_scale / n[Resource::kMemory]; break;
       case Resource::kLatency:
       case Resource::kCommunication: (*speed)[k] = other_scale; break;

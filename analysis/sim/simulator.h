@@ -29,6 +29,7 @@ struct SimNode {
   Resource resource = Resource::kMemory;
   double work_us = 0;  // duration alone
   double hbm = 0;      // HBM fraction at full speed
+  double sm = 0;       // SM fraction its grid needs at full speed (SmNeed), 0 unknown
   double delay_us = 0;
   int32_t group = -1;  // exclusive group, -1 none
   int64_t priority = 0;
