@@ -72,6 +72,168 @@ def plan(units, splits=2, min_split_tokens=0, device=""):
             "buckets": buckets}
 
 
+class _FakeCuda:
+    """torch.cuda's streams, events and per-thread current stream, recorded:
+    what _Region issues on CUDA, checked on a machine without a GPU (as
+    runtime/cuda/fake_cuda_api.h does for the C++ executor)."""
+
+    def __init__(self):
+        import threading
+
+        self.log = []  # (thread's micro-batch, call, stream id, event id)
+        self.lock = threading.Lock()
+        self.local = threading.local()
+        self.recorded = set()
+        fake = self
+
+        class Stream:
+            count = 0
+
+            def __init__(self):
+                Stream.count += 1
+                self.id = Stream.count
+
+            def wait_event(self, event):
+                fake._add("wait", self, event)
+
+        class Event:
+            count = 0
+
+            def __init__(self):
+                Event.count += 1
+                self.id = Event.count
+
+            def record(self, stream=None):
+                stream = stream or fake.current_stream()
+                fake._add("record", stream, self)
+                with fake.lock:
+                    fake.recorded.add(self.id)
+
+        self.Stream, self.Event = Stream, Event
+        self.caller = Stream()
+
+    def _add(self, call, stream, event):
+        with self.lock:
+            self.log.append((getattr(self.local, "mb", None), call, stream.id, event.id))
+
+    def current_stream(self):
+        return getattr(self.local, "stream", self.caller)
+
+    def set_stream(self, stream):
+        self.local.stream = stream
+
+
+@unittest.skipUnless(HAS_TORCH and RUNTIME, "needs torch and the built runtime library")
+class RegionOnCudaTest(unittest.TestCase):
+    """The staggered region's CUDA orchestration against a fake torch.cuda:
+    each segment issued on its micro-batch's stream, every wait on an event
+    recorded earlier in the call, by the segment the schedule names."""
+
+    def test_segments_wait_for_the_events_the_schedule_names(self):
+        import threading
+        from unittest import mock
+
+        fake = _FakeCuda()
+        stages = [nn.Identity(), nn.Identity()]  # 2 stages x 1 layer
+        with mock.patch.object(torch.cuda, "Stream", fake.Stream), \
+                mock.patch.object(torch.cuda, "Event", fake.Event), \
+                mock.patch.object(torch.cuda, "set_stream", fake.set_stream):
+            region = _apply._Region(_apply._Runtime(RUNTIME), "M", _apply.STAGGERED, stages, 2, 2,
+                                    cuda=True)
+            try:
+                region.start_call(fake.caller)
+                work = []
+
+                def micro_batch(mb):
+                    fake.local.mb = mb
+                    _apply._ON_THREAD.at = (region, mb)
+                    try:
+                        region.begin(mb)
+                        for stage in stages:
+                            stage(torch.zeros(1))  # the pre-hook cuts segments
+                            work.append((mb, fake.current_stream().id))
+                    finally:
+                        _apply._ON_THREAD.at = None
+                        region.end(mb)
+
+                threads = [threading.Thread(target=micro_batch, args=(mb,)) for mb in (1, 0)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                region.end_call(fake.caller)
+            finally:
+                region.free()
+        streams = {mb: region.streams[mb].id for mb in (0, 1)}
+        # Each micro-batch's work ran on its own stream.
+        self.assertEqual(sorted(set(work)), [(0, streams[0]), (1, streams[1])])
+        # Tasks: seg0/mb0 (event 0), seg0/mb1, seg1/mb0 (event 2), seg1/mb1.
+        events = [e.id for e in region.events]
+        records = [(mb, stream, ev) for mb, call, stream, ev in fake.log if call == "record"]
+        waits = [(mb, stream, ev) for mb, call, stream, ev in fake.log if call == "wait"]
+        # mb1's segments wait for mb0's same segment, on mb1's stream.
+        self.assertIn((1, streams[1], events[0]), waits)
+        self.assertIn((1, streams[1], events[2]), waits)
+        self.assertIn((0, streams[0], events[0]), records)
+        self.assertIn((0, streams[0], events[2]), records)
+        # Every wait on a task's event comes after that event's record.
+        for i, (mb, call, stream, ev) in enumerate(fake.log):
+            if call == "wait" and ev in events:
+                self.assertIn(("record", ev), [(c, e) for _, c, _, e in fake.log[:i]])
+        # Both streams first wait for the caller (fork); the caller waits for both (join).
+        fork = region.fork.id
+        self.assertIn((0, streams[0], fork), waits)
+        self.assertIn((1, streams[1], fork), waits)
+        joins = [ev for mb, call, stream, ev in fake.log if call == "wait" and stream == fake.caller.id]
+        self.assertEqual(sorted(joins), sorted(e.id for e in region.ends))
+
+    def test_dual_batch_collectives_run_on_the_communication_stream(self):
+        import threading
+        from unittest import mock
+
+        fake = _FakeCuda()
+        with mock.patch.object(torch.cuda, "Stream", fake.Stream), \
+                mock.patch.object(torch.cuda, "Event", fake.Event), \
+                mock.patch.object(torch.cuda, "set_stream", fake.set_stream):
+            region = _apply._Region(_apply._Runtime(RUNTIME), "M", _apply.DUAL_BATCH, [], 1, 2,
+                                    cuda=True)
+            try:
+                region.start_call(fake.caller)
+                seen = []
+
+                def collective(t):
+                    seen.append(("collective", fake.local.mb, fake.current_stream().id))
+
+                def micro_batch(mb):
+                    fake.local.mb = mb
+                    _apply._ON_THREAD.at = (region, mb)
+                    try:
+                        region.begin(mb)
+                        seen.append(("compute", mb, fake.current_stream().id))
+                        region.collective(mb, collective, (torch.zeros(1),), {})
+                        seen.append(("compute", mb, fake.current_stream().id))
+                    finally:
+                        _apply._ON_THREAD.at = None
+                        region.end(mb)
+
+                threads = [threading.Thread(target=micro_batch, args=(mb,)) for mb in (1, 0)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            finally:
+                region.free()
+        compute, comm = region.streams[0].id, region.streams[1].id
+        # The sequencer's order: C0/mb0, C0/mb1, X0/mb0, X0/mb1, C1/mb0, C1/mb1.
+        self.assertEqual(seen, [("compute", 0, compute), ("compute", 1, compute),
+                                ("collective", 0, comm), ("collective", 1, comm),
+                                ("compute", 0, compute), ("compute", 1, compute)])
+        # X0/mb0 waits for C0/mb0; C1/mb0 waits for X0/mb0.
+        waits = {(stream, ev) for _, call, stream, ev in fake.log if call == "wait"}
+        self.assertIn((comm, region.events[0].id), waits)
+        self.assertIn((compute, region.events[2].id), waits)
+
+
 class PureFunctionsTest(unittest.TestCase):
     def test_a_star_matches_one_layer_index(self):
         self.assertTrue(_apply.matches("M.layers.*", "M.layers.12"))
