@@ -53,8 +53,8 @@ def make_step(model, args, kind, batch, length):
     one decode step of [batch, 1] after a cache of `length` positions."""
     g = torch.Generator(device="cpu").manual_seed(1)
     positions = length + 1
-    cache = ld.KVCache(args.layers, batch, args.kv_heads, positions, args.hidden // args.heads,
-                       args.dtype, args.device)
+    cache = ld.KVCache.empty(args.layers, batch, args.kv_heads, positions,
+                             args.hidden // args.heads, args.dtype, args.device)
     if kind == "prefill":
         tokens = torch.randint(args.vocab, (batch, length), generator=g).to(args.device)
         start = 0
