@@ -320,17 +320,6 @@ std::vector<std::string> SplitUnits(const std::vector<std::string>& modules) {
   return units;
 }
 
-// The split region of the step graph's tasks (module paths in launch order).
-std::optional<SplitRegion> RegionOfGraph(const Trace& trace, const StepGraph& g) {
-  std::vector<ModuleTime> calls;
-  calls.reserve(g.host_order.size());
-  for (int32_t t : g.host_order) {
-    const SimTask& task = g.tasks[static_cast<size_t>(t)];
-    if (task.module != 0) calls.push_back({trace.strings.Get(task.module), task.dur_us});
-  }
-  return FindSplitRegion(calls);
-}
-
 // The split region of the trace's operators (by start), for a trace without
 // GPU work. Each operator weighs one: CPU times hold one-off warm-up (the
 // first projection of a tiny model took 88 ms of a 100 ms run).
@@ -615,7 +604,7 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
   CandidateContext ctx;
   ctx.trace = &trace;
   ctx.graph = &graph;
-  const std::optional<SplitRegion> region = RegionOfGraph(trace, graph);
+  const std::optional<SplitRegion> region = FindSplitRegion(trace, graph);
   ctx.region = region ? &*region : nullptr;
   ctx.peaks = dr.peaks;
   ctx.params = opt.sim;

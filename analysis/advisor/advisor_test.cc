@@ -177,18 +177,23 @@ TEST(AdvisorTest, ForcedStrategyAndEmptyTraces) {
   EXPECT_TRUE(ValidatePlanJson(PlanToJson(e.plan)).ok()) << ValidatePlanJson(PlanToJson(e.plan)).message();
 }
 
+// A CPU operator at [start, end) in `module`, as the tracer records one.
+void AddOperator(Trace& trace, const char* name, const char* module, TimeNs start, TimeNs end) {
+  Operator o;
+  o.name = trace.strings.Intern(name);
+  o.module_path = trace.strings.Intern(module);
+  o.start = start;
+  o.end = end;
+  trace.ops.push_back(o);
+}
+
 // A CPU run (operators with module paths, no GPU activity): a forced split
 // plan still names the split region (the blocks' parent, cut at the blocks'
 // children), so that `dynaflow apply` can run it.
 TEST(AdvisorTest, ForcedSplitWithoutGpuActivityNamesRepeatedBlocks) {
   Trace trace;
   auto op = [&trace](const char* name, const char* module, TimeNs start, TimeNs end) {
-    Operator o;
-    o.name = trace.strings.Intern(name);
-    o.module_path = trace.strings.Intern(module);
-    o.start = start;
-    o.end = end;
-    trace.ops.push_back(o);
+    AddOperator(trace, name, module, start, end);
   };
   op("aten::embedding", "Lm.embed", 0, 10);
   op("aten::linear", "Lm.blocks.0.attn.q", 10, 20);
@@ -239,12 +244,7 @@ TEST(AdvisorTest, ForcedSplitWithoutGpuActivityNamesRepeatedBlocks) {
 TEST(AdvisorTest, ForcedOverlapWithoutGpuActivityNamesTheModulesThatCommunicate) {
   Trace trace;
   auto op = [&trace](const char* name, const char* module, TimeNs start, TimeNs end) {
-    Operator o;
-    o.name = trace.strings.Intern(name);
-    o.module_path = trace.strings.Intern(module);
-    o.start = start;
-    o.end = end;
-    trace.ops.push_back(o);
+    AddOperator(trace, name, module, start, end);
   };
   for (int call = 0; call < 2; ++call) {  // two forwards of a two-layer model
     const TimeNs t = call * 100;

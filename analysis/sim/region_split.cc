@@ -82,6 +82,16 @@ std::optional<SplitRegion> FindSplitRegion(const std::vector<ModuleTime>& calls)
   return region;
 }
 
+std::optional<SplitRegion> FindSplitRegion(const Trace& trace, const StepGraph& g) {
+  std::vector<ModuleTime> calls;
+  calls.reserve(g.host_order.size());
+  for (int32_t t : g.host_order) {
+    const SimTask& task = g.tasks[static_cast<size_t>(t)];
+    if (task.module != 0) calls.push_back({trace.strings.Get(task.module), task.dur_us});
+  }
+  return FindSplitRegion(calls);
+}
+
 bool InUnit(std::string_view unit, std::string_view path) {
   return path == unit || (path.size() > unit.size() && path.starts_with(unit) && path[unit.size()] == '.');
 }

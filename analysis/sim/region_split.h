@@ -41,6 +41,9 @@ struct ModuleTime {
 // nullopt without a repeated block (no path with an all-digit component).
 inline constexpr double kStageShare = 0.15;
 std::optional<SplitRegion> FindSplitRegion(const std::vector<ModuleTime>& calls);
+// The same over a step graph's tasks (their module paths in launch order,
+// weighed by their measured time).
+std::optional<SplitRegion> FindSplitRegion(const Trace& trace, const StepGraph& graph);
 
 // Whether module `path` lies in `unit`, and the stage instance it lies in
 // ("...layers.3.mlp" for "...layers.3.mlp.down_proj"), empty for none.

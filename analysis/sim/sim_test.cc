@@ -604,12 +604,7 @@ TEST(CandidatesTest, ApplyWhereTheyShould) {
 // micro-batches' work lands on their own lanes.
 TEST(CandidatesTest, RegionSplitSimulatesTheRuntimeSchedule) {
   Built decode = Build(testing::LlamaDecode(512, 1024, 4, 3));
-  std::vector<ModuleTime> calls;
-  for (int32_t t : decode.graph.host_order) {
-    const SimTask& task = decode.graph.tasks[static_cast<size_t>(t)];
-    if (task.module != 0) calls.push_back({decode.trace.strings.Get(task.module), task.dur_us});
-  }
-  const std::optional<SplitRegion> region = FindSplitRegion(calls);
+  const std::optional<SplitRegion> region = FindSplitRegion(decode.trace, decode.graph);
   ASSERT_TRUE(region.has_value());
   EXPECT_EQ(region->unit, "model");
   EXPECT_EQ(region->stages,
@@ -684,12 +679,7 @@ TEST(CandidatesTest, RegionSplitSimulatesTheRuntimeSchedule) {
 // micro-batch's all-reduce runs beside the other's compute.
 TEST(CandidatesTest, DualBatchRegionSimulatesTheRuntimeSchedule) {
   Built tp = Build(testing::TensorParallelForward(4096, 400, 4, 3));
-  std::vector<ModuleTime> calls;
-  for (int32_t t : tp.graph.host_order) {
-    const SimTask& task = tp.graph.tasks[static_cast<size_t>(t)];
-    if (task.module != 0) calls.push_back({tp.trace.strings.Get(task.module), task.dur_us});
-  }
-  const std::optional<SplitRegion> region = FindSplitRegion(calls);
+  const std::optional<SplitRegion> region = FindSplitRegion(tp.trace, tp.graph);
   ASSERT_TRUE(region.has_value());
   EXPECT_EQ(region->unit, "model");
   CandidateContext ctx;

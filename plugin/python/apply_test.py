@@ -125,33 +125,32 @@ class _FakeCuda:
 
 @unittest.skipUnless(HAS_TORCH and RUNTIME, "needs torch and the built runtime library")
 class RegionOnCudaTest(unittest.TestCase):
-    """The staggered region's CUDA orchestration against a fake torch.cuda:
-    each segment issued on its micro-batch's stream, every wait on an event
-    recorded earlier in the call, by the segment the schedule names."""
+    """A region's CUDA orchestration against a fake torch.cuda: each task
+    issued on its schedule stream, every wait on an event recorded earlier in
+    the call, by the task the schedule names."""
 
-    def test_segments_wait_for_the_events_the_schedule_names(self):
+    def run_region(self, kind, stages, n, body):
+        """Runs one call of a 2-micro-batch region of `kind` with torch.cuda
+        faked, each micro-batch's thread running body(region, fake, mb)
+        between begin and end (threads started in reverse order, so that the
+        sequencer decides). Returns (region, fake)."""
         import threading
         from unittest import mock
 
         fake = _FakeCuda()
-        stages = [nn.Identity(), nn.Identity()]  # 2 stages x 1 layer
         with mock.patch.object(torch.cuda, "Stream", fake.Stream), \
                 mock.patch.object(torch.cuda, "Event", fake.Event), \
                 mock.patch.object(torch.cuda, "set_stream", fake.set_stream):
-            region = _apply._Region(_apply._Runtime(RUNTIME), "M", _apply.STAGGERED, stages, 2, 2,
-                                    cuda=True)
+            region = _apply._Region(_apply._Runtime(RUNTIME), "M", kind, stages, n, 2, cuda=True)
             try:
                 region.start_call(fake.caller)
-                work = []
 
                 def micro_batch(mb):
                     fake.local.mb = mb
                     _apply._ON_THREAD.at = (region, mb)
                     try:
                         region.begin(mb)
-                        for stage in stages:
-                            stage(torch.zeros(1))  # the pre-hook cuts segments
-                            work.append((mb, fake.current_stream().id))
+                        body(region, fake, mb)
                     finally:
                         _apply._ON_THREAD.at = None
                         region.end(mb)
@@ -164,6 +163,18 @@ class RegionOnCudaTest(unittest.TestCase):
                 region.end_call(fake.caller)
             finally:
                 region.free()
+        return region, fake
+
+    def test_segments_wait_for_the_events_the_schedule_names(self):
+        stages = [nn.Identity(), nn.Identity()]  # 2 stages x 1 layer
+        work = []
+
+        def body(_region, fake, mb):
+            for stage in stages:
+                stage(torch.zeros(1))  # the pre-hook cuts segments
+                work.append((mb, fake.current_stream().id))
+
+        region, fake = self.run_region(_apply.STAGGERED, stages, 2, body)
         streams = {mb: region.streams[mb].id for mb in (0, 1)}
         # Each micro-batch's work ran on its own stream.
         self.assertEqual(sorted(set(work)), [(0, streams[0]), (1, streams[1])])
@@ -188,41 +199,17 @@ class RegionOnCudaTest(unittest.TestCase):
         self.assertEqual(sorted(joins), sorted(e.id for e in region.ends))
 
     def test_dual_batch_collectives_run_on_the_communication_stream(self):
-        import threading
-        from unittest import mock
+        seen = []
 
-        fake = _FakeCuda()
-        with mock.patch.object(torch.cuda, "Stream", fake.Stream), \
-                mock.patch.object(torch.cuda, "Event", fake.Event), \
-                mock.patch.object(torch.cuda, "set_stream", fake.set_stream):
-            region = _apply._Region(_apply._Runtime(RUNTIME), "M", _apply.DUAL_BATCH, [], 1, 2,
-                                    cuda=True)
-            try:
-                region.start_call(fake.caller)
-                seen = []
+        def body(region, fake, mb):
+            def collective(_t):
+                seen.append(("collective", mb, fake.current_stream().id))
 
-                def collective(t):
-                    seen.append(("collective", fake.local.mb, fake.current_stream().id))
+            seen.append(("compute", mb, fake.current_stream().id))
+            region.collective(mb, collective, (torch.zeros(1),), {})
+            seen.append(("compute", mb, fake.current_stream().id))
 
-                def micro_batch(mb):
-                    fake.local.mb = mb
-                    _apply._ON_THREAD.at = (region, mb)
-                    try:
-                        region.begin(mb)
-                        seen.append(("compute", mb, fake.current_stream().id))
-                        region.collective(mb, collective, (torch.zeros(1),), {})
-                        seen.append(("compute", mb, fake.current_stream().id))
-                    finally:
-                        _apply._ON_THREAD.at = None
-                        region.end(mb)
-
-                threads = [threading.Thread(target=micro_batch, args=(mb,)) for mb in (1, 0)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-            finally:
-                region.free()
+        region, fake = self.run_region(_apply.DUAL_BATCH, [], 1, body)
         compute, comm = region.streams[0].id, region.streams[1].id
         # The sequencer's order: C0/mb0, C0/mb1, X0/mb0, X0/mb1, C1/mb0, C1/mb1.
         self.assertEqual(seen, [("compute", 0, compute), ("compute", 1, compute),
@@ -232,7 +219,6 @@ class RegionOnCudaTest(unittest.TestCase):
         waits = {(stream, ev) for _, call, stream, ev in fake.log if call == "wait"}
         self.assertIn((comm, region.events[0].id), waits)
         self.assertIn((compute, region.events[2].id), waits)
-
 
 class PureFunctionsTest(unittest.TestCase):
     def test_a_star_matches_one_layer_index(self):
