@@ -66,14 +66,24 @@
 
 namespace dynaflow {
 
+// Where each number comes from. Calibrated: gemm_efficiency_max,
+// gemm_half_rows and hbm_efficiency to DESIGN.md's GEMM and attention
+// efficiencies and NanoFlow's 13% split loss (the calibration paragraph
+// above; sim_test recomputes it); region_turn_us measured (below). Not
+// measured, first estimates, to be replaced by scripts/device/overlap_micro.py
+// on an H200 (pending a device): the fixed costs, the SM needs of kernels
+// without a launch configuration, the HBM fractions of kernels without costed
+// bytes, sm_compute_min and interference. Kernels with a launch configuration
+// and costed bytes use their own footprint (GridFraction) and achieved
+// bandwidth instead of these defaults.
 struct SimParams {
   // Splitting.
   double gemm_efficiency_max = 0.80;
   double gemm_half_rows = 96;
   double hbm_efficiency = 0.90;
-  double kernel_fixed_us = 2.0;
-  double comm_fixed_us = 8.0;
-  double copy_fixed_us = 2.0;
+  double kernel_fixed_us = 2.0;  // launch ramp and tail of a kernel
+  double comm_fixed_us = 8.0;    // a small collective's latency
+  double copy_fixed_us = 2.0;    // a DMA's setup
   // Sharing: SM fraction needed for full speed. sm_memory is for the memory
   // class as a whole: the SMs that keep enough loads in flight to saturate
   // HBM, which more memory kernels do not raise.
@@ -101,6 +111,12 @@ struct SimParams {
   double hbm_max = 0.95;
   double hbm_memory_min = 0.45;
   double interference = 0.05;
+  // Host time of one turn of a region's sequencer (runtime/sequencer.h):
+  // `apply` hands the turn between the micro-batches' Python threads at
+  // every segment boundary. Measured on the CPU by bench/apply_overhead.py
+  // (docs/performance.md: about 42 us per turn on a 2-core VM); charged
+  // before the first launch of each segment but the first.
+  double region_turn_us = 42.0;
 };
 
 // d(s) of the header comment.

@@ -205,6 +205,9 @@ class PartsBuilder {
       for (int c = 0; c < (In(t) ? k_ : 1); ++c) AddNode(t, c);
     }
     Syncs();
+    for (int32_t node : turn_) {
+      out_.schedule.nodes[static_cast<size_t>(node)].host_delta_us += ctx_.params.region_turn_us;
+    }
     return std::move(out_);
   }
 
@@ -257,8 +260,12 @@ class PartsBuilder {
     std::vector<int32_t>& h = out_.schedule.host_order;
     for (int32_t t : before) h.push_back(Id(static_cast<size_t>(t), 0));
     for (runtime::TaskId task : rt_.issue_order()) {
+      bool first = true;
       for (int32_t t : launches_[static_cast<size_t>(task / k_)]) {
-        h.push_back(Id(static_cast<size_t>(t), rt_.task(task).micro_batch));
+        const int32_t node = Id(static_cast<size_t>(t), rt_.task(task).micro_batch);
+        if (first && task > 0) turn_.push_back(node);
+        first = false;
+        h.push_back(node);
       }
     }
     for (int32_t t : after) h.push_back(Id(static_cast<size_t>(t), 0));
@@ -359,6 +366,7 @@ class PartsBuilder {
   std::vector<std::vector<int32_t>> last_of_;
   std::vector<std::vector<int32_t>> launches_;
   std::vector<int32_t> lane_prev_;
+  std::vector<int32_t> turn_;  // the first launch of every task but the first: a sequencer turn
   RegionSchedule out_;
 };
 

@@ -666,6 +666,18 @@ TEST(CandidatesTest, RegionSplitSimulatesTheRuntimeSchedule) {
   EXPECT_EQ(nano->partition.modules, std::vector<std::string>{"model"});
   EXPECT_EQ(nano->partition.segments, 8);
 
+  // Every sequencer turn (each task after the first) costs the host
+  // region_turn_us before the task's first launch.
+  auto host_time = [](const Schedule& sc) {
+    double sum = 0;
+    for (const SimNode& n : sc.nodes) sum += n.host_delta_us;
+    return sum;
+  };
+  CandidateContext no_turns = ctx;
+  no_turns.params.region_turn_us = 0;
+  EXPECT_NEAR(host_time(sim) - host_time(BuildRegionSplit(no_turns, *region, 2)->schedule),
+              ctx.params.region_turn_us * static_cast<double>(order.size() - 1), 1e-6);
+
   // A plan whose segment count differs from the step's stage calls does not
   // describe this step: no prediction from it.
   SplitRegion other = *region;
