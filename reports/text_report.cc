@@ -105,7 +105,11 @@ void Recommendations(std::ostringstream& out, const AdviceResult& a) {
   out << "Recommendations";
   if (a.has_graph) {
     out << " (simulated on rank " << a.plan.rank << " device " << a.plan.device << "'s median step";
-    if (a.plan.tokens_per_step > 0) out << ", " << static_cast<long long>(a.plan.tokens_per_step) << " tokens";
+    if (a.plan.tokens_per_step > 0) {
+      out << ", " << static_cast<long long>(a.plan.tokens_per_step) << " tokens from "
+          << TokenSourceName(a.tokens_source);
+    }
+    if (a.phase != StepPhase::kUnknown) out << ", " << PhaseName(a.phase);
     out << ")";
   }
   out << "\n";

@@ -27,7 +27,7 @@ struct Window {
   int64_t number;
   TimeNs start;
   TimeNs end;
-  Phase phase = Phase::kUnknown;
+  StepPhase phase = StepPhase::kUnknown;
   int64_t tokens = 0;
 };
 
@@ -133,10 +133,10 @@ Repeat RepeatAnchors(const std::vector<StringId>& seq) {
 }
 
 // True when the repeating period is one layer of a stack inside one forward:
-// kernels that run once in the whole trace come both before the first period
+// kernels that run once in the whole trace come both before the first anchor
 // (the embedding) and after the last (the final norm, the head, sampling).
 // Repeated forwards or training iterations have no such kernels on both ends:
-// what precedes the first anchor and follows the last period is part of an
+// what precedes the first anchor and follows the last is part of an
 // iteration whose kernels recur in the others.
 bool IsLayerStack(const std::vector<StringId>& seq, const Repeat& r) {
   if (r.anchors.size() < 2) return false;
@@ -149,7 +149,7 @@ bool IsLayerStack(const std::vector<StringId>& seq, const Repeat& r) {
     }
     return false;
   };
-  return once_in(0, r.anchors.front()) && once_in(r.anchors.back() + r.period, n);
+  return once_in(0, r.anchors.front()) && once_in(r.anchors.back() + 1, n);
 }
 
 void FinishStats(DeviceSteps* s) {
@@ -322,9 +322,9 @@ void AttachServing(const std::vector<Window>& serving, DeviceSteps* out) {
   for (Step& s : out->steps) {
     for (const Window& w : serving) {
       if (w.start < s.start || w.start >= s.end) continue;
-      s.phase = s.tokens == 0 && s.phase == Phase::kUnknown ? w.phase
+      s.phase = s.tokens == 0 && s.phase == StepPhase::kUnknown ? w.phase
                 : s.phase == w.phase                        ? s.phase
-                                                            : Phase::kMixed;
+                                                            : StepPhase::kMixed;
       s.tokens += w.tokens;
       if (s.tokens > 0) s.tokens_source = TokenSource::kAnnotation;
     }
@@ -345,13 +345,13 @@ const char* StepSourceName(StepSource s) {
   return "whole_trace";
 }
 
-const char* PhaseName(Phase p) {
+const char* PhaseName(StepPhase p) {
   switch (p) {
-    case Phase::kUnknown: return "unknown";
-    case Phase::kPrefill: return "prefill";
-    case Phase::kDecode: return "decode";
-    case Phase::kMixed: return "mixed";
-    case Phase::kTraining: return "training";
+    case StepPhase::kUnknown: return "unknown";
+    case StepPhase::kPrefill: return "prefill";
+    case StepPhase::kDecode: return "decode";
+    case StepPhase::kMixed: return "mixed";
+    case StepPhase::kTraining: return "training";
   }
   return "unknown";
 }
@@ -367,11 +367,11 @@ const char* TokenSourceName(TokenSource s) {
   return "none";
 }
 
-Phase ServingAnnotation::phase() const {
+StepPhase ServingAnnotation::phase() const {
   const bool prefill = context_requests > 0, decode = generation_requests > 0;
-  if (prefill && decode) return Phase::kMixed;
-  if (prefill) return Phase::kPrefill;
-  return decode ? Phase::kDecode : Phase::kUnknown;
+  if (prefill && decode) return StepPhase::kMixed;
+  if (prefill) return StepPhase::kPrefill;
+  return decode ? StepPhase::kDecode : StepPhase::kUnknown;
 }
 
 namespace {

@@ -46,10 +46,10 @@ const char* StepSourceName(StepSource s);
 // What a step runs: a forward over new prompts (prefill), a forward of one new
 // token per sequence (decode), both in one batch (mixed, chunked prefill), or a
 // training iteration (it has a backward pass).
-enum class Phase : uint8_t { kUnknown = 0, kPrefill = 1, kDecode = 2, kMixed = 3, kTraining = 4 };
+enum class StepPhase : uint8_t { kUnknown = 0, kPrefill = 1, kDecode = 2, kMixed = 3, kTraining = 4 };
 
 // "unknown", "prefill", "decode", "mixed", "training".
-const char* PhaseName(Phase p);
+const char* PhaseName(StepPhase p);
 
 // Where a step's token count comes from, best first.
 enum class TokenSource : uint8_t {
@@ -72,7 +72,7 @@ struct ServingAnnotation {
   int64_t context_tokens = 0;
   int64_t generation_requests = 0;
   int64_t generation_tokens = 0;
-  Phase phase() const;
+  StepPhase phase() const;
   int64_t tokens() const { return context_tokens + generation_tokens; }
 };
 
@@ -88,7 +88,7 @@ struct Step {
   // From the serving framework's annotation of the step; without one,
   // InferWorkloads (analysis/steps/workload.h) infers them from the kernels
   // and operator shapes. kUnknown and 0 when unknown.
-  Phase phase = Phase::kUnknown;
+  StepPhase phase = StepPhase::kUnknown;
   int64_t tokens = 0;
   TokenSource tokens_source = TokenSource::kNone;
   double duration_us() const { return static_cast<double>(end - start) / 1000.0; }

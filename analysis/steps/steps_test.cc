@@ -135,13 +135,13 @@ TEST(StepsTest, ParsesServingAnnotations) {
   EXPECT_EQ(a.context_requests, 1);
   EXPECT_EQ(a.context_tokens, 888);
   EXPECT_EQ(a.generation_requests, 0);
-  EXPECT_EQ(a.phase(), Phase::kPrefill);
+  EXPECT_EQ(a.phase(), StepPhase::kPrefill);
   EXPECT_EQ(a.tokens(), 888);
   ASSERT_TRUE(ParseServingAnnotation("execute_context_0(0)_generation_32(32)", &a));
-  EXPECT_EQ(a.phase(), Phase::kDecode);
+  EXPECT_EQ(a.phase(), StepPhase::kDecode);
   EXPECT_EQ(a.tokens(), 32);
   ASSERT_TRUE(ParseServingAnnotation("execute_context_2(300)_generation_30(30)", &a));
-  EXPECT_EQ(a.phase(), Phase::kMixed);
+  EXPECT_EQ(a.phase(), StepPhase::kMixed);
   EXPECT_EQ(a.tokens(), 330);
   ServingAnnotation untouched;
   untouched.context_tokens = 7;
@@ -164,10 +164,10 @@ TEST(StepsTest, ServingAnnotationsAreOneStepPerForwardWithPhaseAndTokens) {
   EXPECT_STREQ(StepSourceName(s.source), "serving_step_gpu");
   ASSERT_EQ(s.steps.size(), 2u);
   EXPECT_EQ(s.steps[0].activities, 10);
-  EXPECT_EQ(s.steps[0].phase, Phase::kPrefill);
+  EXPECT_EQ(s.steps[0].phase, StepPhase::kPrefill);
   EXPECT_EQ(s.steps[0].tokens, 888);
   EXPECT_EQ(s.steps[0].tokens_source, TokenSource::kAnnotation);
-  EXPECT_EQ(s.steps[1].phase, Phase::kDecode);
+  EXPECT_EQ(s.steps[1].phase, StepPhase::kDecode);
   EXPECT_EQ(s.steps[1].tokens, 32);
   EXPECT_DOUBLE_EQ(s.steps[0].duration_us(), 1100);
 }
@@ -183,14 +183,14 @@ TEST(StepsTest, ProfilerStepsKeepTheirWindowsAndTakeTheServingPhase) {
   EXPECT_EQ(s.source, StepSource::kGpuAnnotation);
   ASSERT_EQ(s.steps.size(), 2u);
   EXPECT_EQ(s.steps[0].number, 3);
-  EXPECT_EQ(s.steps[0].phase, Phase::kDecode);
+  EXPECT_EQ(s.steps[0].phase, StepPhase::kDecode);
   EXPECT_EQ(s.steps[0].tokens, 32);
-  EXPECT_EQ(s.steps[1].phase, Phase::kUnknown);
+  EXPECT_EQ(s.steps[1].phase, StepPhase::kUnknown);
   EXPECT_EQ(s.steps[1].tokens, 0);
   EXPECT_EQ(s.steps[1].tokens_source, TokenSource::kNone);
 }
 
-// Kernels of one forward: an embedding, `layers` layers of five kernels, the
+// Kernels of one forward: an embedding, `layers` layers of six kernels, the
 // head and sampling.
 void Forward(Builder& b, TimeNs* t, int layers) {
   auto k = [&](const char* name) {
@@ -199,7 +199,9 @@ void Forward(Builder& b, TimeNs* t, int layers) {
   };
   k("embed");
   for (int l = 0; l < layers; ++l) {
-    for (const char* name : {"norm", "qkv", "attn", "o_proj", "mlp"}) k(name);
+    // Two norms and three GEMMs of one kernel name: the anchor is attention,
+    // mid-layer, the only name at a constant period.
+    for (const char* name : {"norm", "gemm", "attn", "gemm", "norm", "gemm"}) k(name);
   }
   k("lm_head");
   k("argmax");
@@ -213,7 +215,7 @@ TEST(StepsTest, LayerStackOfOneForwardIsOneStepNotOnePerLayer) {
   // Before: 36 steps of one layer each (source repeating_sequence).
   EXPECT_EQ(s.source, StepSource::kWhole);
   ASSERT_EQ(s.steps.size(), 1u);
-  EXPECT_EQ(s.steps[0].activities, 36 * 5 + 3);
+  EXPECT_EQ(s.steps[0].activities, 36 * 6 + 3);
   EXPECT_EQ(s.layers, 36);
 }
 
@@ -227,7 +229,7 @@ TEST(StepsTest, RepeatedForwardsAreOneStepEach) {
   DeviceSteps s = b.Find();
   EXPECT_EQ(s.source, StepSource::kRepeat);
   ASSERT_EQ(s.steps.size(), 3u);
-  EXPECT_EQ(s.steps[0].activities, 4 * 5 + 3);
+  EXPECT_EQ(s.steps[0].activities, 4 * 6 + 3);
   EXPECT_EQ(s.layers, 0);
 }
 

@@ -26,9 +26,9 @@ void AddActivity(const Trace& trace, const OperatorLinks& links, CostCache* cost
   const GpuActivity& g = trace.gpu[i];
   const std::string_view kernel = trace.strings.Get(g.name);
   if (BackwardName(kernel)) e->backward = true;
-  const Phase by_name = AttentionKernelPhase(kernel);
-  e->decode_kernels += by_name == Phase::kDecode;
-  e->prefill_kernels += by_name == Phase::kPrefill;
+  const StepPhase by_name = AttentionKernelPhase(kernel);
+  e->decode_kernels += by_name == StepPhase::kDecode;
+  e->prefill_kernels += by_name == StepPhase::kPrefill;
   const int32_t op = links.activity_op[i];
   if (op < 0) return;
   const Operator& o = trace.ops[static_cast<size_t>(op)];
@@ -54,14 +54,14 @@ void AddActivity(const Trace& trace, const OperatorLinks& links, CostCache* cost
   }
 }
 
-Phase PhaseOf(const Evidence& e) {
-  if (e.backward) return Phase::kTraining;
+StepPhase PhaseOf(const Evidence& e) {
+  if (e.backward) return StepPhase::kTraining;
   const bool by_shape = e.decode_shapes + e.prefill_shapes > 0;
   const int64_t decode = by_shape ? e.decode_shapes : e.decode_kernels;
   const int64_t prefill = by_shape ? e.prefill_shapes : e.prefill_kernels;
-  if (decode > 0 && prefill > 0) return Phase::kMixed;
-  if (decode > 0) return Phase::kDecode;
-  return prefill > 0 ? Phase::kPrefill : Phase::kUnknown;
+  if (decode > 0 && prefill > 0) return StepPhase::kMixed;
+  if (decode > 0) return StepPhase::kDecode;
+  return prefill > 0 ? StepPhase::kPrefill : StepPhase::kUnknown;
 }
 
 // The most common attention row count (ties: the larger), 0 when none.
@@ -78,7 +78,7 @@ int64_t TokensOf(const Evidence& e) {
 
 }  // namespace
 
-Phase AttentionKernelPhase(std::string_view n) {
+StepPhase AttentionKernelPhase(std::string_view n) {
   // flash-attn runs decode through its split-KV kernel (flash_fwd_splitkv_*);
   // vLLM's paged_attention_v1/v2 and FlashInfer's BatchDecodeWithPagedKVCache*
   // serve decode; TensorRT-LLM's masked multi-head attention is its decode
@@ -86,14 +86,14 @@ Phase AttentionKernelPhase(std::string_view n) {
   const bool attention = ContainsAny(n, {"attention", "attn", "fmha", "kvcache", "kv_cache"});
   if (ContainsAny(n, {"splitkv", "paged_attention", "single_query", "masked_multihead_attention"}) ||
       (attention && ContainsIgnoringCase(n, "decode"))) {
-    return Phase::kDecode;
+    return StepPhase::kDecode;
   }
   // FlashInfer's BatchPrefill*, TensorRT-LLM's (and vLLM's TRT-LLM gen) fmha
   // context kernels (fmhaSm100aKernel_...Context).
   if (attention && ContainsAny(n, {"prefill", "context"})) {
-    return Phase::kPrefill;
+    return StepPhase::kPrefill;
   }
-  return Phase::kUnknown;
+  return StepPhase::kUnknown;
 }
 
 void InferWorkloads(const Trace& trace, const OperatorLinks& links, const DeviceResources& dev,
@@ -106,7 +106,7 @@ void InferWorkloads(const Trace& trace, const OperatorLinks& links, const Device
   }
   for (size_t s = 0; s < ev.size(); ++s) {
     Step& step = steps->steps[s];
-    if (step.phase == Phase::kUnknown) step.phase = PhaseOf(ev[s]);
+    if (step.phase == StepPhase::kUnknown) step.phase = PhaseOf(ev[s]);
     if (step.tokens > 0) continue;
     step.tokens = TokensOf(ev[s]);
     if (step.tokens > 0) step.tokens_source = TokenSource::kAttentionShapes;

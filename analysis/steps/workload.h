@@ -23,7 +23,7 @@
 namespace dynaflow {
 
 // The phase an attention kernel's name says, kUnknown when it says none.
-Phase AttentionKernelPhase(std::string_view kernel_name);
+StepPhase AttentionKernelPhase(std::string_view kernel_name);
 
 // Fills Step::phase, tokens and tokens_source of every step of `steps` that
 // its annotation left unknown. Never fails: what cannot be told stays unknown.
