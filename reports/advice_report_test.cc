@@ -53,6 +53,15 @@ TEST(AdviceJsonTest, IdleWindowsAndRecommendations) {
   EXPECT_EQ(w["modules"][0]["name"], "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad");
   EXPECT_EQ(dev["steps"]["source"], "profiler_step_gpu");
   EXPECT_EQ(dev["steps"]["count"], 3);
+  // Additional fields (the contract's keys stay): each step's phase and
+  // tokens; a training iteration without attention has no tokens of its own,
+  // the simulation takes the GEMM rows and says so.
+  EXPECT_EQ(dev["steps"]["steps"][0]["phase"], "training");
+  EXPECT_TRUE(dev["steps"]["steps"][0]["tokens"].is_null());
+  EXPECT_EQ(dev["steps"]["steps"][0]["tokens_source"], "none");
+  EXPECT_EQ(j["simulation"]["tokens_source"], "gemm_rows");
+  EXPECT_EQ(j["simulation"]["phase"], "training");
+  EXPECT_EQ(j["simulation"]["tokens_per_step"], 4096);
   EXPECT_EQ(dev["roofline"]["classes"]["compute"]["count"], 24);
 
   ASSERT_FALSE(j["recommendations"].empty());
