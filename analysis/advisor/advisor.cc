@@ -552,6 +552,7 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
   plan.tokens_per_step = graph.tokens;
   out.phase = graph.phase;
   out.tokens_source = graph.tokens_source;
+  if (graph.phase != StepPhase::kUnknown) plan.phase = PhaseName(graph.phase);
   plan.kernels_per_step = static_cast<int64_t>(graph.tasks.size());
   {
     Fnv f;

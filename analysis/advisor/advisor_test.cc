@@ -149,6 +149,10 @@ TEST(AdvisorTest, ServingDecodeForwardIsOneDecodeStepOfItsBatch) {
   EXPECT_EQ(a.phase, StepPhase::kDecode);
   EXPECT_EQ(a.tokens_source, TokenSource::kAttentionShapes);
   EXPECT_DOUBLE_EQ(a.plan.tokens_per_step, 32);
+  // The plan says which phase its buckets are for.
+  EXPECT_EQ(a.plan.phase, "decode");
+  EXPECT_EQ(PlanToJson(a.plan)["model"]["phase"], "decode");
+  EXPECT_TRUE(ValidatePlanJson(PlanToJson(a.plan)).ok());
 
   const AdviceResult n = Advise(testing::ServingDecodeForward(32, 512, 8, true), {"serve.json"}, AdviseOptions{});
   EXPECT_EQ(n.devices[0].step_source, StepSource::kServingGpu);
