@@ -233,5 +233,27 @@ TEST(StepsTest, RepeatedForwardsAreOneStepEach) {
   EXPECT_EQ(s.layers, 0);
 }
 
+TEST(StepsTest, HostServingAnnotationsUseTheLaunchTime) {
+  Builder b;
+  // Only host ranges: vLLM's annotations enclose the launches, not the GPU work.
+  b.Range("execute_context_0(0)_generation_8(8)", 0, 1000000, false);
+  b.Range("execute_context_0(0)_generation_9(9)", 1000000, 2000000, false);
+  ApiCall launch;
+  launch.start = 900000;  // in the first forward, run in the second's time
+  launch.end = 905000;
+  launch.correlation = 7;
+  b.t.api.push_back(launch);
+  b.Kernel("k", 100000, 300000);
+  b.Kernel("k", 1200000, 1400000, 7);
+  b.Kernel("k", 1500000, 1600000);
+  DeviceSteps s = b.Find();
+  EXPECT_EQ(s.source, StepSource::kServingHost);
+  ASSERT_EQ(s.steps.size(), 2u);
+  EXPECT_EQ(s.step_of, (std::vector<int32_t>{0, 0, 1}));
+  EXPECT_EQ(s.steps[0].tokens, 8);
+  EXPECT_EQ(s.steps[1].tokens, 9);
+  EXPECT_EQ(s.steps[1].phase, StepPhase::kDecode);
+}
+
 }  // namespace
 }  // namespace dynaflow
