@@ -10,6 +10,13 @@ namespace {
 
 constexpr std::string_view kStepPrefix = "ProfilerStep#";
 
+// The most digits a serving annotation's count may have, and the most tokens
+// a step may sum: 10^15 stays exact as a double and below the plan's bound on
+// token counts (2^53 - 1, PlanLimits::kMaxCount), however many annotations a
+// step encloses. A longer count is not an annotation (bad input, not a crash).
+constexpr size_t kMaxCountDigits = 15;
+constexpr int64_t kMaxTokens = 1'000'000'000'000'000;
+
 bool StepNumber(std::string_view name, int64_t* n) {
   if (name.substr(0, kStepPrefix.size()) != kStepPrefix) return false;
   int64_t v = 0;
@@ -325,7 +332,7 @@ void AttachServing(const std::vector<Window>& serving, DeviceSteps* out) {
       s.phase = s.tokens == 0 && s.phase == StepPhase::kUnknown ? w.phase
                 : s.phase == w.phase                        ? s.phase
                                                             : StepPhase::kMixed;
-      s.tokens += w.tokens;
+      s.tokens = std::min(s.tokens + w.tokens, kMaxTokens);
       if (s.tokens > 0) s.tokens_source = TokenSource::kAnnotation;
     }
   }
@@ -382,7 +389,10 @@ bool ReadCount(std::string_view* s, std::string_view word, int64_t* requests, in
   auto digits = [s](int64_t* v) {
     size_t i = 0;
     *v = 0;
-    for (; i < s->size() && (*s)[i] >= '0' && (*s)[i] <= '9' && i < 18; ++i) *v = *v * 10 + ((*s)[i] - '0');
+    for (; i < s->size() && (*s)[i] >= '0' && (*s)[i] <= '9'; ++i) {
+      if (i == kMaxCountDigits) return false;
+      *v = *v * 10 + ((*s)[i] - '0');
+    }
     s->remove_prefix(i);
     return i > 0;
   };

@@ -147,7 +147,8 @@ TEST(StepsTest, ParsesServingAnnotations) {
   untouched.context_tokens = 7;
   for (const char* bad : {"ProfilerStep#1", "execute_context_", "execute_context_1(", "execute_context_1(5",
                           "execute_context_1(5)", "execute_context_1(5)_generation_x(1)",
-                          "execute_context_(5)_generation_1(1)", ""}) {
+                          "execute_context_(5)_generation_1(1)", "",
+                          "execute_context_1(12345678901234567890)_generation_0(0)"}) {
     EXPECT_FALSE(ParseServingAnnotation(bad, &untouched)) << bad;
   }
   EXPECT_EQ(untouched.context_tokens, 7);
