@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -62,14 +63,41 @@ void DeviceSection(std::ostringstream& out, const DeviceTimeline& d) {
   out << "\n";
 }
 
+// One line per phase the steps have (none when every phase is unknown): how
+// many steps, and their median tokens with where those came from.
+void PhaseLines(std::ostringstream& out, const std::vector<Step>& steps) {
+  for (StepPhase p : {StepPhase::kPrefill, StepPhase::kDecode, StepPhase::kMixed, StepPhase::kTraining}) {
+    int64_t n = 0;
+    std::vector<int64_t> tokens;
+    TokenSource source = TokenSource::kNone;
+    for (const Step& s : steps) {
+      if (s.phase != p) continue;
+      ++n;
+      if (s.tokens > 0) {
+        tokens.push_back(s.tokens);
+        source = s.tokens_source;
+      }
+    }
+    if (n == 0) continue;
+    out << "    " << n << " " << PhaseName(p) << " step(s)";
+    if (!tokens.empty()) {
+      std::nth_element(tokens.begin(), tokens.begin() + tokens.size() / 2, tokens.end());
+      out << ", median " << tokens[tokens.size() / 2] << " tokens (" << TokenSourceName(source) << ")";
+    }
+    out << "\n";
+  }
+}
+
 void AdviceSection(std::ostringstream& out, const DeviceAdvice& a) {
   char buf[320];
   out << "  Steps (" << StepSourceName(a.step_source) << ")\n";
-  std::snprintf(buf, sizeof buf, "    %zu step(s): mean %s, median %s, min %s, max %s, spread %.1f%%\n\n",
+  std::snprintf(buf, sizeof buf, "    %zu step(s): mean %s, median %s, min %s, max %s, spread %.1f%%\n",
                 a.steps.size(), FormatDuration(a.step_mean_us).c_str(),
                 FormatDuration(a.step_median_us).c_str(), FormatDuration(a.step_min_us).c_str(),
                 FormatDuration(a.step_max_us).c_str(), a.step_cv_pct);
   out << buf;
+  PhaseLines(out, a.steps);
+  out << "\n";
   out << "  Bound resource (roofline" << (a.peaks.known ? "" : ", peaks assumed: unknown GPU") << ")\n";
   for (int c = 0; c < kResourceCount; ++c) {
     const ResourceTotals& t = a.totals[c];
