@@ -107,7 +107,7 @@ TEST(AdviceTextTest, HasWindowsAndRecommendations) {
   EXPECT_NE(text.find("SMs idle while c10d::allreduce_ communicates"), std::string::npos) << text;
   EXPECT_NE(text.find("Recommendations"), std::string::npos);
   EXPECT_NE(text.find("comm_overlap"), std::string::npos);
-  EXPECT_NE(text.find("Plan by tokens per step"), std::string::npos);
+  EXPECT_NE(text.find("Plan by tokens per step of training steps\n"), std::string::npos) << text;
   // The steps' phase; the simulation's tokens and where they came from.
   EXPECT_NE(text.find("    3 training step(s)\n"), std::string::npos) << text;
   EXPECT_NE(text.find("4096 tokens from gemm_rows, training)"), std::string::npos) << text;

@@ -158,6 +158,8 @@ void Recommendations(std::ostringstream& out, const AdviceResult& a) {
   }
   if (a.has_graph) {
     out << "\n  Plan by tokens per step";
+    // The buckets scale one simulated step: they hold for steps of its phase.
+    if (!a.plan.phase.empty()) out << " of " << a.plan.phase << " steps";
     if (a.plan.tokens_per_step <= 0) out << " (token count unknown: one bucket)";
     out << "\n";
     for (const PlanBucket& b : a.plan.buckets) {
