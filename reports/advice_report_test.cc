@@ -113,6 +113,30 @@ TEST(AdviceTextTest, HasWindowsAndRecommendations) {
   EXPECT_NE(text.find("4096 tokens from gemm_rows, training)"), std::string::npos) << text;
 }
 
+// A serving framework's decode forward of 8 layers without annotations: one
+// step of the layer stack, decode, 32 tokens from the attention shapes.
+TEST(AdviceTextTest, ServingDecodeForwardIsOneDecodeStep) {
+  const Trace trace = testing::ServingDecodeForward(32, 512, 8, false);
+  AdviseReport report;
+  report.inputs = {"serve.json"};
+  report.trace = &trace;
+  report.devices = AnalyzeTimelines(trace, TimelineOptions());
+  const AdviceResult advice = Advise(trace, report.inputs, AdviseOptions{});
+  report.advice = &advice;
+  const std::string text = ReportToText(report);
+  EXPECT_NE(text.find("    1 step(s): "), std::string::npos) << text;
+  EXPECT_NE(text.find("    one forward of 8 repeating layers: one step, not one per layer\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("    1 decode step(s), median 32 tokens (attention_shapes)\n"), std::string::npos) << text;
+  const nlohmann::json j = ReportToJson(report);
+  const auto& steps = j["devices"][0]["steps"];
+  EXPECT_EQ(steps["layers"], 8);
+  EXPECT_EQ(steps["steps"][0]["phase"], "decode");
+  EXPECT_EQ(steps["steps"][0]["tokens"], 32);
+  EXPECT_EQ(steps["steps"][0]["tokens_source"], "attention_shapes");
+  EXPECT_EQ(j["simulation"]["phase"], "decode");
+}
+
 TEST(AdviceHtmlTest, TimelinesOfTheMeasuredAndPredictedStep) {
   Fixture f;
   const std::string html = ReportToHtml(f.report);

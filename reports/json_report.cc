@@ -98,6 +98,7 @@ nlohmann::json StepsJson(const DeviceAdvice& a) {
           {"max_us", a.step_max_us},
           {"stdev_us", a.step_stdev_us},
           {"cv_pct", a.step_cv_pct},
+          {"layers", a.step_layers},
           {"steps", per_step}};
 }
 

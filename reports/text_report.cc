@@ -96,6 +96,9 @@ void AdviceSection(std::ostringstream& out, const DeviceAdvice& a) {
                 FormatDuration(a.step_median_us).c_str(), FormatDuration(a.step_min_us).c_str(),
                 FormatDuration(a.step_max_us).c_str(), a.step_cv_pct);
   out << buf;
+  if (a.step_layers > 0) {
+    out << "    one forward of " << a.step_layers << " repeating layers: one step, not one per layer\n";
+  }
   PhaseLines(out, a.steps);
   out << "\n";
   out << "  Bound resource (roofline" << (a.peaks.known ? "" : ", peaks assumed: unknown GPU") << ")\n";

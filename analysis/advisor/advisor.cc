@@ -500,6 +500,7 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
     d.step_max_us = s.max_us;
     d.step_stdev_us = s.stdev_us;
     d.step_cv_pct = s.cv_pct;
+    d.step_layers = s.layers;
     d.windows = FindIdleWindows(trace, links, dr, s, opt.windows);
     out.devices.push_back(std::move(d));
   }

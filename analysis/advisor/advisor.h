@@ -69,6 +69,7 @@ struct DeviceAdvice {
   size_t representative = 0;
   double step_mean_us = 0, step_median_us = 0, step_min_us = 0, step_max_us = 0,
          step_stdev_us = 0, step_cv_pct = 0;
+  int64_t step_layers = 0;  // DeviceSteps::layers: the layer stack's repeats inside the one step
   DeviceWindows windows;
 };
 

@@ -140,6 +140,7 @@ TEST(AdvisorTest, ServingDecodeForwardIsOneDecodeStepOfItsBatch) {
   ASSERT_EQ(a.devices.size(), 1u);
   const DeviceAdvice& d = a.devices[0];
   EXPECT_EQ(d.step_source, StepSource::kWhole);  // before: repeating_sequence, 8 steps of one layer
+  EXPECT_EQ(d.step_layers, 8);
   ASSERT_EQ(d.steps.size(), 1u);
   EXPECT_EQ(d.steps[0].activities, 8 * 12 + 3);
   EXPECT_EQ(d.steps[0].phase, StepPhase::kDecode);
