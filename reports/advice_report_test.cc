@@ -53,6 +53,15 @@ TEST(AdviceJsonTest, IdleWindowsAndRecommendations) {
   EXPECT_EQ(w["modules"][0]["name"], "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad");
   EXPECT_EQ(dev["steps"]["source"], "profiler_step_gpu");
   EXPECT_EQ(dev["steps"]["count"], 3);
+  // Additional fields (the contract's keys stay): each step's phase and
+  // tokens; a training iteration without attention has no tokens of its own,
+  // the simulation takes the GEMM rows and says so.
+  EXPECT_EQ(dev["steps"]["steps"][0]["phase"], "training");
+  EXPECT_TRUE(dev["steps"]["steps"][0]["tokens"].is_null());
+  EXPECT_EQ(dev["steps"]["steps"][0]["tokens_source"], "none");
+  EXPECT_EQ(j["simulation"]["tokens_source"], "gemm_rows");
+  EXPECT_EQ(j["simulation"]["phase"], "training");
+  EXPECT_EQ(j["simulation"]["tokens_per_step"], 4096);
   EXPECT_EQ(dev["roofline"]["classes"]["compute"]["count"], 24);
 
   ASSERT_FALSE(j["recommendations"].empty());
@@ -98,7 +107,34 @@ TEST(AdviceTextTest, HasWindowsAndRecommendations) {
   EXPECT_NE(text.find("SMs idle while c10d::allreduce_ communicates"), std::string::npos) << text;
   EXPECT_NE(text.find("Recommendations"), std::string::npos);
   EXPECT_NE(text.find("comm_overlap"), std::string::npos);
-  EXPECT_NE(text.find("Plan by tokens per step"), std::string::npos);
+  EXPECT_NE(text.find("Plan by tokens per step of training steps\n"), std::string::npos) << text;
+  // The steps' phase; the simulation's tokens and where they came from.
+  EXPECT_NE(text.find("    3 training step(s)\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("4096 tokens from gemm_rows, training)"), std::string::npos) << text;
+}
+
+// A serving framework's decode forward of 8 layers without annotations: one
+// step of the layer stack, decode, 32 tokens from the attention shapes.
+TEST(AdviceTextTest, ServingDecodeForwardIsOneDecodeStep) {
+  const Trace trace = testing::ServingDecodeForward(32, 512, 8, false);
+  AdviseReport report;
+  report.inputs = {"serve.json"};
+  report.trace = &trace;
+  report.devices = AnalyzeTimelines(trace, TimelineOptions());
+  const AdviceResult advice = Advise(trace, report.inputs, AdviseOptions{});
+  report.advice = &advice;
+  const std::string text = ReportToText(report);
+  EXPECT_NE(text.find("    1 step(s): "), std::string::npos) << text;
+  EXPECT_NE(text.find("    one forward of 8 repeating layers: one step, not one per layer\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("    1 decode step(s), median 32 tokens (attention_shapes)\n"), std::string::npos) << text;
+  const nlohmann::json j = ReportToJson(report);
+  const auto& steps = j["devices"][0]["steps"];
+  EXPECT_EQ(steps["layers"], 8);
+  EXPECT_EQ(steps["steps"][0]["phase"], "decode");
+  EXPECT_EQ(steps["steps"][0]["tokens"], 32);
+  EXPECT_EQ(steps["steps"][0]["tokens_source"], "attention_shapes");
+  EXPECT_EQ(j["simulation"]["phase"], "decode");
 }
 
 TEST(AdviceHtmlTest, TimelinesOfTheMeasuredAndPredictedStep) {

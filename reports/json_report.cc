@@ -83,7 +83,11 @@ nlohmann::json IdleWindowsJson(const DeviceAdvice* a, TimeNs step_start) {
 nlohmann::json StepsJson(const DeviceAdvice& a) {
   nlohmann::json per_step = nlohmann::json::array();
   for (const Step& s : a.steps) {
-    per_step.push_back({{"number", s.number}, {"duration_us", s.duration_us()}});
+    per_step.push_back({{"number", s.number},
+                        {"duration_us", s.duration_us()},
+                        {"phase", PhaseName(s.phase)},
+                        {"tokens", s.tokens > 0 ? nlohmann::json(s.tokens) : nullptr},
+                        {"tokens_source", TokenSourceName(s.tokens_source)}});
   }
   return {{"source", StepSourceName(a.step_source)},
           {"count", a.steps.size()},
@@ -94,6 +98,7 @@ nlohmann::json StepsJson(const DeviceAdvice& a) {
           {"max_us", a.step_max_us},
           {"stdev_us", a.step_stdev_us},
           {"cv_pct", a.step_cv_pct},
+          {"layers", a.step_layers},
           {"steps", per_step}};
 }
 
@@ -230,6 +235,8 @@ nlohmann::json ReportToJson(const AdviseReport& report) {
     out["simulation"] = {{"rank", a.plan.rank},
                          {"device", a.plan.device},
                          {"tokens_per_step", a.plan.tokens_per_step > 0 ? nlohmann::json(a.plan.tokens_per_step) : nullptr},
+                         {"tokens_source", TokenSourceName(a.tokens_source)},
+                         {"phase", PhaseName(a.phase)},
                          {"kernels_per_step", a.plan.kernels_per_step},
                          {"replay_error_pct", a.replay_unfinished.empty() ? nlohmann::json(a.replay_error_pct) : nullptr},
                          {"replay_error_without_gaps_pct",

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -62,14 +63,44 @@ void DeviceSection(std::ostringstream& out, const DeviceTimeline& d) {
   out << "\n";
 }
 
+// One line per phase the steps have (none when every phase is unknown): how
+// many steps, and their median tokens with where those came from.
+void PhaseLines(std::ostringstream& out, const std::vector<Step>& steps) {
+  for (StepPhase p : {StepPhase::kPrefill, StepPhase::kDecode, StepPhase::kMixed, StepPhase::kTraining}) {
+    int64_t n = 0;
+    std::vector<int64_t> tokens;
+    TokenSource source = TokenSource::kNone;
+    for (const Step& s : steps) {
+      if (s.phase != p) continue;
+      ++n;
+      if (s.tokens > 0) {
+        tokens.push_back(s.tokens);
+        source = s.tokens_source;
+      }
+    }
+    if (n == 0) continue;
+    out << "    " << n << " " << PhaseName(p) << " step(s)";
+    if (!tokens.empty()) {
+      std::nth_element(tokens.begin(), tokens.begin() + tokens.size() / 2, tokens.end());
+      out << ", median " << tokens[tokens.size() / 2] << " tokens (" << TokenSourceName(source) << ")";
+    }
+    out << "\n";
+  }
+}
+
 void AdviceSection(std::ostringstream& out, const DeviceAdvice& a) {
   char buf[320];
   out << "  Steps (" << StepSourceName(a.step_source) << ")\n";
-  std::snprintf(buf, sizeof buf, "    %zu step(s): mean %s, median %s, min %s, max %s, spread %.1f%%\n\n",
+  std::snprintf(buf, sizeof buf, "    %zu step(s): mean %s, median %s, min %s, max %s, spread %.1f%%\n",
                 a.steps.size(), FormatDuration(a.step_mean_us).c_str(),
                 FormatDuration(a.step_median_us).c_str(), FormatDuration(a.step_min_us).c_str(),
                 FormatDuration(a.step_max_us).c_str(), a.step_cv_pct);
   out << buf;
+  if (a.step_layers > 0) {
+    out << "    one forward of " << a.step_layers << " repeating layers: one step, not one per layer\n";
+  }
+  PhaseLines(out, a.steps);
+  out << "\n";
   out << "  Bound resource (roofline" << (a.peaks.known ? "" : ", peaks assumed: unknown GPU") << ")\n";
   for (int c = 0; c < kResourceCount; ++c) {
     const ResourceTotals& t = a.totals[c];
@@ -105,7 +136,11 @@ void Recommendations(std::ostringstream& out, const AdviceResult& a) {
   out << "Recommendations";
   if (a.has_graph) {
     out << " (simulated on rank " << a.plan.rank << " device " << a.plan.device << "'s median step";
-    if (a.plan.tokens_per_step > 0) out << ", " << static_cast<long long>(a.plan.tokens_per_step) << " tokens";
+    if (a.plan.tokens_per_step > 0) {
+      out << ", " << static_cast<long long>(a.plan.tokens_per_step) << " tokens from "
+          << TokenSourceName(a.tokens_source);
+    }
+    if (a.phase != StepPhase::kUnknown) out << ", " << PhaseName(a.phase);
     out << ")";
   }
   out << "\n";
@@ -126,6 +161,8 @@ void Recommendations(std::ostringstream& out, const AdviceResult& a) {
   }
   if (a.has_graph) {
     out << "\n  Plan by tokens per step";
+    // The buckets scale one simulated step: they hold for steps of its phase.
+    if (!a.plan.phase.empty()) out << " of " << a.plan.phase << " steps";
     if (a.plan.tokens_per_step <= 0) out << " (token count unknown: one bucket)";
     out << "\n";
     for (const PlanBucket& b : a.plan.buckets) {

@@ -102,6 +102,7 @@ def deleter(*path):
 CASES = [
     ("base", lambda p: None, True, True),
     ("module_fingerprint", setter("model", "module_fingerprint", "1b225ad95c61f3fb"), True, True),
+    ("phase", setter("model", "phase", "decode"), True, True),
     ("tokens_per_step null", setter("model", "tokens_per_step", None), True, True),
     ("splits at the bound", setter("splits", SPLITS), True, True),
     ("bucket splits at the bound", setter("buckets", 1, "splits", SPLITS), True, True),
@@ -173,6 +174,7 @@ CASES = [
     ("extra nested key", setter("buckets", 0, "extra", 1), False, False),
     ("module name not a string", setter("partition_rules", 1, "modules", [7]), False, False),
     ("module_fingerprint a number", setter("model", "module_fingerprint", 7), False, False),
+    ("phase not a phase", setter("model", "phase", "warmup"), False, False),
     # What only dynaflow checks (the schema's description says so).
     ("first bucket not at 0", setter("buckets", 0, "min_tokens", 5.0), True, False),
     ("buckets with a gap", setter("buckets", 1, "min_tokens", 200.0), True, False),

@@ -1,6 +1,7 @@
 #include "analysis/advisor/advisor.h"
 
 #include "analysis/sim/region_split.h"
+#include "analysis/steps/workload.h"
 
 #include <algorithm>
 #include <cmath>
@@ -517,8 +518,10 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
   const OperatorLinks links = LinkOperators(trace);
   std::vector<DeviceResources> resources = ClassifyResources(trace, links, opt.bound);
   std::vector<DeviceSteps> steps;
+  CostCache step_costs(trace, &links);  // for each step's phase and tokens
   for (const DeviceResources& dr : resources) {
     steps.push_back(FindSteps(trace, dr));
+    InferWorkloads(trace, links, dr, &step_costs, &steps.back());
     DeviceAdvice d;
     d.device_index = dr.device_index;
     d.rank = trace.devices[dr.device_index].rank;
@@ -538,6 +541,7 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
     d.step_max_us = s.max_us;
     d.step_stdev_us = s.stdev_us;
     d.step_cv_pct = s.cv_pct;
+    d.step_layers = s.layers;
     d.windows = FindIdleWindows(trace, links, dr, s, opt.windows);
     out.devices.push_back(std::move(d));
   }
@@ -588,6 +592,9 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
   if (graph.tasks.empty()) return out;
   out.has_graph = true;
   plan.tokens_per_step = graph.tokens;
+  out.phase = graph.phase;
+  out.tokens_source = graph.tokens_source;
+  if (graph.phase != StepPhase::kUnknown) plan.phase = PhaseName(graph.phase);
   plan.kernels_per_step = static_cast<int64_t>(graph.tasks.size());
   {
     Fnv f;

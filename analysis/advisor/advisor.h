@@ -20,7 +20,8 @@
 // marked `clamped` in AdviceResult::bound_checks, which tests read.
 //
 // Workload buckets: the step is simulated at tokens T0 * {1/16, ..., 4} (T0:
-// tokens per step observed, the most common GEMM row count). At each point the
+// tokens per step observed: the serving annotation's, attention's query rows,
+// else the most common GEMM row count; StepGraph::tokens). At each point the
 // best candidate wins if it beats sequential by `min_gain`; neighbouring
 // points with the same choice merge into one bucket, bounded at the geometric
 // mean of the points on either side. Without a token count there is one bucket;
@@ -68,6 +69,7 @@ struct DeviceAdvice {
   size_t representative = 0;
   double step_mean_us = 0, step_median_us = 0, step_min_us = 0, step_max_us = 0,
          step_stdev_us = 0, step_cv_pct = 0;
+  int64_t step_layers = 0;  // DeviceSteps::layers: the layer stack's repeats inside the one step
   DeviceWindows windows;
 };
 
@@ -134,6 +136,9 @@ struct AdviceResult {
   // simulator's SimResult::stall); empty when it finished. Then there are no
   // recommendations and replay_error_pct means nothing.
   std::string replay_unfinished;
+  // The simulated step's phase and where plan.tokens_per_step came from.
+  StepPhase phase = StepPhase::kUnknown;
+  TokenSource tokens_source = TokenSource::kNone;
   std::vector<BoundCheck> bound_checks;  // every candidate at every workload point
   StepPicture measured;
   StepPicture predicted;

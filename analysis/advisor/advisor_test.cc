@@ -132,6 +132,38 @@ TEST(AdvisorTest, MemoryDominatedStepGainsNoMoreThanItsBound) {
   }
 }
 
+// A serving framework's decode forward (batch 32, 8 layers, no ProfilerStep):
+// one step, not one per layer; decode; 32 tokens from the attention shapes,
+// or from vLLM's annotation when the trace has it.
+TEST(AdvisorTest, ServingDecodeForwardIsOneDecodeStepOfItsBatch) {
+  const AdviceResult a = Advise(testing::ServingDecodeForward(32, 512, 8, false), {"serve.json"}, AdviseOptions{});
+  ASSERT_EQ(a.devices.size(), 1u);
+  const DeviceAdvice& d = a.devices[0];
+  EXPECT_EQ(d.step_source, StepSource::kWhole);  // before: repeating_sequence, 8 steps of one layer
+  EXPECT_EQ(d.step_layers, 8);
+  ASSERT_EQ(d.steps.size(), 1u);
+  EXPECT_EQ(d.steps[0].activities, 8 * 12 + 3);
+  EXPECT_EQ(d.steps[0].phase, StepPhase::kDecode);
+  EXPECT_EQ(d.steps[0].tokens, 32);
+  EXPECT_EQ(d.steps[0].tokens_source, TokenSource::kAttentionShapes);
+  ASSERT_TRUE(a.has_graph);
+  EXPECT_EQ(a.phase, StepPhase::kDecode);
+  EXPECT_EQ(a.tokens_source, TokenSource::kAttentionShapes);
+  EXPECT_DOUBLE_EQ(a.plan.tokens_per_step, 32);
+  // The plan says which phase its buckets are for.
+  EXPECT_EQ(a.plan.phase, "decode");
+  EXPECT_EQ(PlanToJson(a.plan)["model"]["phase"], "decode");
+  EXPECT_TRUE(ValidatePlanJson(PlanToJson(a.plan)).ok());
+
+  const AdviceResult n = Advise(testing::ServingDecodeForward(32, 512, 8, true), {"serve.json"}, AdviseOptions{});
+  EXPECT_EQ(n.devices[0].step_source, StepSource::kServingGpu);
+  ASSERT_EQ(n.devices[0].steps.size(), 1u);
+  EXPECT_EQ(n.devices[0].steps[0].tokens_source, TokenSource::kAnnotation);
+  EXPECT_EQ(n.tokens_source, TokenSource::kAnnotation);
+  EXPECT_EQ(n.phase, StepPhase::kDecode);
+  EXPECT_DOUBLE_EQ(n.plan.tokens_per_step, 32);
+}
+
 // A small batch: sequential.
 TEST(AdvisorTest, SmallBatchStaysSequential) {
   const Trace trace = testing::LlamaDecode(8, 1024, 4, 3);

@@ -12,6 +12,8 @@ using nlohmann::json;
 const std::vector<std::string> kRoles = {"split", "stage",       "compute", "memory",
                                          "communication", "copy", "side_stream", "fused"};
 const std::vector<std::string> kStreamRoles = {"compute", "memory", "communication"};
+// model.phase: the step phases of analysis/steps/steps.h, less "unknown" (absent).
+const std::vector<std::string> kPhases = {"prefill", "decode", "mixed", "training"};
 
 json Strings(const std::vector<std::string>& v) { return json(v); }
 
@@ -237,6 +239,7 @@ json PlanToJson(const Plan& p) {
                 {"speedup", p.predicted_speedup},
                 {"extra_memory_bytes", p.extra_memory_bytes}}}};
   if (!p.module_fingerprint.empty()) out["model"]["module_fingerprint"] = p.module_fingerprint;
+  if (!p.phase.empty()) out["model"]["phase"] = p.phase;
   return out;
 }
 
@@ -262,11 +265,12 @@ Status ValidatePlanJson(const json& j) {
   DF_RETURN_IF_ERROR(Expect(dev["peaks_known"].is_boolean(), "device.peaks_known", "must be a boolean"));
   const json& model = j["model"];
   DF_RETURN_IF_ERROR(Object(model, "model", {"fingerprint", "tokens_per_step", "kernels_per_step"},
-                            {"module_fingerprint"}));
+                            {"module_fingerprint", "phase"}));
   DF_RETURN_IF_ERROR(String(model["fingerprint"], "model.fingerprint"));
   if (model.contains("module_fingerprint")) {
     DF_RETURN_IF_ERROR(String(model["module_fingerprint"], "model.module_fingerprint"));
   }
+  if (model.contains("phase")) DF_RETURN_IF_ERROR(Enum(model["phase"], "model.phase", kPhases));
   if (!model["tokens_per_step"].is_null()) {
     DF_RETURN_IF_ERROR(Number(model["tokens_per_step"], "model.tokens_per_step", 0, PlanLimits::kMaxCount));
   }
@@ -358,6 +362,7 @@ StatusOr<Plan> PlanFromJson(const json& j) {
   const json& m = j["model"];
   p.model_fingerprint = m["fingerprint"].get<std::string>();
   if (m.contains("module_fingerprint")) p.module_fingerprint = m["module_fingerprint"].get<std::string>();
+  if (m.contains("phase")) p.phase = m["phase"].get<std::string>();
   p.tokens_per_step = m["tokens_per_step"].is_null() ? 0 : m["tokens_per_step"].get<double>();
   p.kernels_per_step = m["kernels_per_step"].get<int64_t>();
   p.forced = j["forced"].get<bool>();

@@ -101,6 +101,11 @@ struct Plan {
   // `dynaflow apply` compares it with the program's model.
   std::string module_fingerprint;
   double tokens_per_step = 0;  // 0: unknown
+  // The phase of the step the buckets were simulated on: "prefill", "decode",
+  // "mixed" or "training" (analysis/steps/steps.h PhaseName); empty when
+  // unknown (absent from the JSON). Buckets of one plan never mix phases: a
+  // prefill's tokens are not a decode batch's.
+  std::string phase;
   int64_t kernels_per_step = 0;
   // Decision.
   bool forced = false;

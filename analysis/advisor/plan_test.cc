@@ -70,6 +70,15 @@ TEST(PlanTest, RoundTripsThroughJson) {
   StatusOr<Plan> q_back = PlanFromJson(k);
   ASSERT_TRUE(q_back.ok()) << q_back.status().message();
   EXPECT_EQ(q_back.value(), q);
+  EXPECT_FALSE(j["model"].contains("phase"));  // unknown: absent
+
+  Plan r = Sample();
+  r.phase = "decode";
+  const nlohmann::json l = PlanToJson(r);
+  EXPECT_EQ(l["model"]["phase"], "decode");
+  StatusOr<Plan> r_back = PlanFromJson(l);
+  ASSERT_TRUE(r_back.ok()) << r_back.status().message();
+  EXPECT_EQ(r_back.value().phase, "decode");
 }
 
 TEST(PlanTest, SplitsModulesOnlyThroughASplitBucketsSplitRule) {
@@ -87,6 +96,12 @@ TEST(PlanTest, RejectsWhatTheSchemaRejects) {
     nlohmann::json j = PlanToJson(Sample());
     j["model"]["module_fingerprint"] = 7;
     EXPECT_EQ(ValidatePlanJson(j).message(), "plan: model.module_fingerprint: must be a string");
+  }
+  {
+    nlohmann::json j = PlanToJson(Sample());
+    j["model"]["phase"] = "warmup";
+    EXPECT_FALSE(ValidatePlanJson(j).ok());
+    EXPECT_NE(ValidatePlanJson(j).message().find("model.phase"), std::string::npos);
   }
   const nlohmann::json good = PlanToJson(Sample());
   auto broken = [&](const std::function<void(nlohmann::json&)>& f) {

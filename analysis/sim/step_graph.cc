@@ -267,18 +267,27 @@ StepGraph BuildStepGraph(const Trace& trace, const OperatorLinks& links,
     if (PerStepName(trace.strings.Get(a.name))) s.token_scaled = false;
     if (a.correlation >= 0) by_correlation.emplace(a.correlation, static_cast<int32_t>(t));
   }
-  // Tokens per step: the most common GEMM row count (ties: the larger).
+  // Tokens per step: the step's own, else the most common GEMM row count
+  // (ties: the larger), else a convolution's batch or an embedding's rows.
+  g.phase = step.phase;
+  if (step.tokens > 0) {
+    g.tokens = static_cast<double>(step.tokens);
+    g.tokens_source = step.tokens_source;
+  }
   double best_count = 0;
   for (const auto& [rows, count] : rows_count) {
+    if (step.tokens > 0) break;
     if (count > best_count || (count == best_count && rows > g.tokens)) {
       best_count = count;
       g.tokens = rows;
+      g.tokens_source = TokenSource::kGemmRows;
     }
   }
-  if (g.tokens == 0) {  // no GEMM: a convolution's batch or an embedding's rows
+  if (g.tokens == 0) {
     for (const SimTask& s : g.tasks) {
       if ((s.kind == OpKind::kConvolution || s.kind == OpKind::kEmbedding) && s.rows > 0) {
         g.tokens = s.rows;
+        g.tokens_source = TokenSource::kBatchRows;
         break;
       }
     }

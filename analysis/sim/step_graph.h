@@ -85,7 +85,12 @@ struct StepGraph {
   bool end_known = false;
   HostIssue end;
   double tail_us = 0;        // idle after the last task, inside the window (0 when end_known)
-  double tokens = 0;         // tokens per step (most common GEMM M), 0 unknown
+  // Tokens per step: the step's own (Step::tokens: the serving annotation,
+  // attention shapes), else the most common GEMM M, else a convolution's
+  // batch or an embedding's rows; 0 unknown. `tokens_source` says which.
+  double tokens = 0;
+  TokenSource tokens_source = TokenSource::kNone;
+  StepPhase phase = StepPhase::kUnknown;  // Step::phase
   double launch_cost_us = 4;  // median host time of one launch call
   bool truncated = false;    // more tasks than the cap: only the first ones are kept
   std::vector<int32_t> lane_streams;  // stream id of each lane

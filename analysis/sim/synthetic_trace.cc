@@ -72,22 +72,26 @@ TimeNs SyntheticTrace::Launch(const Kernel& k) {
   stream_free_[k.stream] = g.end + 1000;  // ~1 us between back-to-back kernels
   cpu_ = call.end;
   if (!k.op.empty()) Close();
-  if (step_number_ >= 0) {
+  if (!range_name_.empty()) {
     if (step_gpu_start_ < 0 || g.start < step_gpu_start_) step_gpu_start_ = g.start;
     step_gpu_end_ = std::max(step_gpu_end_, g.end);
   }
   return g.end;
 }
 
-void SyntheticTrace::StepBegin(int64_t number) {
-  step_number_ = number;
+void SyntheticTrace::StepBegin(int64_t number) { RangeBegin("ProfilerStep#" + std::to_string(number)); }
+
+void SyntheticTrace::StepEnd() { RangeEnd(); }
+
+void SyntheticTrace::RangeBegin(const std::string& name) {
+  range_name_ = name;
   step_cpu_start_ = cpu_;
   step_gpu_start_ = -1;
   step_gpu_end_ = -1;
 }
 
-void SyntheticTrace::StepEnd() {
-  const StringId name = trace_.strings.Intern("ProfilerStep#" + std::to_string(step_number_));
+void SyntheticTrace::RangeEnd() {
+  const StringId name = trace_.strings.Intern(range_name_);
   Range host;
   host.start = step_cpu_start_;
   host.end = cpu_;
@@ -104,7 +108,7 @@ void SyntheticTrace::StepEnd() {
     gpu.device_index = static_cast<int32_t>(device_);
     trace_.ranges.push_back(gpu);
   }
-  step_number_ = -1;
+  range_name_.clear();
 }
 
 namespace {
@@ -161,9 +165,11 @@ Trace DdpSerializedAllReduce(int layers, double allreduce_us, int steps) {
   return std::move(t.trace());
 }
 
-Trace LlamaDecode(int batch, int context, int layers, int steps) {
-  SyntheticTrace t;
-  const long b = batch;
+namespace {
+
+// One Llama-3-8B-shaped decode layer (LlamaDecode) of `batch` sequences with
+// `context` tokens of KV cache each.
+void LlamaDecodeLayer(SyntheticTrace& t, long b, int context, int l) {
   const char* bf16 = R"("c10::BFloat16")";
   auto types = [bf16](int n) {
     std::string s = "[";
@@ -199,36 +205,70 @@ Trace LlamaDecode(int batch, int context, int layers, int steps) {
     e.dur_us = MemoryUs(2.0 * b * 4096 * 2);
     t.Launch(e);
   };
+  const std::string layer = "model.layers." + std::to_string(l);
+  t.Open(layer + ".self_attn");
+  norm();
+  gemm(6144, 4096, "qkv_proj");
+  elementwise("aten::mul", 4096, 2, "void at::native::vectorized_elementwise_kernel<4, rope>(...)");
+  SyntheticTrace::Kernel a;
+  a.op = "aten::_scaled_dot_product_flash_attention";
+  a.shapes = Dims({{b, 32, 1, 128}, {b, 8, context, 128}, {b, 8, context, 128}});
+  a.types = types(3);
+  a.kernel = "void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4> >(Flash_fwd_params)";
+  a.dur_us = MemoryUs(2.0 * b * 8 * context * 256 + 4.0 * b * 4096);
+  t.Launch(a);
+  gemm(4096, 4096, "o_proj");
+  t.Close();
+  elementwise("aten::add", 4096, 2, "void at::native::vectorized_elementwise_kernel<4, add>(...)");
+  t.Open(layer + ".mlp");
+  norm();
+  gemm(28672, 4096, "gate_up_proj");
+  elementwise("aten::silu", 14336, 1, "void at::native::vectorized_elementwise_kernel<4, silu>(...)");
+  elementwise("aten::mul", 14336, 2, "void at::native::vectorized_elementwise_kernel<4, mul>(...)");
+  gemm(4096, 14336, "down_proj");
+  t.Close();
+  elementwise("aten::add", 4096, 2, "void at::native::vectorized_elementwise_kernel<4, add>(...)");
+}
+
+// A kernel that runs once per forward (embedding, head, sampling).
+void OncePerForward(SyntheticTrace& t, const char* op, const std::string& shapes, const char* kernel,
+                    double dur_us) {
+  SyntheticTrace::Kernel k;
+  k.op = op;
+  k.shapes = shapes;
+  k.types = R"(["c10::BFloat16","c10::BFloat16"])";
+  k.kernel = kernel;
+  k.dur_us = dur_us;
+  t.Launch(k);
+}
+
+}  // namespace
+
+Trace LlamaDecode(int batch, int context, int layers, int steps) {
+  SyntheticTrace t;
   for (int s = 0; s < steps; ++s) {
     t.StepBegin(100 + s);
-    for (int l = 0; l < layers; ++l) {
-      const std::string layer = "model.layers." + std::to_string(l);
-      t.Open(layer + ".self_attn");
-      norm();
-      gemm(6144, 4096, "qkv_proj");
-      elementwise("aten::mul", 4096, 2, "void at::native::vectorized_elementwise_kernel<4, rope>(...)");
-      SyntheticTrace::Kernel a;
-      a.op = "aten::_scaled_dot_product_flash_attention";
-      a.shapes = Dims({{b, 32, 1, 128}, {b, 8, context, 128}, {b, 8, context, 128}});
-      a.types = types(3);
-      a.kernel = "void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4> >(Flash_fwd_params)";
-      a.dur_us = MemoryUs(2.0 * b * 8 * context * 256 + 4.0 * b * 4096);
-      t.Launch(a);
-      gemm(4096, 4096, "o_proj");
-      t.Close();
-      elementwise("aten::add", 4096, 2, "void at::native::vectorized_elementwise_kernel<4, add>(...)");
-      t.Open(layer + ".mlp");
-      norm();
-      gemm(28672, 4096, "gate_up_proj");
-      elementwise("aten::silu", 14336, 1, "void at::native::vectorized_elementwise_kernel<4, silu>(...)");
-      elementwise("aten::mul", 14336, 2, "void at::native::vectorized_elementwise_kernel<4, mul>(...)");
-      gemm(4096, 14336, "down_proj");
-      t.Close();
-      elementwise("aten::add", 4096, 2, "void at::native::vectorized_elementwise_kernel<4, add>(...)");
-    }
+    for (int l = 0; l < layers; ++l) LlamaDecodeLayer(t, batch, context, l);
     t.StepEnd();
     t.HostIdle(60);
   }
+  return std::move(t.trace());
+}
+
+Trace ServingDecodeForward(int batch, int context, int layers, bool annotated) {
+  SyntheticTrace t;
+  const long b = batch;
+  const std::string name =
+      "execute_context_0(0)_generation_" + std::to_string(batch) + "(" + std::to_string(batch) + ")";
+  if (annotated) t.RangeBegin(name);
+  OncePerForward(t, "aten::embedding", Dims({{128256, 4096}, {b}}),
+                 "void at::native::indexSelectLargeIndex<c10::BFloat16>(...)", MemoryUs(2.0 * b * 4096));
+  for (int l = 0; l < layers; ++l) LlamaDecodeLayer(t, b, context, l);
+  OncePerForward(t, "aten::mm", Dims({{b, 4096}, {4096, 128256}}), "nvjet_tst_192x8_64x8_4x1_v_bz_TNT",
+                 GemmUs(static_cast<double>(b), 128256, 4096));
+  OncePerForward(t, "aten::argmax", Dims({{b, 128256}}),
+                 "void at::native::reduce_kernel<512, 1, ArgMaxOps>(...)", MemoryUs(2.0 * b * 128256));
+  if (annotated) t.RangeEnd();
   return std::move(t.trace());
 }
 

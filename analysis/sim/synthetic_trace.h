@@ -44,8 +44,12 @@ class SyntheticTrace {
   // Returns the kernel's end time.
   TimeNs Launch(const Kernel& k);
 
+  // A ProfilerStep#N range on the host and its projection on the device.
   void StepBegin(int64_t number);
   void StepEnd();
+  // The same for a range of any name (a serving framework's step annotation).
+  void RangeBegin(const std::string& name);
+  void RangeEnd();
 
   // Host time passes without launches (data loading, Python).
   void HostIdle(double us) { cpu_ += static_cast<TimeNs>(us * 1000); }
@@ -61,7 +65,7 @@ class SyntheticTrace {
   int64_t next_corr_ = 1;
   std::map<int32_t, TimeNs> stream_free_;
   std::vector<size_t> open_;  // indices into trace_.ops
-  int64_t step_number_ = -1;
+  std::string range_name_;
   TimeNs step_cpu_start_ = 0;
   TimeNs step_gpu_start_ = -1;
   TimeNs step_gpu_end_ = -1;
@@ -77,6 +81,13 @@ Trace DdpSerializedAllReduce(int layers = 8, double allreduce_us = 150, int step
 // heads of 128, FFN 14336) on one H200: `batch` sequences, each with a KV
 // cache of `context` tokens, `layers` layers; eager launches.
 Trace LlamaDecode(int batch, int context, int layers = 4, int steps = 3);
+
+// One serving-framework decode forward of the LlamaDecode decoder, as a
+// serving framework runs it: an embedding, `layers` layers, the LM head and
+// sampling, no ProfilerStep. With `annotated`, vLLM's step annotation
+// `execute_context_0(0)_generation_<batch>(<batch>)` encloses it (host and
+// device).
+Trace ServingDecodeForward(int batch, int context, int layers, bool annotated);
 
 // The forward pass of a Llama-3-8B-shaped decoder with tensor parallelism over
 // two GPUs (rank 0's view), prefilling `tokens` tokens: after the attention

@@ -128,5 +128,133 @@ TEST(StepsTest, OneStepWhenNothingRepeats) {
   EXPECT_EQ(s.representative, 0u);
 }
 
+TEST(StepsTest, ParsesServingAnnotations) {
+  ServingAnnotation a;
+  // vLLM with the sum of squared prompt lengths after the token count.
+  ASSERT_TRUE(ParseServingAnnotation("execute_context_1(888_788544)_generation_0(0)", &a));
+  EXPECT_EQ(a.context_requests, 1);
+  EXPECT_EQ(a.context_tokens, 888);
+  EXPECT_EQ(a.generation_requests, 0);
+  EXPECT_EQ(a.phase(), StepPhase::kPrefill);
+  EXPECT_EQ(a.tokens(), 888);
+  ASSERT_TRUE(ParseServingAnnotation("execute_context_0(0)_generation_32(32)", &a));
+  EXPECT_EQ(a.phase(), StepPhase::kDecode);
+  EXPECT_EQ(a.tokens(), 32);
+  ASSERT_TRUE(ParseServingAnnotation("execute_context_2(300)_generation_30(30)", &a));
+  EXPECT_EQ(a.phase(), StepPhase::kMixed);
+  EXPECT_EQ(a.tokens(), 330);
+  ServingAnnotation untouched;
+  untouched.context_tokens = 7;
+  for (const char* bad : {"ProfilerStep#1", "execute_context_", "execute_context_1(", "execute_context_1(5",
+                          "execute_context_1(5)", "execute_context_1(5)_generation_x(1)",
+                          "execute_context_(5)_generation_1(1)", "",
+                          "execute_context_1(12345678901234567890)_generation_0(0)"}) {
+    EXPECT_FALSE(ParseServingAnnotation(bad, &untouched)) << bad;
+  }
+  EXPECT_EQ(untouched.context_tokens, 7);
+}
+
+TEST(StepsTest, ServingAnnotationsAreOneStepPerForwardWithPhaseAndTokens) {
+  Builder b;
+  b.Range("execute_context_1(888_788544)_generation_0(0)", 0, 1000000, true);
+  b.Range("execute_context_0(0)_generation_32(32)", 1100000, 1500000, true);
+  for (TimeNs t = 0; t < 1000000; t += 100000) b.Kernel("layer", t, t + 90000);
+  for (TimeNs t = 1100000; t < 1500000; t += 100000) b.Kernel("layer", t, t + 50000);
+  DeviceSteps s = b.Find();
+  EXPECT_EQ(s.source, StepSource::kServingGpu);
+  EXPECT_STREQ(StepSourceName(s.source), "serving_step_gpu");
+  ASSERT_EQ(s.steps.size(), 2u);
+  EXPECT_EQ(s.steps[0].activities, 10);
+  EXPECT_EQ(s.steps[0].phase, StepPhase::kPrefill);
+  EXPECT_EQ(s.steps[0].tokens, 888);
+  EXPECT_EQ(s.steps[0].tokens_source, TokenSource::kAnnotation);
+  EXPECT_EQ(s.steps[1].phase, StepPhase::kDecode);
+  EXPECT_EQ(s.steps[1].tokens, 32);
+  EXPECT_DOUBLE_EQ(s.steps[0].duration_us(), 1100);
+}
+
+TEST(StepsTest, ProfilerStepsKeepTheirWindowsAndTakeTheServingPhase) {
+  Builder b;
+  b.Range("ProfilerStep#3", 0, 1000000, true);
+  b.Range("execute_context_0(0)_generation_32(32)", 10000, 900000, true);
+  b.Range("ProfilerStep#4", 1000000, 2000000, true);  // no serving annotation
+  b.Kernel("a", 10000, 400000);
+  b.Kernel("a", 1100000, 1400000);
+  DeviceSteps s = b.Find();
+  EXPECT_EQ(s.source, StepSource::kGpuAnnotation);
+  ASSERT_EQ(s.steps.size(), 2u);
+  EXPECT_EQ(s.steps[0].number, 3);
+  EXPECT_EQ(s.steps[0].phase, StepPhase::kDecode);
+  EXPECT_EQ(s.steps[0].tokens, 32);
+  EXPECT_EQ(s.steps[1].phase, StepPhase::kUnknown);
+  EXPECT_EQ(s.steps[1].tokens, 0);
+  EXPECT_EQ(s.steps[1].tokens_source, TokenSource::kNone);
+}
+
+// Kernels of one forward: an embedding, `layers` layers of six kernels, the
+// head and sampling.
+void Forward(Builder& b, TimeNs* t, int layers) {
+  auto k = [&](const char* name) {
+    b.Kernel(name, *t, *t + 10000);
+    *t += 11000;
+  };
+  k("embed");
+  for (int l = 0; l < layers; ++l) {
+    // Two norms and three GEMMs of one kernel name: the anchor is attention,
+    // mid-layer, the only name at a constant period.
+    for (const char* name : {"norm", "gemm", "attn", "gemm", "norm", "gemm"}) k(name);
+  }
+  k("lm_head");
+  k("argmax");
+}
+
+TEST(StepsTest, LayerStackOfOneForwardIsOneStepNotOnePerLayer) {
+  Builder b;
+  TimeNs t = 0;
+  Forward(b, &t, 36);
+  DeviceSteps s = b.Find();
+  // Before: 36 steps of one layer each (source repeating_sequence).
+  EXPECT_EQ(s.source, StepSource::kWhole);
+  ASSERT_EQ(s.steps.size(), 1u);
+  EXPECT_EQ(s.steps[0].activities, 36 * 6 + 3);
+  EXPECT_EQ(s.layers, 36);
+}
+
+TEST(StepsTest, RepeatedForwardsAreOneStepEach) {
+  Builder b;
+  TimeNs t = 0;
+  for (int f = 0; f < 3; ++f) {
+    Forward(b, &t, 4);
+    t += 200000;  // the host samples and schedules the next forward
+  }
+  DeviceSteps s = b.Find();
+  EXPECT_EQ(s.source, StepSource::kRepeat);
+  ASSERT_EQ(s.steps.size(), 3u);
+  EXPECT_EQ(s.steps[0].activities, 4 * 6 + 3);
+  EXPECT_EQ(s.layers, 0);
+}
+
+TEST(StepsTest, HostServingAnnotationsUseTheLaunchTime) {
+  Builder b;
+  // Only host ranges: vLLM's annotations enclose the launches, not the GPU work.
+  b.Range("execute_context_0(0)_generation_8(8)", 0, 1000000, false);
+  b.Range("execute_context_0(0)_generation_9(9)", 1000000, 2000000, false);
+  ApiCall launch;
+  launch.start = 900000;  // in the first forward, run in the second's time
+  launch.end = 905000;
+  launch.correlation = 7;
+  b.t.api.push_back(launch);
+  b.Kernel("k", 100000, 300000);
+  b.Kernel("k", 1200000, 1400000, 7);
+  b.Kernel("k", 1500000, 1600000);
+  DeviceSteps s = b.Find();
+  EXPECT_EQ(s.source, StepSource::kServingHost);
+  ASSERT_EQ(s.steps.size(), 2u);
+  EXPECT_EQ(s.step_of, (std::vector<int32_t>{0, 0, 1}));
+  EXPECT_EQ(s.steps[0].tokens, 8);
+  EXPECT_EQ(s.steps[1].tokens, 9);
+  EXPECT_EQ(s.steps[1].phase, StepPhase::kDecode);
+}
+
 }  // namespace
 }  // namespace dynaflow
