@@ -90,9 +90,9 @@ struct TraceDbWriter::Statements {
         kernel(db, "INSERT INTO kernels VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"),
         memcpy(db, "INSERT INTO memcpy VALUES (?,?,?,?,?,?,?,?,?)"),
         memset(db, "INSERT INTO memset VALUES (?,?,?,?,?,?,?,?)"),
-        api(db, "INSERT INTO api_calls VALUES (?,?,?,?,?,?,?,?,?)"),
+        api(db, "INSERT INTO api_calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"),
         range(db, "INSERT INTO ranges VALUES (?,?,?,?,?,?,?,?)"),
-        op(db, "INSERT INTO operators VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"),
+        op(db, "INSERT INTO operators VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"),
         stat(db, "INSERT INTO import_stats VALUES (?, ?, ?, ?) "
                  "ON CONFLICT (name) DO UPDATE SET count = count + excluded.count") {}
 
@@ -309,6 +309,11 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
     st.api.bind(7, str[a.name]);
     BindOptional(st.api, 8, a.correlation);
     BindOptional(st.api, 9, a.external_id);
+    BindOptional(st.api, 10, a.sync_device);
+    BindOptional(st.api, 11, a.sync_stream);
+    BindOptional(st.api, 12, a.wait_on_stream);
+    BindOptional(st.api, 13, a.wait_event_id);
+    BindOptional(st.api, 14, a.wait_event_correlation);
     Run(st.api);
   }
 
@@ -337,6 +342,7 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
     st.op.bind(10, str[o.input_types]);
     st.op.bind(11, str[o.module_path]);
     BindOptional(st.op, 12, o.external_id);
+    st.op.bind(13, str[o.collective]);
     Run(st.op);
   }
 
