@@ -56,6 +56,30 @@ CUpti_ActivitySynchronization2 Sync(uint32_t correlation) {
   return s;
 }
 
+// cudaEventRecord(event, stream) in context 1, with its correlation id.
+CUpti_ActivityCudaEvent2 EventRecord(uint32_t correlation, uint32_t event, uint32_t stream,
+                                     uint32_t device) {
+  CUpti_ActivityCudaEvent2 e = {};
+  e.kind = CUPTI_ACTIVITY_KIND_CUDA_EVENT;
+  e.correlationId = correlation;
+  e.contextId = 1;
+  e.streamId = stream;
+  e.eventId = event;
+  e.deviceId = device;
+  return e;
+}
+
+// A wait of `type` in context 1 on `event` (CUPTI_SYNCHRONIZATION_INVALID_VALUE: none).
+CUpti_ActivitySynchronization2 EventWait(CUpti_ActivitySynchronizationType type,
+                                         uint32_t correlation, uint32_t stream, uint32_t event) {
+  CUpti_ActivitySynchronization2 s = Sync(correlation);
+  s.type = type;
+  s.contextId = 1;
+  s.streamId = stream;
+  s.cudaEventId = event;
+  return s;
+}
+
 CUpti_ActivityMarker2 Marker(CUpti_ActivityFlag flag, uint32_t id, uint64_t timestamp,
                              const char* name) {
   CUpti_ActivityMarker2 m = {};
@@ -234,6 +258,45 @@ TEST_F(ActivityConverterTest, SynchronizationTakesTheThreadOfItsCallInEitherOrde
   EXPECT_EQ(t.api[0].end, 900);
   EXPECT_EQ(t.api[3].kind, ApiKind::kSync);
   EXPECT_EQ(t.api[3].tid, 78);
+}
+
+TEST_F(ActivityConverterTest, StreamWaitEventNamesTheStreamAndRecordCallItWaitsFor) {
+  Add(EventRecord(/*correlation=*/60, /*event=*/5, /*stream=*/7, /*device=*/2));
+  Add(EventRecord(/*correlation=*/61, /*event=*/6, /*stream=*/9, /*device=*/2));
+  Add(EventRecord(/*correlation=*/62, /*event=*/5, /*stream=*/13, /*device=*/2));  // re-recorded
+  Add(EventWait(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT, 63, /*stream=*/8, 5));
+  Add(EventWait(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE, 64,
+                CUPTI_SYNCHRONIZATION_INVALID_VALUE, 6));
+  Trace t = converter_.TakeBatch(true);
+  ASSERT_EQ(t.api.size(), 2u);  // CUDA_EVENT records are no rows of their own
+  const ApiCall& wait = t.api[0];
+  EXPECT_EQ(Name(t, wait.name), "cudaStreamWaitEvent");
+  EXPECT_EQ(wait.sync_stream, 8);
+  EXPECT_EQ(wait.sync_device, 2);  // the context's device, from its event records
+  EXPECT_EQ(wait.wait_event_id, 5);
+  EXPECT_EQ(wait.wait_on_stream, 13);  // the event's latest record
+  EXPECT_EQ(wait.wait_event_correlation, 62);
+  const ApiCall& sync = t.api[1];
+  EXPECT_EQ(Name(t, sync.name), "cudaEventSynchronize");
+  EXPECT_EQ(sync.sync_stream, -1);  // an event sync names no stream
+  EXPECT_EQ(sync.wait_on_stream, 9);
+  EXPECT_EQ(sync.wait_event_correlation, 61);
+  EXPECT_EQ(t.stats.Get("cupti_wait_on_unrecorded_event"), 0);
+}
+
+TEST_F(ActivityConverterTest, WaitOnAnUnrecordedEventKeepsItsIdAndIsCounted) {
+  Add(EventRecord(60, /*event=*/5, 7, 0));
+  Add(EventWait(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT, 63, 8, /*event=*/4));
+  Add(EventWait(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE, 64, 8,
+                CUPTI_SYNCHRONIZATION_INVALID_VALUE));
+  Trace t = converter_.TakeBatch(true);
+  ASSERT_EQ(t.api.size(), 2u);
+  EXPECT_EQ(t.api[0].wait_event_id, 4);
+  EXPECT_EQ(t.api[0].wait_on_stream, -1);
+  EXPECT_EQ(t.api[0].wait_event_correlation, -1);
+  EXPECT_EQ(t.api[1].sync_stream, 8);
+  EXPECT_EQ(t.api[1].wait_event_id, -1);  // a stream sync waits on no event
+  EXPECT_EQ(t.stats.Get("cupti_wait_on_unrecorded_event"), 1);
 }
 
 TEST_F(ActivityConverterTest, ExternalCorrelationLinksRecordsInBothArrivalOrders) {
