@@ -167,6 +167,7 @@ void ActivityConverter::AddOperator(const DynaflowOperatorRecord& op) {
   o.input_shapes = batch_.strings.Intern(op.input_shapes != nullptr ? op.input_shapes : "");
   o.input_types = batch_.strings.Intern(op.input_types != nullptr ? op.input_types : "");
   o.module_path = batch_.strings.Intern(op.module_path != nullptr ? op.module_path : "");
+  o.collective = batch_.strings.Intern(op.collective != nullptr ? op.collective : "");
   o.pass = PassOf(op.pass);
   batch_.ops.push_back(o);
 }

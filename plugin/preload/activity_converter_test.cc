@@ -457,8 +457,10 @@ TEST_F(ActivityConverterTest, OperatorRecordBecomesAnOperator) {
   op.input_shapes = "[[8,4096],[4096,4096]]";
   op.input_types = nullptr;
   op.module_path = "model.layers.0.mlp";
+  op.collective = R"("Collective name":"broadcast")";
   converter_.AddOperator(op);
   op.id = 0;  // no external id
+  op.collective = nullptr;
   op.pass = 9;  // not a pass
   converter_.AddOperator(op);
   Trace t = converter_.TakeBatch(true);
@@ -476,6 +478,8 @@ TEST_F(ActivityConverterTest, OperatorRecordBecomesAnOperator) {
   EXPECT_EQ(Name(t, o.input_shapes), "[[8,4096],[4096,4096]]");
   EXPECT_EQ(Name(t, o.input_types), "");
   EXPECT_EQ(Name(t, o.module_path), "model.layers.0.mlp");
+  EXPECT_EQ(Name(t, o.collective), R"("Collective name":"broadcast")");
+  EXPECT_EQ(Name(t, t.ops[1].collective), "");
   EXPECT_EQ(t.ops[1].external_id, -1);
   EXPECT_EQ(t.ops[1].pass, Pass::kUnknown);
 }
