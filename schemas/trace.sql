@@ -7,7 +7,8 @@
 -- keep reading the older ones.
 --   version 1  the tables below without the columns marked "version 2"
 --   version 2  api_calls' synchronization columns (sync_device ...
---              wait_event_correlation) and operators.collective_id
+--              wait_event_correlation), operators.collective_id, and
+--              graph_id, graph_node of memcpy and memset
 --
 -- Natural queries go through the views at the end, e.g.
 --   SELECT name, count(*), sum(dur_ns) FROM gpu_activity GROUP BY name ORDER BY 3 DESC;
@@ -86,7 +87,9 @@ CREATE TABLE memcpy (
   copy_kind   TEXT NOT NULL,                  -- HtoD, DtoH, DtoD, PtoP, ...
   bytes       INTEGER NOT NULL,
   correlation INTEGER,
-  external_id INTEGER
+  external_id INTEGER,
+  graph_id    INTEGER,                        -- as kernels'; version 2
+  graph_node  INTEGER                         -- version 2
 );
 
 CREATE TABLE memset (
@@ -97,7 +100,9 @@ CREATE TABLE memset (
   name_id     INTEGER NOT NULL REFERENCES strings(id),
   bytes       INTEGER NOT NULL,
   correlation INTEGER,
-  external_id INTEGER
+  external_id INTEGER,
+  graph_id    INTEGER,                        -- as kernels'; version 2
+  graph_node  INTEGER                         -- version 2
 );
 
 -- CUDA runtime and driver calls, and synchronization (kind). Synchronization

@@ -18,7 +18,7 @@ int64_t OptionalColumn(const SQLite::Statement& st, int index) {
   return st.isColumnNull(index) ? -1 : st.getColumn(index).getInt64();
 }
 
-// The columns ReadAll reads from api_calls and operators, in its order: a
+// The columns ReadAll reads from memcpy, memset, api_calls and operators, in its order: a
 // version 1 store lacks the version 2 columns, which read as not known.
 const char* ApiCallsQuery(int version) {
   return version >= 2
@@ -27,6 +27,22 @@ const char* ApiCallsQuery(int version) {
                "FROM api_calls"
              : "SELECT rank, pid, tid, kind, start_ns, end_ns, name_id, correlation, external_id, "
                "NULL, NULL, NULL, NULL, NULL FROM api_calls";
+}
+
+const char* MemcpyQuery(int version) {
+  return version >= 2
+             ? "SELECT device_id, stream, start_ns, end_ns, name_id, copy_kind, bytes, "
+               "correlation, external_id, graph_id, graph_node FROM memcpy"
+             : "SELECT device_id, stream, start_ns, end_ns, name_id, copy_kind, bytes, "
+               "correlation, external_id, NULL, NULL FROM memcpy";
+}
+
+const char* MemsetQuery(int version) {
+  return version >= 2
+             ? "SELECT device_id, stream, start_ns, end_ns, name_id, bytes, correlation, "
+               "external_id, graph_id, graph_node FROM memset"
+             : "SELECT device_id, stream, start_ns, end_ns, name_id, bytes, correlation, "
+               "external_id, NULL, NULL FROM memset";
 }
 
 const char* OperatorsQuery(int version) {
@@ -125,7 +141,7 @@ void ReadAll(SQLite::Database& db, int version, Trace* t) {
     }
   }
   {
-    SQLite::Statement q(db, "SELECT * FROM memcpy");
+    SQLite::Statement q(db, MemcpyQuery(version));
     while (q.executeStep()) {
       GpuActivity g;
       g.kind = GpuKind::kMemcpy;
@@ -138,11 +154,13 @@ void ReadAll(SQLite::Database& db, int version, Trace* t) {
       g.bytes = q.getColumn(6).getInt64();
       g.correlation = OptionalColumn(q, 7);
       g.external_id = OptionalColumn(q, 8);
+      g.graph_id = OptionalColumn(q, 9);
+      g.graph_node = OptionalColumn(q, 10);
       t->gpu.push_back(g);
     }
   }
   {
-    SQLite::Statement q(db, "SELECT * FROM memset");
+    SQLite::Statement q(db, MemsetQuery(version));
     while (q.executeStep()) {
       GpuActivity g;
       g.kind = GpuKind::kMemset;
@@ -154,6 +172,8 @@ void ReadAll(SQLite::Database& db, int version, Trace* t) {
       g.bytes = q.getColumn(5).getInt64();
       g.correlation = OptionalColumn(q, 6);
       g.external_id = OptionalColumn(q, 7);
+      g.graph_id = OptionalColumn(q, 8);
+      g.graph_node = OptionalColumn(q, 9);
       t->gpu.push_back(g);
     }
   }

@@ -41,6 +41,8 @@ Trace SampleTrace() {
   c.name = t.strings.Intern("Memcpy HtoD");
   c.copy_kind = t.strings.Intern("HtoD");
   c.bytes = 4096;
+  c.graph_id = 4;  // a copy node of the kernel's graph
+  c.graph_node = 17;
   t.gpu.push_back(c);
   GpuActivity m;
   m.kind = GpuKind::kMemset;
@@ -142,6 +144,9 @@ TEST(StoreTest, RoundTripKeepsEveryRecord) {
   EXPECT_EQ(out.strings.Get(out.gpu[1].copy_kind), "HtoD");
   EXPECT_EQ(out.gpu[1].bytes, 4096);
   EXPECT_EQ(out.gpu[1].correlation, -1);
+  EXPECT_EQ(out.gpu[1].graph_id, 4);
+  EXPECT_EQ(out.gpu[1].graph_node, 17);
+  EXPECT_EQ(out.gpu[2].graph_id, -1);
   EXPECT_EQ(out.gpu[2].kind, GpuKind::kMemset);
   ASSERT_EQ(out.api.size(), 2u);
   EXPECT_EQ(out.api[0].kind, ApiKind::kDriver);
@@ -196,6 +201,10 @@ void DowngradeToVersion1(const std::string& path) {
     db.exec(std::string("ALTER TABLE api_calls DROP COLUMN ") + column);
   }
   db.exec("ALTER TABLE operators DROP COLUMN collective_id");
+  for (const char* table : {"memcpy", "memset"}) {
+    db.exec(std::string("ALTER TABLE ") + table + " DROP COLUMN graph_id");
+    db.exec(std::string("ALTER TABLE ") + table + " DROP COLUMN graph_node");
+  }
   db.exec("PRAGMA user_version = 1");
 }
 
@@ -216,6 +225,10 @@ TEST(StoreTest, ReadsVersion1StoresWithTheNewColumnsUnknown) {
   EXPECT_EQ(out.strings.Get(out.ops[1].name), "record_param_comms");
   EXPECT_EQ(out.ops[1].external_id, 4);
   EXPECT_EQ(out.ops[1].collective, 0u);
+  ASSERT_EQ(out.gpu.size(), 3u);
+  EXPECT_EQ(out.gpu[1].bytes, 4096);
+  EXPECT_EQ(out.gpu[1].graph_id, -1);
+  EXPECT_EQ(out.gpu[2].bytes, 64);
   std::filesystem::remove(path);
 }
 

@@ -194,6 +194,8 @@ void BindMemcpy(Stmt& st, int b, const Memcpy& m) {
   st.Int(b + 7, g.bytes);
   st.Optional(b + 8, g.correlation);
   st.Optional(b + 9, g.external_id);
+  st.Optional(b + 10, g.graph_id);
+  st.Optional(b + 11, g.graph_node);
 }
 
 void BindMemset(Stmt& st, int b, const GpuActivity& g) {
@@ -205,6 +207,8 @@ void BindMemset(Stmt& st, int b, const GpuActivity& g) {
   st.Int(b + 6, g.bytes);
   st.Optional(b + 7, g.correlation);
   st.Optional(b + 8, g.external_id);
+  st.Optional(b + 9, g.graph_id);
+  st.Optional(b + 10, g.graph_node);
 }
 
 void BindApi(Stmt& st, int b, const ApiCall& a) {
@@ -265,8 +269,8 @@ struct TraceDbBulkWriter::Impl {
   sqlite3* db = nullptr;
   Stmt meta, string, device, process, thread, stat;
   Inserter<GpuActivity, 17, BindFn<GpuActivity>> kernels;
-  Inserter<Memcpy, 9, BindFn<Memcpy>> memcpys;
-  Inserter<GpuActivity, 8, BindFn<GpuActivity>> memsets;
+  Inserter<Memcpy, 11, BindFn<Memcpy>> memcpys;
+  Inserter<GpuActivity, 10, BindFn<GpuActivity>> memsets;
   Inserter<ApiCall, 14, BindFn<ApiCall>> apis;
   Inserter<Range, 8, BindFn<Range>> ranges;
   Inserter<Operator, 13, BindFn<Operator>> ops;

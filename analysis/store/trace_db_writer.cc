@@ -88,8 +88,8 @@ struct TraceDbWriter::Statements {
         process(db, "INSERT OR IGNORE INTO processes VALUES (?, ?, ?)"),
         thread(db, "INSERT OR IGNORE INTO threads VALUES (?, ?, ?, ?)"),
         kernel(db, "INSERT INTO kernels VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"),
-        memcpy(db, "INSERT INTO memcpy VALUES (?,?,?,?,?,?,?,?,?)"),
-        memset(db, "INSERT INTO memset VALUES (?,?,?,?,?,?,?,?)"),
+        memcpy(db, "INSERT INTO memcpy VALUES (?,?,?,?,?,?,?,?,?,?,?)"),
+        memset(db, "INSERT INTO memset VALUES (?,?,?,?,?,?,?,?,?,?)"),
         api(db, "INSERT INTO api_calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"),
         range(db, "INSERT INTO ranges VALUES (?,?,?,?,?,?,?,?)"),
         op(db, "INSERT INTO operators VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"),
@@ -283,6 +283,8 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
         st.memcpy.bind(7, g.bytes);
         BindOptional(st.memcpy, 8, g.correlation);
         BindOptional(st.memcpy, 9, g.external_id);
+        BindOptional(st.memcpy, 10, g.graph_id);
+        BindOptional(st.memcpy, 11, g.graph_node);
         Run(st.memcpy);
         break;
       case GpuKind::kMemset:
@@ -294,6 +296,8 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
         st.memset.bind(6, g.bytes);
         BindOptional(st.memset, 7, g.correlation);
         BindOptional(st.memset, 8, g.external_id);
+        BindOptional(st.memset, 9, g.graph_id);
+        BindOptional(st.memset, 10, g.graph_node);
         Run(st.memset);
         break;
     }

@@ -188,6 +188,8 @@ TEST_F(ActivityConverterTest, MemcpyPeerMemcpyAndMemset) {
   copy.deviceId = 0;
   copy.streamId = 3;
   copy.correlationId = 30;
+  copy.graphId = 5;  // a copy node of a replayed CUDA graph
+  copy.graphNodeId = 51;
   Add(copy);
   CUpti_ActivityMemcpyPtoP4 peer = {};
   peer.kind = CUPTI_ACTIVITY_KIND_MEMCPY2;
@@ -206,6 +208,8 @@ TEST_F(ActivityConverterTest, MemcpyPeerMemcpyAndMemset) {
   fill.start = 50;
   fill.end = 55;
   fill.correlationId = 32;
+  fill.graphId = 5;
+  fill.graphNodeId = 52;
   Add(fill);
   Trace t = converter_.TakeBatch(true);
 
@@ -216,7 +220,10 @@ TEST_F(ActivityConverterTest, MemcpyPeerMemcpyAndMemset) {
   EXPECT_EQ(t.gpu[0].bytes, 4096);
   EXPECT_EQ(t.gpu[0].stream, 3);
   EXPECT_EQ(t.gpu[0].correlation, 30);
+  EXPECT_EQ(t.gpu[0].graph_id, 5);
+  EXPECT_EQ(t.gpu[0].graph_node, 51);
   EXPECT_EQ(t.gpu[1].kind, GpuKind::kMemcpy);
+  EXPECT_EQ(t.gpu[1].graph_id, -1);  // not from a graph
   EXPECT_EQ(Name(t, t.gpu[1].name), "Memcpy PtoP");
   EXPECT_EQ(Name(t, t.gpu[1].copy_kind), "PtoP");
   EXPECT_EQ(t.gpu[1].bytes, 1 << 20);
@@ -224,6 +231,8 @@ TEST_F(ActivityConverterTest, MemcpyPeerMemcpyAndMemset) {
   EXPECT_EQ(t.gpu[2].kind, GpuKind::kMemset);
   EXPECT_EQ(Name(t, t.gpu[2].name), "Memset");
   EXPECT_EQ(t.gpu[2].bytes, 64);
+  EXPECT_EQ(t.gpu[2].graph_id, 5);
+  EXPECT_EQ(t.gpu[2].graph_node, 52);
 }
 
 TEST_F(ActivityConverterTest, RuntimeAndDriverCallsAreNamedWithoutVersion) {
