@@ -25,8 +25,9 @@ LaunchIndex IndexLaunches(const Trace& trace) {
     index[{d.rank, g.stream}].push_back({g.correlation, i, d.device});
   }
   for (auto& [key, launches] : index) {
-    std::stable_sort(launches.begin(), launches.end(),
-                     [](const Launch& a, const Launch& b) { return a.correlation < b.correlation; });
+    std::stable_sort(launches.begin(), launches.end(), [](const Launch& a, const Launch& b) {
+      return a.correlation < b.correlation;
+    });
   }
   return index;
 }

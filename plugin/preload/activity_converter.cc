@@ -107,7 +107,9 @@ CorrelationTable::Link& CorrelationTable::Upsert(uint32_t correlation) {
 }
 
 ActivityConverter::ActivityConverter(ConverterOptions options)
-    : options_(options), links_(options.correlation_slots) {}
+    : options_(options),
+      links_(options.correlation_slots),
+      recorded_events_(std::bit_ceil(std::max<size_t>(options.event_slots, 1))) {}
 
 void ActivityConverter::AddBuffer(uint8_t* buffer, size_t valid_size) {
   CUpti_Activity* record = nullptr;
@@ -278,22 +280,27 @@ void ActivityConverter::FillEventWait(const CUpti_ActivitySynchronization2& s, A
     return;
   }
   a->wait_event_id = s.cudaEventId;
-  const auto it = recorded_events_.find(EventKey(s.contextId, s.cudaEventId));
-  if (it == recorded_events_.end()) {
+  const uint64_t key = EventKey(s.contextId, s.cudaEventId);
+  const EventRecord& recorded = EventSlot(key);
+  if (!recorded.used || recorded.key != key) {
     Count("cupti_wait_on_unrecorded_event", "info",
           "event waits and syncs on an event whose cudaEventRecord the trace did not see; "
           "written without the stream they wait for");
     return;
   }
-  a->wait_on_stream = static_cast<int32_t>(it->second.stream);
-  a->wait_event_correlation = OptionalId(it->second.correlation);
-  if (a->sync_device < 0) a->sync_device = static_cast<int32_t>(it->second.device);
+  a->wait_on_stream = static_cast<int32_t>(recorded.stream);
+  a->wait_event_correlation = OptionalId(recorded.correlation);
+  if (a->sync_device < 0) a->sync_device = static_cast<int32_t>(recorded.device);
+}
+
+ActivityConverter::EventRecord& ActivityConverter::EventSlot(uint64_t key) {
+  return recorded_events_[key & (recorded_events_.size() - 1)];
 }
 
 void ActivityConverter::AddCudaEvent(const CUpti_ActivityCudaEvent2& e) {
   context_devices_[e.contextId] = e.deviceId;
-  recorded_events_[EventKey(e.contextId, e.eventId)] =
-      EventRecord{e.correlationId, e.streamId, e.deviceId};
+  const uint64_t key = EventKey(e.contextId, e.eventId);
+  EventSlot(key) = EventRecord{true, key, e.correlationId, e.streamId, e.deviceId};
 }
 
 void ActivityConverter::AddExternalCorrelation(const CUpti_ActivityExternalCorrelation& e) {

@@ -26,6 +26,10 @@ struct ConverterOptions {
   size_t max_waiting_records = size_t{1} << 18;
   // NVTX ranges started and not yet ended.
   size_t max_open_ranges = size_t{1} << 16;
+  // CUDA events whose last record is remembered for the waits on them
+  // (rounded up to a power of two): a program that creates events as it runs
+  // gets new event ids, so the table keeps the most recent ones only.
+  size_t event_slots = size_t{1} << 16;
 };
 
 // What other records tell about one CUDA correlation id. CUDA hands out
@@ -151,13 +155,17 @@ class ActivityConverter {
   std::unordered_map<uint32_t, OpenRange> open_ranges_;
   std::unordered_set<uint32_t> described_devices_;
   // The last cudaEventRecord of each (context << 32 | event id), from
-  // CUDA_EVENT records; bounded by the events the program creates.
+  // CUDA_EVENT records, in a table indexed by the key's low bits: an event
+  // whose slot a newer one took is forgotten (its waits are counted).
   struct EventRecord {
-    uint32_t correlation;
-    uint32_t stream;
-    uint32_t device;
+    bool used = false;
+    uint64_t key = 0;
+    uint32_t correlation = 0;
+    uint32_t stream = 0;
+    uint32_t device = 0;
   };
-  std::unordered_map<uint64_t, EventRecord> recorded_events_;
+  std::vector<EventRecord> recorded_events_;
+  EventRecord& EventSlot(uint64_t key);
   // The device of each CUDA context, learnt from kernels and CUDA_EVENT
   // records (synchronization records name a context, not a device).
   std::unordered_map<uint32_t, uint32_t> context_devices_;

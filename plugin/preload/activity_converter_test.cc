@@ -308,6 +308,21 @@ TEST_F(ActivityConverterTest, WaitOnAnUnrecordedEventKeepsItsIdAndIsCounted) {
   EXPECT_EQ(t.stats.Get("cupti_wait_on_unrecorded_event"), 1);
 }
 
+TEST(ActivityConverterEventsTest, AnEventWhoseSlotANewerOneTookIsForgotten) {
+  ActivityConverter converter(ConverterOptions{.rank = kRank, .pid = kPid, .event_slots = 4});
+  auto add = [&](const auto& r) { converter.AddRecord(AsActivity(r)); };
+  add(EventRecord(60, /*event=*/1, /*stream=*/7, 0));
+  add(EventRecord(61, /*event=*/5, /*stream=*/9, 0));  // the slot of event 1 (5 & 3 == 1)
+  add(EventWait(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT, 62, 8, /*event=*/1));
+  add(EventWait(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT, 63, 8, /*event=*/5));
+  Trace t = converter.TakeBatch(true);
+  ASSERT_EQ(t.api.size(), 2u);
+  EXPECT_EQ(t.api[0].wait_on_stream, -1);
+  EXPECT_EQ(t.api[1].wait_on_stream, 9);
+  EXPECT_EQ(t.api[1].wait_event_correlation, 61);
+  EXPECT_EQ(t.stats.Get("cupti_wait_on_unrecorded_event"), 1);
+}
+
 TEST_F(ActivityConverterTest, ExternalCorrelationLinksRecordsInBothArrivalOrders) {
   Add(External(5, 1001));  // before the launch and its kernel
   Add(Api(CUPTI_ACTIVITY_KIND_RUNTIME, 5, 211, 77));

@@ -7,9 +7,10 @@ namespace dynaflow {
 namespace {
 
 TEST(CollectiveMetadataTest, NamesAreEscapedForJson) {
-  const torch::ParamCommsDebugInfo info(std::make_tuple(std::string("pg\"1\\"), std::string("a\nb")),
-                                        /*rank=*/0, std::string("all_gather"), 8, 16, at::kFloat,
-                                        {}, {}, 4, 2, 4);
+  const torch::ParamCommsDebugInfo info(
+      std::make_tuple(std::string("pg\"1\\"), std::string("a\nb")), /*rank=*/0,
+      std::string("all_gather"), /*inNelems=*/8, /*outNelems=*/16, at::kFloat, {}, {},
+      /*globalRankStart=*/4, /*globalRankStride=*/2, /*worldSize=*/4);
   EXPECT_EQ(EncodeCollective(info),
             R"("Collective name":"all_gather","Process Group Name":"pg\"1\\",)"
             R"("Process Group Description":"a\u000ab","In msg nelems":8,"Out msg nelems":16,)"
