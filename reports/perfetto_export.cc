@@ -11,6 +11,8 @@
 #include <unordered_set>
 #include <utility>
 
+#include "analysis/model/stream_dependencies.h"
+
 namespace dynaflow {
 namespace {
 
@@ -449,6 +451,26 @@ void WriteLaunchFlows(EventWriter& w, const RankView& v) {
   }
 }
 
+// Cross-stream dependencies (stream_dependencies.h), which Kineto does not
+// draw: s at the last activity on the event's stream before its record, f at
+// the first activity on the waiting stream after the wait, with the wait's
+// correlation id, so the arrow crosses from stream to stream where
+// cudaStreamWaitEvent joined them. An edge with an end outside the trace is
+// not drawn.
+void WriteStreamDependencyFlows(EventWriter& w, const RankView& v) {
+  constexpr std::string_view kCategory = "cuda_stream_wait";
+  for (const StreamDependency& e : CrossStreamDependencies(v.trace)) {
+    const ApiCall& wait = v.trace.api[e.wait];
+    if (wait.rank != v.rank || e.from < 0 || e.to < 0) continue;
+    const GpuActivity& from = v.trace.gpu[static_cast<size_t>(e.from)];
+    const GpuActivity& to = v.trace.gpu[static_cast<size_t>(e.to)];
+    WriteFlow(w, "s", wait.correlation, v.Device(from.device_index).device, from.stream,
+              from.start, kCategory);
+    WriteFlow(w, "f", wait.correlation, v.Device(to.device_index).device, to.stream, to.start,
+              kCategory);
+  }
+}
+
 // Kineto's fwdbwd flows, rebuilt from sequence numbers (the importer counts
 // flow events and keeps none): per (pid, sequence number), s at the forward
 // operator that starts last (the innermost that carries the number), f at
@@ -579,6 +601,7 @@ void WritePerfettoJson(const Trace& trace, int32_t rank, std::ostream& out) {
   WriteGpuActivities(w, view);
   WriteRanges(w, view);
   WriteLaunchFlows(w, view);
+  WriteStreamDependencyFlows(w, view);
   WriteForwardBackwardFlows(w, view);
   w.Raw("\n],\n\"displayTimeUnit\":\"ms\"}\n");
 }

@@ -42,7 +42,11 @@
 //   gpu_user_annotation  device projections of user ranges (ProfilerStep#N),
 //                        on their recorded (pid, tid), args device
 // plus ac2g flow events (s at the launching API call, f at the first GPU
-// activity or the synchronization record with its correlation id), fwdbwd
+// activity or the synchronization record with its correlation id),
+// cuda_stream_wait flows for cross-stream dependencies (stream_dependencies.h:
+// s at the last activity on the recorded event's stream before the
+// cudaEventRecord, f at the first activity on the waiting stream after the
+// cudaStreamWaitEvent, id the wait's correlation id), fwdbwd
 // flows from forward to backward operators of one sequence number, one
 // process label and sort index per pid (the label the file had, else "GPU N"
 // for a device's pid and "CPU" for any other), and the process and thread

@@ -449,6 +449,73 @@ TEST(PerfettoExportTest, ForwardBackwardFlowsFollowSequenceNumbers) {
   EXPECT_DOUBLE_EQ(flows[1]["ts"].get<double>(), 123456.899);  // MmBackward0
 }
 
+TEST(PerfettoExportTest, StreamWaitEventIsAFlowFromStreamToStream) {
+  Trace t;
+  TraceBuilder b(&t, 2);
+  b.Gpu(GpuKind::kKernel, "producer", 100, 500, 30, -1);  // stream 7, before the record (31)
+  b.Gpu(GpuKind::kKernel, "consumer", 600, 700, 33, -1).stream = 8;  // after the wait (32)
+  b.Api(ApiKind::kSync, "cudaStreamWaitEvent", 50, 60, 32, -1);
+  ApiCall& wait = t.api.back();
+  wait.sync_device = 2;
+  wait.sync_stream = 8;
+  wait.wait_on_stream = 7;
+  wait.wait_event_id = 4;
+  wait.wait_event_correlation = 31;
+  std::ostringstream out;
+  WritePerfettoJson(t, 2, out);
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  std::vector<nlohmann::json> flows;
+  nlohmann::json sync;
+  for (const auto& e : j["traceEvents"]) {
+    if (e.value("cat", "") == "cuda_stream_wait") flows.push_back(e);
+    if (e.value("cat", "") == "cuda_sync") sync = e;
+  }
+  ASSERT_EQ(flows.size(), 2u);
+  EXPECT_EQ(flows[0]["ph"], "s");
+  EXPECT_EQ(flows[0]["id"], 32);
+  EXPECT_EQ(flows[0]["pid"], 2);  // the device
+  EXPECT_EQ(flows[0]["tid"], 7);  // the recorded stream
+  EXPECT_DOUBLE_EQ(flows[0]["ts"].get<double>(), 123456.889);  // producer's start
+  EXPECT_EQ(flows[1]["ph"], "f");
+  EXPECT_EQ(flows[1]["id"], 32);
+  EXPECT_EQ(flows[1]["tid"], 8);  // the waiting stream
+  EXPECT_EQ(flows[1]["bp"], "e");
+  EXPECT_DOUBLE_EQ(flows[1]["ts"].get<double>(), 123457.389);  // consumer's start
+  ASSERT_TRUE(sync.is_object());
+  EXPECT_EQ(sync["args"]["wait_on_stream"], 7);
+  EXPECT_EQ(sync["args"]["wait_on_cuda_event_record_corr_id"], 31);
+  EXPECT_EQ(sync["args"]["wait_on_cuda_event_id"], 4);
+  EXPECT_EQ(sync["args"]["stream"], 8);
+  EXPECT_EQ(sync["args"]["device"], 2);
+
+  const Trace back = RoundTrip(t, 2);  // the Kineto importer reads the same fields
+  ASSERT_EQ(back.api.size(), 1u);
+  EXPECT_EQ(back.api[0].wait_on_stream, 7);
+  EXPECT_EQ(back.api[0].wait_event_correlation, 31);
+  EXPECT_EQ(back.api[0].wait_event_id, 4);
+  EXPECT_EQ(back.api[0].sync_stream, 8);
+  EXPECT_EQ(back.api[0].sync_device, 2);
+}
+
+TEST(PerfettoExportTest, CollectiveMetadataOfAnOperatorIsInItsArgs) {
+  Trace t;
+  TraceBuilder b(&t, 0);
+  b.Op("record_param_comms", 0, 50, Pass::kForward, -1, "", 1).collective = t.strings.Intern(
+      R"("Collective name":"allreduce","Process Group Name":"0","In msg nelems":1024,)"
+      R"("Out msg nelems":1024,"dtype":"Float","Group size":2)");
+  std::ostringstream out;
+  WritePerfettoJson(t, 0, out);
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  nlohmann::json op;
+  for (const auto& e : j["traceEvents"]) {
+    if (e.value("cat", "") == "cpu_op") op = e;
+  }
+  ASSERT_TRUE(op.is_object());
+  EXPECT_EQ(op["args"]["Collective name"], "allreduce");
+  EXPECT_EQ(op["args"]["Process Group Name"], "0");
+  EXPECT_EQ(op["args"]["In msg nelems"], 1024);
+  EXPECT_EQ(op["args"]["Group size"], 2);
+}
+
 }  // namespace
 }  // namespace dynaflow
-

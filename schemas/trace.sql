@@ -1,14 +1,19 @@
--- dynaflow trace store, schema version 1 (PRAGMA user_version = 1).
+-- dynaflow trace store, schema version 2 (PRAGMA user_version = 2).
 --
 -- One SQLite file holds one or more imported or captured traces. Times are
 -- integer nanoseconds on the trace's clock; names are interned in `strings`
 -- and referenced by id (0 is the empty string). A reader refuses a file whose
--- user_version it does not know. Changing a table is a new version.
+-- user_version it does not know. Changing a table is a new version; readers
+-- keep reading the older ones.
+--   version 1  the tables below without the columns marked "version 2"
+--   version 2  api_calls' synchronization columns (sync_device ...
+--              wait_event_correlation), operators.collective_id, and
+--              graph_id, graph_node of memcpy and memset
 --
 -- Natural queries go through the views at the end, e.g.
 --   SELECT name, count(*), sum(dur_ns) FROM gpu_activity GROUP BY name ORDER BY 3 DESC;
 
-PRAGMA user_version = 1;
+PRAGMA user_version = 2;
 
 -- Key/value facts about the trace: format, source files, tool versions,
 -- and anything a tracer wants to record (dropped records, "no GPU", ...).
@@ -82,7 +87,9 @@ CREATE TABLE memcpy (
   copy_kind   TEXT NOT NULL,                  -- HtoD, DtoH, DtoD, PtoP, ...
   bytes       INTEGER NOT NULL,
   correlation INTEGER,
-  external_id INTEGER
+  external_id INTEGER,
+  graph_id    INTEGER,                        -- as kernels'; version 2
+  graph_node  INTEGER                         -- version 2
 );
 
 CREATE TABLE memset (
@@ -93,10 +100,17 @@ CREATE TABLE memset (
   name_id     INTEGER NOT NULL REFERENCES strings(id),
   bytes       INTEGER NOT NULL,
   correlation INTEGER,
-  external_id INTEGER
+  external_id INTEGER,
+  graph_id    INTEGER,                        -- as kernels'; version 2
+  graph_node  INTEGER                         -- version 2
 );
 
--- CUDA runtime and driver calls, and synchronization (kind).
+-- CUDA runtime and driver calls, and synchronization (kind). Synchronization
+-- rows name the device and stream they synchronize and, for event waits
+-- (cudaStreamWaitEvent, cudaEventSynchronize), the event, the stream it was
+-- last recorded on before the wait and that cudaEventRecord's correlation id:
+-- a wait on stream B for an event recorded on stream A orders B's later work
+-- after A's earlier work. NULL when not known or not applicable.
 CREATE TABLE api_calls (
   rank        INTEGER NOT NULL,
   pid         INTEGER NOT NULL,
@@ -106,7 +120,12 @@ CREATE TABLE api_calls (
   end_ns      INTEGER NOT NULL,
   name_id     INTEGER NOT NULL REFERENCES strings(id),
   correlation INTEGER,
-  external_id INTEGER
+  external_id INTEGER,
+  sync_device INTEGER,                        -- version 2
+  sync_stream INTEGER,                        -- version 2
+  wait_on_stream INTEGER,                     -- version 2
+  wait_event_id INTEGER,                      -- version 2
+  wait_event_correlation INTEGER              -- version 2
 );
 
 -- Annotated ranges: user annotations on host threads, their projection on a
@@ -123,6 +142,10 @@ CREATE TABLE ranges (
 );
 
 -- Framework operators. input_shapes and input_types are compact JSON arrays.
+-- collective: c10d/NCCL metadata of record_param_comms as the members of a
+-- compact JSON object without braces, Kineto's names ("Collective name":
+-- "allreduce","Process Group Name":"0","In msg nelems":1024, ...); 0 (the
+-- empty string) for other operators.
 CREATE TABLE operators (
   rank           INTEGER NOT NULL,
   pid            INTEGER NOT NULL,
@@ -135,7 +158,8 @@ CREATE TABLE operators (
   input_shapes_id INTEGER NOT NULL REFERENCES strings(id),
   input_types_id  INTEGER NOT NULL REFERENCES strings(id),
   module_path_id  INTEGER NOT NULL REFERENCES strings(id),
-  external_id    INTEGER
+  external_id    INTEGER,
+  collective_id  INTEGER NOT NULL DEFAULT 0 REFERENCES strings(id)  -- version 2
 );
 
 -- Malformed or skipped input, counted by named category (never fatal).
@@ -164,12 +188,14 @@ CREATE VIEW gpu_activity AS
 CREATE VIEW operators_named AS
   SELECT o.rank, o.pid, o.tid, o.start_ns, o.end_ns, o.end_ns - o.start_ns AS dur_ns,
          n.value AS name, o.sequence, o.pass, sh.value AS input_shapes,
-         ty.value AS input_types, mp.value AS module_path, o.external_id
+         ty.value AS input_types, mp.value AS module_path, o.external_id,
+         co.value AS collective
     FROM operators o
     JOIN strings n ON n.id = o.name_id
     JOIN strings sh ON sh.id = o.input_shapes_id
     JOIN strings ty ON ty.id = o.input_types_id
-    JOIN strings mp ON mp.id = o.module_path_id;
+    JOIN strings mp ON mp.id = o.module_path_id
+    JOIN strings co ON co.id = o.collective_id;
 
 -- Which operator launched which GPU work (Kineto's External id).
 CREATE VIEW operator_gpu_links AS
@@ -181,7 +207,8 @@ CREATE VIEW operator_gpu_links AS
 
 CREATE VIEW api_calls_named AS
   SELECT a.rank, a.pid, a.tid, a.kind, a.start_ns, a.end_ns, a.end_ns - a.start_ns AS dur_ns,
-         s.value AS name, a.correlation, a.external_id
+         s.value AS name, a.correlation, a.external_id, a.sync_device, a.sync_stream,
+         a.wait_on_stream, a.wait_event_id, a.wait_event_correlation
     FROM api_calls a JOIN strings s ON s.id = a.name_id;
 
 CREATE VIEW ranges_named AS

@@ -103,9 +103,13 @@ struct ApiCall {
   int32_t tid = 0;
   StringId name = 0;
   ApiKind kind = ApiKind::kRuntime;
-  // Synchronization records (kSync) only, from Kineto's cuda_sync args; -1
-  // when not recorded. `pid` and `tid` of such records are the device and the
-  // stream (-1: the whole device). Not kept in trace.db.
+  // Synchronization records (kSync) only, from Kineto's cuda_sync args or the
+  // tracer's CUPTI records; -1 when not recorded. In Kineto files `pid` and
+  // `tid` of such records are the device and the stream (-1: the whole
+  // device); the tracer's are the host thread that synchronized. A wait names
+  // the event's last cudaEventRecord before it: the stream it was recorded on
+  // and that call's correlation id (CrossStreamDependencies in
+  // stream_dependencies.h turns these into edges).
   int32_t sync_device = -1;            // "device"
   int32_t sync_stream = -1;            // "stream"
   int32_t wait_on_stream = -1;         // "wait_on_stream"
@@ -133,7 +137,8 @@ struct Operator {
   // Kineto's "Input Strides", compact JSON like input_shapes; 0 when not
   // recorded. Not kept in trace.db.
   StringId input_strides = 0;
-  // Collective metadata of record_param_comms, as GpuActivity::collective.
+  // Collective metadata of record_param_comms, as GpuActivity::collective
+  // (from Kineto files or the torch extension); kept in trace.db.
   StringId collective = 0;
   StringId module_path = 0;
   Pass pass = Pass::kUnknown;

@@ -18,7 +18,43 @@ int64_t OptionalColumn(const SQLite::Statement& st, int index) {
   return st.isColumnNull(index) ? -1 : st.getColumn(index).getInt64();
 }
 
-void ReadAll(SQLite::Database& db, Trace* t) {
+// The columns ReadAll reads from memcpy, memset, api_calls and operators, in its order: a
+// version 1 store lacks the version 2 columns, which read as not known.
+const char* ApiCallsQuery(int version) {
+  return version >= 2
+             ? "SELECT rank, pid, tid, kind, start_ns, end_ns, name_id, correlation, external_id, "
+               "sync_device, sync_stream, wait_on_stream, wait_event_id, wait_event_correlation "
+               "FROM api_calls"
+             : "SELECT rank, pid, tid, kind, start_ns, end_ns, name_id, correlation, external_id, "
+               "NULL, NULL, NULL, NULL, NULL FROM api_calls";
+}
+
+const char* MemcpyQuery(int version) {
+  return version >= 2
+             ? "SELECT device_id, stream, start_ns, end_ns, name_id, copy_kind, bytes, "
+               "correlation, external_id, graph_id, graph_node FROM memcpy"
+             : "SELECT device_id, stream, start_ns, end_ns, name_id, copy_kind, bytes, "
+               "correlation, external_id, NULL, NULL FROM memcpy";
+}
+
+const char* MemsetQuery(int version) {
+  return version >= 2
+             ? "SELECT device_id, stream, start_ns, end_ns, name_id, bytes, correlation, "
+               "external_id, graph_id, graph_node FROM memset"
+             : "SELECT device_id, stream, start_ns, end_ns, name_id, bytes, correlation, "
+               "external_id, NULL, NULL FROM memset";
+}
+
+const char* OperatorsQuery(int version) {
+  return version >= 2
+             ? "SELECT rank, pid, tid, start_ns, end_ns, name_id, sequence, pass, "
+               "input_shapes_id, input_types_id, module_path_id, external_id, collective_id "
+               "FROM operators"
+             : "SELECT rank, pid, tid, start_ns, end_ns, name_id, sequence, pass, "
+               "input_shapes_id, input_types_id, module_path_id, external_id, 0 FROM operators";
+}
+
+void ReadAll(SQLite::Database& db, int version, Trace* t) {
   std::vector<StringId> string_map;
   {
     SQLite::Statement q(db, "SELECT id, value FROM strings ORDER BY id");
@@ -105,7 +141,7 @@ void ReadAll(SQLite::Database& db, Trace* t) {
     }
   }
   {
-    SQLite::Statement q(db, "SELECT * FROM memcpy");
+    SQLite::Statement q(db, MemcpyQuery(version));
     while (q.executeStep()) {
       GpuActivity g;
       g.kind = GpuKind::kMemcpy;
@@ -118,11 +154,13 @@ void ReadAll(SQLite::Database& db, Trace* t) {
       g.bytes = q.getColumn(6).getInt64();
       g.correlation = OptionalColumn(q, 7);
       g.external_id = OptionalColumn(q, 8);
+      g.graph_id = OptionalColumn(q, 9);
+      g.graph_node = OptionalColumn(q, 10);
       t->gpu.push_back(g);
     }
   }
   {
-    SQLite::Statement q(db, "SELECT * FROM memset");
+    SQLite::Statement q(db, MemsetQuery(version));
     while (q.executeStep()) {
       GpuActivity g;
       g.kind = GpuKind::kMemset;
@@ -134,11 +172,13 @@ void ReadAll(SQLite::Database& db, Trace* t) {
       g.bytes = q.getColumn(5).getInt64();
       g.correlation = OptionalColumn(q, 6);
       g.external_id = OptionalColumn(q, 7);
+      g.graph_id = OptionalColumn(q, 8);
+      g.graph_node = OptionalColumn(q, 9);
       t->gpu.push_back(g);
     }
   }
   {
-    SQLite::Statement q(db, "SELECT * FROM api_calls");
+    SQLite::Statement q(db, ApiCallsQuery(version));
     while (q.executeStep()) {
       ApiCall a;
       a.rank = q.getColumn(0).getInt();
@@ -150,6 +190,11 @@ void ReadAll(SQLite::Database& db, Trace* t) {
       a.name = S(q, 6);
       a.correlation = OptionalColumn(q, 7);
       a.external_id = OptionalColumn(q, 8);
+      a.sync_device = static_cast<int32_t>(OptionalColumn(q, 9));
+      a.sync_stream = static_cast<int32_t>(OptionalColumn(q, 10));
+      a.wait_on_stream = static_cast<int32_t>(OptionalColumn(q, 11));
+      a.wait_event_id = OptionalColumn(q, 12);
+      a.wait_event_correlation = OptionalColumn(q, 13);
       t->api.push_back(a);
     }
   }
@@ -169,7 +214,7 @@ void ReadAll(SQLite::Database& db, Trace* t) {
     }
   }
   {
-    SQLite::Statement q(db, "SELECT * FROM operators");
+    SQLite::Statement q(db, OperatorsQuery(version));
     while (q.executeStep()) {
       Operator o;
       o.rank = q.getColumn(0).getInt();
@@ -184,6 +229,7 @@ void ReadAll(SQLite::Database& db, Trace* t) {
       o.input_types = S(q, 9);
       o.module_path = S(q, 10);
       o.external_id = OptionalColumn(q, 11);
+      o.collective = S(q, 12);
       t->ops.push_back(o);
     }
   }
@@ -208,16 +254,17 @@ Status ReadTraceDb(const std::string& path, Trace* trace) {
   try {
     SQLite::Database db(path, SQLite::OPEN_READONLY);
     const int version = db.execAndGet("PRAGMA user_version").getInt();
-    if (version != kTraceSchemaVersion) {
+    if (version < kOldestReadableTraceSchemaVersion || version > kTraceSchemaVersion) {
       return Status::BadInput(path + ": trace store schema version " + std::to_string(version) +
-                              " is not supported (this build reads version " +
+                              " is not supported (this build reads versions " +
+                              std::to_string(kOldestReadableTraceSchemaVersion) + " to " +
                               std::to_string(kTraceSchemaVersion) + ")");
     }
     SQLite::Statement ranks(db, "SELECT rank FROM devices UNION SELECT rank FROM processes");
     while (ranks.executeStep()) {
       DF_RETURN_IF_ERROR(trace->CheckNewRank(ranks.getColumn(0).getInt(), path));
     }
-    ReadAll(db, trace);
+    ReadAll(db, version, trace);
   } catch (const std::exception& e) {
     return Status::BadInput(path + ": not a readable dynaflow trace store: " + e.what());
   }

@@ -19,6 +19,7 @@ Status WriteTraceDb(const Trace& trace, const std::string& path);
 // Appends the contents of the trace.db at `path` to `trace`. BadInput when the
 // file is not a dynaflow store, has a schema version this build does not know,
 // or holds a rank that `trace` already has (two runs would merge into one).
+// Older schema versions (trace.sql) read with their missing columns unknown.
 Status ReadTraceDb(const std::string& path, Trace* trace);
 
 // True when the named tables look like a dynaflow store.

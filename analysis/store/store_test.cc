@@ -41,6 +41,8 @@ Trace SampleTrace() {
   c.name = t.strings.Intern("Memcpy HtoD");
   c.copy_kind = t.strings.Intern("HtoD");
   c.bytes = 4096;
+  c.graph_id = 4;  // a copy node of the kernel's graph
+  c.graph_node = 17;
   t.gpu.push_back(c);
   GpuActivity m;
   m.kind = GpuKind::kMemset;
@@ -74,6 +76,27 @@ Trace SampleTrace() {
   o.input_types = t.strings.Intern("[\"c10::BFloat16\",\"c10::BFloat16\"]");
   o.module_path = t.strings.Intern("model.layers.0.mlp");
   t.ops.push_back(o);
+  Operator comms = o;
+  comms.external_id = 4;
+  comms.name = t.strings.Intern("record_param_comms");
+  comms.collective =
+      t.strings.Intern("\"Collective name\":\"allreduce\",\"In msg nelems\":1024");
+  t.ops.push_back(comms);
+  ApiCall wait;  // cudaStreamWaitEvent on stream 8 for event 5, recorded on stream 7
+  wait.rank = 1;
+  wait.pid = 10;
+  wait.tid = 11;
+  wait.start = 950;
+  wait.end = 960;
+  wait.correlation = 12;
+  wait.name = t.strings.Intern("cudaStreamWaitEvent");
+  wait.kind = ApiKind::kSync;
+  wait.sync_device = 2;
+  wait.sync_stream = 8;
+  wait.wait_on_stream = 7;
+  wait.wait_event_id = 5;
+  wait.wait_event_correlation = 11;
+  t.api.push_back(wait);
   Range r;
   r.rank = 1;
   r.device_index = static_cast<int32_t>(d);
@@ -121,11 +144,14 @@ TEST(StoreTest, RoundTripKeepsEveryRecord) {
   EXPECT_EQ(out.strings.Get(out.gpu[1].copy_kind), "HtoD");
   EXPECT_EQ(out.gpu[1].bytes, 4096);
   EXPECT_EQ(out.gpu[1].correlation, -1);
+  EXPECT_EQ(out.gpu[1].graph_id, 4);
+  EXPECT_EQ(out.gpu[1].graph_node, 17);
+  EXPECT_EQ(out.gpu[2].graph_id, -1);
   EXPECT_EQ(out.gpu[2].kind, GpuKind::kMemset);
-  ASSERT_EQ(out.api.size(), 1u);
+  ASSERT_EQ(out.api.size(), 2u);
   EXPECT_EQ(out.api[0].kind, ApiKind::kDriver);
   EXPECT_EQ(out.api[0].tid, 11);
-  ASSERT_EQ(out.ops.size(), 1u);
+  ASSERT_EQ(out.ops.size(), 2u);
   EXPECT_EQ(out.ops[0].pass, Pass::kBackward);
   EXPECT_EQ(out.ops[0].sequence, 42);
   EXPECT_EQ(out.strings.Get(out.ops[0].input_shapes), "[[8,4096],[4096,4096]]");
@@ -137,6 +163,72 @@ TEST(StoreTest, RoundTripKeepsEveryRecord) {
   EXPECT_EQ(out.threads.size(), 1u);
   EXPECT_EQ(out.stats.Get("kineto_malformed_event"), 3);
   EXPECT_EQ(out.metadata["format"], "kineto");
+  std::filesystem::remove(path);
+}
+
+TEST(StoreTest, RoundTripKeepsSynchronizationIdsAndCollectiveMetadata) {
+  const std::string path = TempPath("store-sync.db");
+  ASSERT_TRUE(WriteTraceDb(SampleTrace(), path).ok());
+  Trace out;
+  ASSERT_TRUE(ReadTraceDb(path, &out).ok());
+  ASSERT_EQ(out.api.size(), 2u);
+  EXPECT_EQ(out.api[0].sync_stream, -1);  // a launch: NULL, read as not known
+  EXPECT_EQ(out.api[0].wait_event_correlation, -1);
+  const ApiCall& wait = out.api[1];
+  EXPECT_EQ(wait.kind, ApiKind::kSync);
+  EXPECT_EQ(wait.sync_device, 2);
+  EXPECT_EQ(wait.sync_stream, 8);
+  EXPECT_EQ(wait.wait_on_stream, 7);
+  EXPECT_EQ(wait.wait_event_id, 5);
+  EXPECT_EQ(wait.wait_event_correlation, 11);
+  ASSERT_EQ(out.ops.size(), 2u);
+  EXPECT_EQ(out.strings.Get(out.ops[0].collective), "");
+  EXPECT_EQ(out.strings.Get(out.ops[1].collective),
+            "\"Collective name\":\"allreduce\",\"In msg nelems\":1024");
+  std::filesystem::remove(path);
+}
+
+// A store of schema version 1, as earlier builds wrote it: today's store
+// without the version 2 columns (trace.sql).
+void DowngradeToVersion1(const std::string& path) {
+  SQLite::Database db(path, SQLite::OPEN_READWRITE);
+  for (const char* view : {"gpu_activity", "operator_gpu_links", "operators_named",
+                           "api_calls_named", "ranges_named"}) {
+    db.exec(std::string("DROP VIEW ") + view);
+  }
+  for (const char* column : {"sync_device", "sync_stream", "wait_on_stream", "wait_event_id",
+                             "wait_event_correlation"}) {
+    db.exec(std::string("ALTER TABLE api_calls DROP COLUMN ") + column);
+  }
+  db.exec("ALTER TABLE operators DROP COLUMN collective_id");
+  for (const char* table : {"memcpy", "memset"}) {
+    db.exec(std::string("ALTER TABLE ") + table + " DROP COLUMN graph_id");
+    db.exec(std::string("ALTER TABLE ") + table + " DROP COLUMN graph_node");
+  }
+  db.exec("PRAGMA user_version = 1");
+}
+
+TEST(StoreTest, ReadsVersion1StoresWithTheNewColumnsUnknown) {
+  const std::string path = TempPath("store-v1.db");
+  ASSERT_TRUE(WriteTraceDb(SampleTrace(), path).ok());
+  DowngradeToVersion1(path);
+  Trace out;
+  Status st = ReadTraceDb(path, &out);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(out.api.size(), 2u);
+  EXPECT_EQ(out.strings.Get(out.api[1].name), "cudaStreamWaitEvent");
+  EXPECT_EQ(out.api[1].correlation, 12);
+  EXPECT_EQ(out.api[1].sync_stream, -1);
+  EXPECT_EQ(out.api[1].wait_on_stream, -1);
+  EXPECT_EQ(out.api[1].wait_event_correlation, -1);
+  ASSERT_EQ(out.ops.size(), 2u);
+  EXPECT_EQ(out.strings.Get(out.ops[1].name), "record_param_comms");
+  EXPECT_EQ(out.ops[1].external_id, 4);
+  EXPECT_EQ(out.ops[1].collective, 0u);
+  ASSERT_EQ(out.gpu.size(), 3u);
+  EXPECT_EQ(out.gpu[1].bytes, 4096);
+  EXPECT_EQ(out.gpu[1].graph_id, -1);
+  EXPECT_EQ(out.gpu[2].bytes, 64);
   std::filesystem::remove(path);
 }
 
@@ -152,6 +244,12 @@ TEST(StoreTest, SchemaVersionAndViewsAreQueryable) {
                 .getString(),
             "sm90_gemm");
   EXPECT_EQ(db.execAndGet("SELECT device FROM ranges_named").getInt(), 2);
+  EXPECT_EQ(db.execAndGet("SELECT wait_on_stream FROM api_calls_named WHERE kind = 'sync'")
+                .getInt(),
+            7);
+  EXPECT_EQ(db.execAndGet("SELECT collective FROM operators_named WHERE external_id = 4")
+                .getString(),
+            "\"Collective name\":\"allreduce\",\"In msg nelems\":1024");
   std::filesystem::remove(path);
 }
 

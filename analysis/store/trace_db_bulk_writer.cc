@@ -194,6 +194,8 @@ void BindMemcpy(Stmt& st, int b, const Memcpy& m) {
   st.Int(b + 7, g.bytes);
   st.Optional(b + 8, g.correlation);
   st.Optional(b + 9, g.external_id);
+  st.Optional(b + 10, g.graph_id);
+  st.Optional(b + 11, g.graph_node);
 }
 
 void BindMemset(Stmt& st, int b, const GpuActivity& g) {
@@ -205,6 +207,8 @@ void BindMemset(Stmt& st, int b, const GpuActivity& g) {
   st.Int(b + 6, g.bytes);
   st.Optional(b + 7, g.correlation);
   st.Optional(b + 8, g.external_id);
+  st.Optional(b + 9, g.graph_id);
+  st.Optional(b + 10, g.graph_node);
 }
 
 void BindApi(Stmt& st, int b, const ApiCall& a) {
@@ -217,6 +221,11 @@ void BindApi(Stmt& st, int b, const ApiCall& a) {
   st.Int(b + 7, a.name);
   st.Optional(b + 8, a.correlation);
   st.Optional(b + 9, a.external_id);
+  st.Optional(b + 10, a.sync_device);
+  st.Optional(b + 11, a.sync_stream);
+  st.Optional(b + 12, a.wait_on_stream);
+  st.Optional(b + 13, a.wait_event_id);
+  st.Optional(b + 14, a.wait_event_correlation);
 }
 
 void BindRange(Stmt& st, int b, const Range& r) {
@@ -243,6 +252,7 @@ void BindOperator(Stmt& st, int b, const Operator& o) {
   st.Int(b + 10, o.input_types);
   st.Int(b + 11, o.module_path);
   st.Optional(b + 12, o.external_id);
+  st.Int(b + 13, o.collective);
 }
 
 template <typename Record>
@@ -259,11 +269,11 @@ struct TraceDbBulkWriter::Impl {
   sqlite3* db = nullptr;
   Stmt meta, string, device, process, thread, stat;
   Inserter<GpuActivity, 17, BindFn<GpuActivity>> kernels;
-  Inserter<Memcpy, 9, BindFn<Memcpy>> memcpys;
-  Inserter<GpuActivity, 8, BindFn<GpuActivity>> memsets;
-  Inserter<ApiCall, 9, BindFn<ApiCall>> apis;
+  Inserter<Memcpy, 11, BindFn<Memcpy>> memcpys;
+  Inserter<GpuActivity, 10, BindFn<GpuActivity>> memsets;
+  Inserter<ApiCall, 14, BindFn<ApiCall>> apis;
   Inserter<Range, 8, BindFn<Range>> ranges;
-  Inserter<Operator, 12, BindFn<Operator>> ops;
+  Inserter<Operator, 13, BindFn<Operator>> ops;
 
   BoundedQueue<std::unique_ptr<Batch>> queue;
   std::thread worker;

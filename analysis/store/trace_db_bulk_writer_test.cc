@@ -61,6 +61,13 @@ void AddEvents(Trace* t, int first, int n) {
     a.kind = static_cast<ApiKind>(i % 3);
     a.name = t->strings.Intern("cudaLaunchKernel");
     a.correlation = i;
+    if (a.kind == ApiKind::kSync) {
+      a.sync_device = i % 3;
+      a.sync_stream = 8;
+      a.wait_on_stream = i % 4 == 0 ? 7 : -1;
+      a.wait_event_id = i % 4 == 0 ? i : -1;
+      a.wait_event_correlation = i % 4 == 0 ? i - 1 : -1;
+    }
     t->api.push_back(a);
     Operator o;
     o.pid = 10;
@@ -72,6 +79,10 @@ void AddEvents(Trace* t, int first, int n) {
     o.pass = static_cast<Pass>(i % 3);
     o.sequence = i % 2 ? i : -1;
     o.external_id = i;
+    if (i % 7 == 0) {
+      o.collective = t->strings.Intern("\"Collective name\":\"allreduce\",\"In msg nelems\":" +
+                                       std::to_string(i));
+    }
     t->ops.push_back(o);
     if (i % 10 == 0) {
       Range r;

@@ -88,11 +88,11 @@ struct TraceDbWriter::Statements {
         process(db, "INSERT OR IGNORE INTO processes VALUES (?, ?, ?)"),
         thread(db, "INSERT OR IGNORE INTO threads VALUES (?, ?, ?, ?)"),
         kernel(db, "INSERT INTO kernels VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"),
-        memcpy(db, "INSERT INTO memcpy VALUES (?,?,?,?,?,?,?,?,?)"),
-        memset(db, "INSERT INTO memset VALUES (?,?,?,?,?,?,?,?)"),
-        api(db, "INSERT INTO api_calls VALUES (?,?,?,?,?,?,?,?,?)"),
+        memcpy(db, "INSERT INTO memcpy VALUES (?,?,?,?,?,?,?,?,?,?,?)"),
+        memset(db, "INSERT INTO memset VALUES (?,?,?,?,?,?,?,?,?,?)"),
+        api(db, "INSERT INTO api_calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"),
         range(db, "INSERT INTO ranges VALUES (?,?,?,?,?,?,?,?)"),
-        op(db, "INSERT INTO operators VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"),
+        op(db, "INSERT INTO operators VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"),
         stat(db, "INSERT INTO import_stats VALUES (?, ?, ?, ?) "
                  "ON CONFLICT (name) DO UPDATE SET count = count + excluded.count") {}
 
@@ -283,6 +283,8 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
         st.memcpy.bind(7, g.bytes);
         BindOptional(st.memcpy, 8, g.correlation);
         BindOptional(st.memcpy, 9, g.external_id);
+        BindOptional(st.memcpy, 10, g.graph_id);
+        BindOptional(st.memcpy, 11, g.graph_node);
         Run(st.memcpy);
         break;
       case GpuKind::kMemset:
@@ -294,6 +296,8 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
         st.memset.bind(6, g.bytes);
         BindOptional(st.memset, 7, g.correlation);
         BindOptional(st.memset, 8, g.external_id);
+        BindOptional(st.memset, 9, g.graph_id);
+        BindOptional(st.memset, 10, g.graph_node);
         Run(st.memset);
         break;
     }
@@ -309,6 +313,11 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
     st.api.bind(7, str[a.name]);
     BindOptional(st.api, 8, a.correlation);
     BindOptional(st.api, 9, a.external_id);
+    BindOptional(st.api, 10, a.sync_device);
+    BindOptional(st.api, 11, a.sync_stream);
+    BindOptional(st.api, 12, a.wait_on_stream);
+    BindOptional(st.api, 13, a.wait_event_id);
+    BindOptional(st.api, 14, a.wait_event_correlation);
     Run(st.api);
   }
 
@@ -337,6 +346,7 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
     st.op.bind(10, str[o.input_types]);
     st.op.bind(11, str[o.module_path]);
     BindOptional(st.op, 12, o.external_id);
+    st.op.bind(13, str[o.collective]);
     Run(st.op);
   }
 

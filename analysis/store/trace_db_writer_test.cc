@@ -107,6 +107,38 @@ TEST(TraceDbWriterTest, BatchesShareStringsAndDevices) {
   std::filesystem::remove(path);
 }
 
+TEST(TraceDbWriterTest, KeepsSynchronizationIdsAndCollectiveMetadata) {
+  const std::string path = TempPath("writer-sync.db");
+  std::unique_ptr<TraceDbWriter> w = CreateOrDie(path);
+  ASSERT_TRUE(w);
+  Trace t;
+  ApiCall wait;
+  wait.kind = ApiKind::kSync;
+  wait.name = t.strings.Intern("cudaStreamWaitEvent");
+  wait.sync_device = 1;
+  wait.sync_stream = 8;
+  wait.wait_on_stream = 7;
+  wait.wait_event_id = 5;
+  wait.wait_event_correlation = 60;
+  t.api.push_back(wait);
+  AddOperator(&t, "record_param_comms", "");
+  t.ops.back().collective = t.strings.Intern("\"Collective name\":\"allgather\"");
+  ASSERT_TRUE(w->Write(t).ok());
+  ASSERT_TRUE(w->Close().ok());
+
+  Trace out;
+  ASSERT_TRUE(ReadTraceDb(path, &out).ok());
+  ASSERT_EQ(out.api.size(), 1u);
+  EXPECT_EQ(out.api[0].sync_device, 1);
+  EXPECT_EQ(out.api[0].sync_stream, 8);
+  EXPECT_EQ(out.api[0].wait_on_stream, 7);
+  EXPECT_EQ(out.api[0].wait_event_id, 5);
+  EXPECT_EQ(out.api[0].wait_event_correlation, 60);
+  ASSERT_EQ(out.ops.size(), 1u);
+  EXPECT_EQ(out.strings.Get(out.ops[0].collective), "\"Collective name\":\"allgather\"");
+  std::filesystem::remove(path);
+}
+
 TEST(TraceDbWriterTest, ReaderSeesCommittedBatchesWhileWriterIsOpen) {
   const std::string path = TempPath("writer-concurrent.db");
   std::unique_ptr<TraceDbWriter> w = CreateOrDie(path);

@@ -53,6 +53,11 @@ int64_t OptionalId(uint64_t id) { return id == 0 ? -1 : static_cast<int64_t>(id)
 
 TimeNs Ns(uint64_t timestamp) { return static_cast<TimeNs>(timestamp); }
 
+// CUDA event ids are unique within their context.
+uint64_t EventKey(uint32_t context, uint32_t event) {
+  return (static_cast<uint64_t>(context) << 32) | event;
+}
+
 // The fields every CUPTI record of GPU work has (kernel, memcpy, memset).
 template <typename Record>
 GpuActivity GpuFields(GpuKind kind, const Record& r, uint32_t device_index) {
@@ -102,7 +107,9 @@ CorrelationTable::Link& CorrelationTable::Upsert(uint32_t correlation) {
 }
 
 ActivityConverter::ActivityConverter(ConverterOptions options)
-    : options_(options), links_(options.correlation_slots) {}
+    : options_(options),
+      links_(options.correlation_slots),
+      recorded_events_(std::bit_ceil(std::max<size_t>(options.event_slots, 1))) {}
 
 void ActivityConverter::AddBuffer(uint8_t* buffer, size_t valid_size) {
   CUpti_Activity* record = nullptr;
@@ -134,6 +141,8 @@ void ActivityConverter::AddRecord(const CUpti_Activity& record) {
       return AddApi(reinterpret_cast<const CUpti_ActivityAPI&>(record));
     case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION:
       return AddSynchronization(reinterpret_cast<const CUpti_ActivitySynchronization2&>(record));
+    case CUPTI_ACTIVITY_KIND_CUDA_EVENT:
+      return AddCudaEvent(reinterpret_cast<const CUpti_ActivityCudaEvent2&>(record));
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION:
       return AddExternalCorrelation(
           reinterpret_cast<const CUpti_ActivityExternalCorrelation&>(record));
@@ -160,6 +169,7 @@ void ActivityConverter::AddOperator(const DynaflowOperatorRecord& op) {
   o.input_shapes = batch_.strings.Intern(op.input_shapes != nullptr ? op.input_shapes : "");
   o.input_types = batch_.strings.Intern(op.input_types != nullptr ? op.input_types : "");
   o.module_path = batch_.strings.Intern(op.module_path != nullptr ? op.module_path : "");
+  o.collective = batch_.strings.Intern(op.collective != nullptr ? op.collective : "");
   o.pass = PassOf(op.pass);
   batch_.ops.push_back(o);
 }
@@ -189,6 +199,7 @@ void ActivityConverter::EndOfTrace() {
 }
 
 void ActivityConverter::AddKernel(const CUpti_ActivityKernel10& k) {
+  context_devices_[k.contextId] = k.deviceId;
   GpuActivity g = GpuFields(GpuKind::kKernel, k, DeviceIndex(k.deviceId));
   g.name = KernelName(k.name);
   g.grid[0] = k.gridX;
@@ -252,7 +263,44 @@ void ActivityConverter::AddSynchronization(const CUpti_ActivitySynchronization2&
   a.rank = options_.rank;
   a.pid = options_.pid;
   a.name = batch_.strings.Intern(SyncName(s.type));
+  if (s.streamId != CUPTI_SYNCHRONIZATION_INVALID_VALUE) {
+    a.sync_stream = static_cast<int32_t>(s.streamId);
+  }
+  if (auto it = context_devices_.find(s.contextId); it != context_devices_.end()) {
+    a.sync_device = static_cast<int32_t>(it->second);
+  }
+  FillEventWait(s, &a);
   AddApiCall(a, s.correlationId);
+}
+
+void ActivityConverter::FillEventWait(const CUpti_ActivitySynchronization2& s, ApiCall* a) {
+  if (s.cudaEventId == CUPTI_SYNCHRONIZATION_INVALID_VALUE ||
+      (s.type != CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT &&
+       s.type != CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE)) {
+    return;
+  }
+  a->wait_event_id = s.cudaEventId;
+  const uint64_t key = EventKey(s.contextId, s.cudaEventId);
+  const EventRecord& recorded = EventSlot(key);
+  if (!recorded.used || recorded.key != key) {
+    Count("cupti_wait_on_unrecorded_event", "info",
+          "event waits and syncs on an event whose cudaEventRecord the trace did not see; "
+          "written without the stream they wait for");
+    return;
+  }
+  a->wait_on_stream = static_cast<int32_t>(recorded.stream);
+  a->wait_event_correlation = OptionalId(recorded.correlation);
+  if (a->sync_device < 0) a->sync_device = static_cast<int32_t>(recorded.device);
+}
+
+ActivityConverter::EventRecord& ActivityConverter::EventSlot(uint64_t key) {
+  return recorded_events_[key & (recorded_events_.size() - 1)];
+}
+
+void ActivityConverter::AddCudaEvent(const CUpti_ActivityCudaEvent2& e) {
+  context_devices_[e.contextId] = e.deviceId;
+  const uint64_t key = EventKey(e.contextId, e.eventId);
+  EventSlot(key) = EventRecord{true, key, e.correlationId, e.streamId, e.deviceId};
 }
 
 void ActivityConverter::AddExternalCorrelation(const CUpti_ActivityExternalCorrelation& e) {

@@ -26,6 +26,10 @@ struct ConverterOptions {
   size_t max_waiting_records = size_t{1} << 18;
   // NVTX ranges started and not yet ended.
   size_t max_open_ranges = size_t{1} << 16;
+  // CUDA events whose last record is remembered for the waits on them
+  // (rounded up to a power of two): a program that creates events as it runs
+  // gets new event ids, so the table keeps the most recent ones only.
+  size_t event_slots = size_t{1} << 16;
 };
 
 // What other records tell about one CUDA correlation id. CUDA hands out
@@ -61,7 +65,13 @@ class CorrelationTable {
 // in whichever order the two arrive: a record whose link is still unknown
 // when its batch is taken waits in the next batch, once, before it is
 // written unlinked. Synchronization records, which name no thread, take the
-// thread of the API call with their correlation id the same way. NVTX ranges
+// thread of the API call with their correlation id the same way. They carry
+// their stream and, for cudaStreamWaitEvent and cudaEventSynchronize, the
+// stream and correlation id of the cudaEventRecord they wait for, as
+// libkineto fills its cuda_sync args (the ApiCall sync fields): CUDA_EVENT
+// records, which come at the record call, before any wait on it, say which
+// (context, event) was last recorded where; they are not rows themselves. A
+// wait on an event never seen recorded keeps -1 there and is counted. NVTX ranges
 // are paired from start and end markers, their names kept verbatim (NCCL's
 // included); a device is described by its first Device record, completed
 // from the roofline's device table. Records of unknown kinds are counted in
@@ -115,6 +125,8 @@ class ActivityConverter {
   void AddMemset(const CUpti_ActivityMemset4& m);
   void AddApi(const CUpti_ActivityAPI& a);
   void AddSynchronization(const CUpti_ActivitySynchronization2& s);
+  void AddCudaEvent(const CUpti_ActivityCudaEvent2& e);
+  void FillEventWait(const CUpti_ActivitySynchronization2& s, ApiCall* a);
   void AddExternalCorrelation(const CUpti_ActivityExternalCorrelation& e);
   void AddMarker(const CUpti_ActivityMarker2& m);
   void AddDevice(const CUpti_ActivityDevice5& d);
@@ -142,6 +154,21 @@ class ActivityConverter {
   size_t waiting_count_ = 0;
   std::unordered_map<uint32_t, OpenRange> open_ranges_;
   std::unordered_set<uint32_t> described_devices_;
+  // The last cudaEventRecord of each (context << 32 | event id), from
+  // CUDA_EVENT records, in a table indexed by the key's low bits: an event
+  // whose slot a newer one took is forgotten (its waits are counted).
+  struct EventRecord {
+    bool used = false;
+    uint64_t key = 0;
+    uint32_t correlation = 0;
+    uint32_t stream = 0;
+    uint32_t device = 0;
+  };
+  std::vector<EventRecord> recorded_events_;
+  EventRecord& EventSlot(uint64_t key);
+  // The device of each CUDA context, learnt from kernels and CUDA_EVENT
+  // records (synchronization records name a context, not a device).
+  std::unordered_map<uint32_t, uint32_t> context_devices_;
   std::unordered_map<std::string, std::string, StringHash, std::equal_to<>> demangled_;
   std::unordered_map<uint64_t, std::string> api_names_;
 };

@@ -56,6 +56,30 @@ CUpti_ActivitySynchronization2 Sync(uint32_t correlation) {
   return s;
 }
 
+// cudaEventRecord(event, stream) in context 1, with its correlation id.
+CUpti_ActivityCudaEvent2 EventRecord(uint32_t correlation, uint32_t event, uint32_t stream,
+                                     uint32_t device) {
+  CUpti_ActivityCudaEvent2 e = {};
+  e.kind = CUPTI_ACTIVITY_KIND_CUDA_EVENT;
+  e.correlationId = correlation;
+  e.contextId = 1;
+  e.streamId = stream;
+  e.eventId = event;
+  e.deviceId = device;
+  return e;
+}
+
+// A wait of `type` in context 1 on `event` (CUPTI_SYNCHRONIZATION_INVALID_VALUE: none).
+CUpti_ActivitySynchronization2 EventWait(CUpti_ActivitySynchronizationType type,
+                                         uint32_t correlation, uint32_t stream, uint32_t event) {
+  CUpti_ActivitySynchronization2 s = Sync(correlation);
+  s.type = type;
+  s.contextId = 1;
+  s.streamId = stream;
+  s.cudaEventId = event;
+  return s;
+}
+
 CUpti_ActivityMarker2 Marker(CUpti_ActivityFlag flag, uint32_t id, uint64_t timestamp,
                              const char* name) {
   CUpti_ActivityMarker2 m = {};
@@ -164,6 +188,8 @@ TEST_F(ActivityConverterTest, MemcpyPeerMemcpyAndMemset) {
   copy.deviceId = 0;
   copy.streamId = 3;
   copy.correlationId = 30;
+  copy.graphId = 5;  // a copy node of a replayed CUDA graph
+  copy.graphNodeId = 51;
   Add(copy);
   CUpti_ActivityMemcpyPtoP4 peer = {};
   peer.kind = CUPTI_ACTIVITY_KIND_MEMCPY2;
@@ -182,6 +208,8 @@ TEST_F(ActivityConverterTest, MemcpyPeerMemcpyAndMemset) {
   fill.start = 50;
   fill.end = 55;
   fill.correlationId = 32;
+  fill.graphId = 5;
+  fill.graphNodeId = 52;
   Add(fill);
   Trace t = converter_.TakeBatch(true);
 
@@ -192,7 +220,10 @@ TEST_F(ActivityConverterTest, MemcpyPeerMemcpyAndMemset) {
   EXPECT_EQ(t.gpu[0].bytes, 4096);
   EXPECT_EQ(t.gpu[0].stream, 3);
   EXPECT_EQ(t.gpu[0].correlation, 30);
+  EXPECT_EQ(t.gpu[0].graph_id, 5);
+  EXPECT_EQ(t.gpu[0].graph_node, 51);
   EXPECT_EQ(t.gpu[1].kind, GpuKind::kMemcpy);
+  EXPECT_EQ(t.gpu[1].graph_id, -1);  // not from a graph
   EXPECT_EQ(Name(t, t.gpu[1].name), "Memcpy PtoP");
   EXPECT_EQ(Name(t, t.gpu[1].copy_kind), "PtoP");
   EXPECT_EQ(t.gpu[1].bytes, 1 << 20);
@@ -200,6 +231,8 @@ TEST_F(ActivityConverterTest, MemcpyPeerMemcpyAndMemset) {
   EXPECT_EQ(t.gpu[2].kind, GpuKind::kMemset);
   EXPECT_EQ(Name(t, t.gpu[2].name), "Memset");
   EXPECT_EQ(t.gpu[2].bytes, 64);
+  EXPECT_EQ(t.gpu[2].graph_id, 5);
+  EXPECT_EQ(t.gpu[2].graph_node, 52);
 }
 
 TEST_F(ActivityConverterTest, RuntimeAndDriverCallsAreNamedWithoutVersion) {
@@ -234,6 +267,60 @@ TEST_F(ActivityConverterTest, SynchronizationTakesTheThreadOfItsCallInEitherOrde
   EXPECT_EQ(t.api[0].end, 900);
   EXPECT_EQ(t.api[3].kind, ApiKind::kSync);
   EXPECT_EQ(t.api[3].tid, 78);
+}
+
+TEST_F(ActivityConverterTest, StreamWaitEventNamesTheStreamAndRecordCallItWaitsFor) {
+  Add(EventRecord(/*correlation=*/60, /*event=*/5, /*stream=*/7, /*device=*/2));
+  Add(EventRecord(/*correlation=*/61, /*event=*/6, /*stream=*/9, /*device=*/2));
+  Add(EventRecord(/*correlation=*/62, /*event=*/5, /*stream=*/13, /*device=*/2));  // re-recorded
+  Add(EventWait(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT, 63, /*stream=*/8, 5));
+  Add(EventWait(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE, 64,
+                CUPTI_SYNCHRONIZATION_INVALID_VALUE, 6));
+  Trace t = converter_.TakeBatch(true);
+  ASSERT_EQ(t.api.size(), 2u);  // CUDA_EVENT records are no rows of their own
+  const ApiCall& wait = t.api[0];
+  EXPECT_EQ(Name(t, wait.name), "cudaStreamWaitEvent");
+  EXPECT_EQ(wait.sync_stream, 8);
+  EXPECT_EQ(wait.sync_device, 2);  // the context's device, from its event records
+  EXPECT_EQ(wait.wait_event_id, 5);
+  EXPECT_EQ(wait.wait_on_stream, 13);  // the event's latest record
+  EXPECT_EQ(wait.wait_event_correlation, 62);
+  const ApiCall& sync = t.api[1];
+  EXPECT_EQ(Name(t, sync.name), "cudaEventSynchronize");
+  EXPECT_EQ(sync.sync_stream, -1);  // an event sync names no stream
+  EXPECT_EQ(sync.wait_on_stream, 9);
+  EXPECT_EQ(sync.wait_event_correlation, 61);
+  EXPECT_EQ(t.stats.Get("cupti_wait_on_unrecorded_event"), 0);
+}
+
+TEST_F(ActivityConverterTest, WaitOnAnUnrecordedEventKeepsItsIdAndIsCounted) {
+  Add(EventRecord(60, /*event=*/5, 7, 0));
+  Add(EventWait(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT, 63, 8, /*event=*/4));
+  Add(EventWait(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE, 64, 8,
+                CUPTI_SYNCHRONIZATION_INVALID_VALUE));
+  Trace t = converter_.TakeBatch(true);
+  ASSERT_EQ(t.api.size(), 2u);
+  EXPECT_EQ(t.api[0].wait_event_id, 4);
+  EXPECT_EQ(t.api[0].wait_on_stream, -1);
+  EXPECT_EQ(t.api[0].wait_event_correlation, -1);
+  EXPECT_EQ(t.api[1].sync_stream, 8);
+  EXPECT_EQ(t.api[1].wait_event_id, -1);  // a stream sync waits on no event
+  EXPECT_EQ(t.stats.Get("cupti_wait_on_unrecorded_event"), 1);
+}
+
+TEST(ActivityConverterEventsTest, AnEventWhoseSlotANewerOneTookIsForgotten) {
+  ActivityConverter converter(ConverterOptions{.rank = kRank, .pid = kPid, .event_slots = 4});
+  auto add = [&](const auto& r) { converter.AddRecord(AsActivity(r)); };
+  add(EventRecord(60, /*event=*/1, /*stream=*/7, 0));
+  add(EventRecord(61, /*event=*/5, /*stream=*/9, 0));  // the slot of event 1 (5 & 3 == 1)
+  add(EventWait(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT, 62, 8, /*event=*/1));
+  add(EventWait(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT, 63, 8, /*event=*/5));
+  Trace t = converter.TakeBatch(true);
+  ASSERT_EQ(t.api.size(), 2u);
+  EXPECT_EQ(t.api[0].wait_on_stream, -1);
+  EXPECT_EQ(t.api[1].wait_on_stream, 9);
+  EXPECT_EQ(t.api[1].wait_event_correlation, 61);
+  EXPECT_EQ(t.stats.Get("cupti_wait_on_unrecorded_event"), 1);
 }
 
 TEST_F(ActivityConverterTest, ExternalCorrelationLinksRecordsInBothArrivalOrders) {
@@ -394,8 +481,10 @@ TEST_F(ActivityConverterTest, OperatorRecordBecomesAnOperator) {
   op.input_shapes = "[[8,4096],[4096,4096]]";
   op.input_types = nullptr;
   op.module_path = "model.layers.0.mlp";
+  op.collective = R"("Collective name":"broadcast")";
   converter_.AddOperator(op);
   op.id = 0;  // no external id
+  op.collective = nullptr;
   op.pass = 9;  // not a pass
   converter_.AddOperator(op);
   Trace t = converter_.TakeBatch(true);
@@ -413,6 +502,8 @@ TEST_F(ActivityConverterTest, OperatorRecordBecomesAnOperator) {
   EXPECT_EQ(Name(t, o.input_shapes), "[[8,4096],[4096,4096]]");
   EXPECT_EQ(Name(t, o.input_types), "");
   EXPECT_EQ(Name(t, o.module_path), "model.layers.0.mlp");
+  EXPECT_EQ(Name(t, o.collective), R"("Collective name":"broadcast")");
+  EXPECT_EQ(Name(t, t.ops[1].collective), "");
   EXPECT_EQ(t.ops[1].external_id, -1);
   EXPECT_EQ(t.ops[1].pass, Pass::kUnknown);
 }

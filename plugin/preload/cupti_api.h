@@ -49,6 +49,12 @@ class CuptiApi {
   virtual CUptiResult GetResultString(CUptiResult result, const char** text) = 0;
   // CUPTI's API version (CUPTI_API_VERSION of the loaded library).
   virtual CUptiResult GetVersion(uint32_t* version) = 0;
+  // The one CUDA driver call, which CUPTI has no equivalent of:
+  // cuDriverGetVersion of the libcuda already loaded in the process (the
+  // tracer starts CUPTI once CUDA initialises; it never loads a driver
+  // itself), e.g. 13020 for a driver that supports CUDA 13.2.
+  // CUDA_ERROR_NOT_INITIALIZED when no libcuda is loaded.
+  virtual CUresult DriverGetVersion(int* version) = 0;
 
   // CUPTI's NVTX injection entry point, InitializeInjectionNvtx2: routes NVTX
   // ranges to CUPTI (CUPTI_ACTIVITY_KIND_MARKER records). Returns 0 when

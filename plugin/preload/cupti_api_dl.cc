@@ -106,6 +106,14 @@ class DlCuptiApi final : public CuptiApi {
   CUptiResult GetVersion(uint32_t* version) override {
     return DF_CUPTI_CALL(version_, version);
   }
+  CUresult DriverGetVersion(int* version) override {
+    void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (cuda == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    auto get = reinterpret_cast<decltype(&cuDriverGetVersion)>(dlsym(cuda, "cuDriverGetVersion"));
+    const CUresult result = get != nullptr ? get(version) : CUDA_ERROR_NOT_FOUND;
+    dlclose(cuda);  // drops only the reference NOLOAD took
+    return result;
+  }
   int InitializeInjectionNvtx2(NvtxGetExportTable get_export_table) override {
     return nvtx_init_.fn == nullptr ? 0 : nvtx_init_.fn(get_export_table);
   }

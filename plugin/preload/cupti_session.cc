@@ -20,7 +20,9 @@ struct OptionalKind {
 };
 
 // DEVICE first, so that device records precede the activity they describe.
-constexpr std::array<OptionalKind, 9> kOptionalKinds = {{
+// CUDA_EVENT gives the stream each event is recorded on, which cross-stream
+// waits (SYNCHRONIZATION) name only by event.
+constexpr std::array<OptionalKind, 10> kOptionalKinds = {{
     {CUPTI_ACTIVITY_KIND_DEVICE, "DEVICE"},
     {CUPTI_ACTIVITY_KIND_MEMCPY, "MEMCPY"},
     {CUPTI_ACTIVITY_KIND_MEMCPY2, "MEMCPY2"},
@@ -28,6 +30,7 @@ constexpr std::array<OptionalKind, 9> kOptionalKinds = {{
     {CUPTI_ACTIVITY_KIND_RUNTIME, "RUNTIME"},
     {CUPTI_ACTIVITY_KIND_DRIVER, "DRIVER"},
     {CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, "SYNCHRONIZATION"},
+    {CUPTI_ACTIVITY_KIND_CUDA_EVENT, "CUDA_EVENT"},
     {CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, "EXTERNAL_CORRELATION"},
     {CUPTI_ACTIVITY_KIND_MARKER, "MARKER"},
 }};

@@ -15,7 +15,9 @@
 extern "C" {
 #endif
 
-#define DYNAFLOW_TRACER_ABI_VERSION 1
+/* Version 2 added DynaflowOperatorRecord.collective: the record's layout
+ * changed, so an extension built for another version records nothing. */
+#define DYNAFLOW_TRACER_ABI_VERSION 2
 
 /* Pass of an operator, as in the trace store's operators.pass column. */
 enum DynaflowPass { DYNAFLOW_PASS_UNKNOWN = 0, DYNAFLOW_PASS_FORWARD = 1, DYNAFLOW_PASS_BACKWARD = 2 };
@@ -32,6 +34,11 @@ typedef struct DynaflowOperatorRecord {
   const char* input_shapes; /* compact JSON, e.g. "[[8,4096],[4096,4096]]"; may be NULL */
   const char* input_types;  /* compact JSON, e.g. "[\"c10::BFloat16\"]"; may be NULL */
   const char* module_path;  /* e.g. "model.layers.0.mlp"; may be NULL */
+  /* c10d/NCCL metadata of record_param_comms as the members of a compact JSON
+   * object without braces, in Kineto's names, e.g.
+   * "\"Collective name\":\"allreduce\",\"Group size\":2"; NULL or "" for
+   * other operators (the trace store's operators.collective_id). */
+  const char* collective;
 } DynaflowOperatorRecord;
 
 /* DYNAFLOW_TRACER_ABI_VERSION of the loaded library. */

@@ -183,6 +183,11 @@ CUptiResult FakeCuptiApi::GetVersion(uint32_t* version) {
   return CUPTI_SUCCESS;
 }
 
+CUresult FakeCuptiApi::DriverGetVersion(int* version) {
+  *version = kFakeDriverVersion;
+  return CUDA_SUCCESS;
+}
+
 int FakeCuptiApi::InitializeInjectionNvtx2(NvtxGetExportTable) {
   std::lock_guard<std::mutex> lock(mu_);
   ++nvtx_initializations_;

@@ -75,6 +75,9 @@ class FakeCuptiApi : public CuptiApi {
                               const char** name) override;
   CUptiResult GetResultString(CUptiResult result, const char** text) override;
   CUptiResult GetVersion(uint32_t* version) override;
+  // kFakeDriverVersion.
+  CUresult DriverGetVersion(int* version) override;
+  static constexpr int kFakeDriverVersion = 13020;
   int InitializeInjectionNvtx2(NvtxGetExportTable get_export_table) override;
 
  private:

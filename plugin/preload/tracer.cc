@@ -12,6 +12,11 @@
 namespace dynaflow {
 namespace {
 
+// A CUDA version number as CUDA names it: 13020 is "13.2".
+std::string CudaVersionName(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
+
 constexpr char kCuptiNotStarted[] =
     "unavailable: CUPTI was not started (the process did not initialise CUDA)";
 
@@ -283,6 +288,11 @@ void Tracer::StartCuptiLocked() {
     cupti_version_ = std::to_string(version);
     cupti_status_dirty_ = true;
   }
+  int driver = 0;
+  if (cupti_->DriverGetVersion(&driver) == CUDA_SUCCESS) {
+    driver_version_ = CudaVersionName(driver);
+    cupti_status_dirty_ = true;
+  }
 }
 
 void Tracer::SyncCuptiLocked() {
@@ -313,12 +323,14 @@ void Tracer::SetCuptiUnavailableLocked(const std::string& reason) {
 void Tracer::PublishCuptiStatus() {
   std::string status;
   std::string version;
+  std::string driver;
   {
     std::lock_guard<std::mutex> lock(cupti_mu_);
     if (!cupti_status_dirty_) return;
     cupti_status_dirty_ = false;
     status = cupti_status_;
     version = cupti_version_;
+    driver = driver_version_;
   }
   WriterThread* writer = writer_.load();
   if (writer == nullptr) return;
@@ -326,9 +338,10 @@ void Tracer::PublishCuptiStatus() {
   if (!version.empty()) {
     writer->SetMeta("cupti_api_version", std::move(version));
     // The CUDA headers the tracer was built with (CUDA_VERSION: 13000 is 13.0).
-    writer->SetMeta("cuda_toolkit_built",
-                    std::to_string(CUDA_VERSION / 1000) + "." + std::to_string(CUDA_VERSION % 1000 / 10));
+    writer->SetMeta("cuda_toolkit_built", CudaVersionName(CUDA_VERSION));
   }
+  // The CUDA version the installed driver supports, beside the toolkit's.
+  if (!driver.empty()) writer->SetMeta("cuda_driver_version", std::move(driver));
 }
 
 }  // namespace dynaflow

@@ -99,6 +99,7 @@ TEST_F(TracerTest, RecordsOperatorsAndLinkedKernelsOnceCudaInitialises) {
   EXPECT_TRUE(fake()->timestamp_callback_registered());
   EXPECT_TRUE(fake()->enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
   EXPECT_TRUE(fake()->enabled(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION));
+  EXPECT_TRUE(fake()->enabled(CUPTI_ACTIVITY_KIND_CUDA_EVENT));
   EXPECT_TRUE(fake()->enabled(CUPTI_ACTIVITY_KIND_MARKER));
 
   tracer.PushOperator(42);
@@ -119,6 +120,7 @@ TEST_F(TracerTest, RecordsOperatorsAndLinkedKernelsOnceCudaInitialises) {
   EXPECT_EQ(t.gpu[0].external_id, 42);
   EXPECT_EQ(t.metadata["cupti"], "enabled");
   EXPECT_EQ(t.metadata["cupti_api_version"], std::to_string(CUPTI_API_VERSION));
+  EXPECT_EQ(t.metadata["cuda_driver_version"], "13.2");  // FakeCuptiApi::kFakeDriverVersion
   EXPECT_EQ(t.metadata["cuda_toolkit_built"],
             std::to_string(CUDA_VERSION / 1000) + "." + std::to_string(CUDA_VERSION % 1000 / 10));
   EXPECT_EQ(t.metadata["format"], "dynaflow");

@@ -44,16 +44,18 @@ timespec MonotonicDeadline(std::chrono::milliseconds timeout) {
 }  // namespace
 
 WriterThread::OperatorWork::OperatorWork(const DynaflowOperatorRecord& r) : numbers(r) {
-  const char* fields[4] = {r.name, r.input_shapes, r.input_types, r.module_path};
+  const char* fields[kTextFields] = {r.name, r.input_shapes, r.input_types, r.module_path,
+                                     r.collective};
   size_t total = 0;
   for (const char* f : fields) total += (f != nullptr ? std::strlen(f) : 0) + 1;
   text.reserve(total);
-  for (int i = 0; i < 4; ++i) {
+  for (size_t i = 0; i < kTextFields; ++i) {
     offsets[i] = static_cast<uint32_t>(text.size());
     if (fields[i] != nullptr) text += fields[i];
     text += '\0';
   }
-  numbers.name = numbers.input_shapes = numbers.input_types = numbers.module_path = nullptr;
+  numbers.name = numbers.input_shapes = numbers.input_types = numbers.module_path =
+      numbers.collective = nullptr;
 }
 
 DynaflowOperatorRecord WriterThread::OperatorWork::View() const {
@@ -62,6 +64,7 @@ DynaflowOperatorRecord WriterThread::OperatorWork::View() const {
   r.input_shapes = text.data() + offsets[1];
   r.input_types = text.data() + offsets[2];
   r.module_path = text.data() + offsets[3];
+  r.collective = text.data() + offsets[4];
   return r;
 }
 

@@ -110,8 +110,10 @@ class WriterThread {
   struct OperatorWork {
     explicit OperatorWork(const DynaflowOperatorRecord& r);
     DynaflowOperatorRecord View() const;
+    // name, input_shapes, input_types, module_path, collective
+    static constexpr size_t kTextFields = 5;
     DynaflowOperatorRecord numbers;  // string fields unset
-    uint32_t offsets[4];
+    uint32_t offsets[kTextFields];
     std::string text;
   };
   using WorkItem = std::variant<OperatorWork, ActivityBuffer>;

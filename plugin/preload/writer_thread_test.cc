@@ -39,6 +39,7 @@ DynaflowOperatorRecord Op(uint64_t id, const char* name = "aten::mm") {
   op.name = name;
   op.input_shapes = "[[8,4096],[4096,4096]]";
   op.module_path = "model.layers.0.mlp";
+  op.collective = R"("Collective name":"allreduce","Group size":2)";
   return op;
 }
 
@@ -115,6 +116,7 @@ TEST(WriterThreadTest, OperatorsAndCuptiBuffersReachTheStore) {
   EXPECT_EQ(t.ops[0].rank, 1);
   EXPECT_EQ(t.ops[0].pid, 4242);
   EXPECT_EQ(t.strings.Get(t.ops[0].module_path), "model.layers.0.mlp");
+  EXPECT_EQ(t.strings.Get(t.ops[0].collective), R"("Collective name":"allreduce","Group size":2)");
   ASSERT_EQ(t.gpu.size(), 3u);
   ASSERT_EQ(t.api.size(), 1u);
   EXPECT_EQ(t.strings.Get(t.api[0].name), "cudaLaunchKernel");

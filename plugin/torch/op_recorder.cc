@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string_view>
 
+#include "plugin/torch/collective_metadata.h"
 #include "plugin/torch/input_encoding.h"
 #include "plugin/torch/module_stack.h"
 
@@ -57,6 +58,7 @@ struct OpContext : at::ObserverContext {
   DynaflowPass pass = DYNAFLOW_PASS_UNKNOWN;
   const char* module_path = nullptr;
   EncodedInputs inputs;
+  std::string collective;  // record_param_comms only
 };
 
 // The autograd engine's evaluation of a node: the node itself
@@ -80,6 +82,7 @@ std::unique_ptr<at::ObserverContext> BeginOperator(const at::RecordFunction& fn,
                                                    const ThreadState& t) {
   auto ctx = std::make_unique<OpContext>();
   ctx->inputs = EncodeInputs(fn.inputs());
+  ctx->collective = CollectiveOf(fn);
   ctx->pass = PassOf(fn, t);
   ctx->module_path = CurrentModulePath();
   ctx->id = g_abi.next_operator_id();
@@ -101,6 +104,7 @@ void EndOperator(const at::RecordFunction& fn, const OpContext& ctx, const Threa
   record.input_shapes = ctx.inputs.shapes.c_str();
   record.input_types = ctx.inputs.types.c_str();
   record.module_path = ctx.module_path;
+  record.collective = ctx.collective.c_str();
   g_abi.record_operator(&record);
 }
 

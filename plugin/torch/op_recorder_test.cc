@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/syscall.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,7 +26,7 @@ struct Recorded {
   uint64_t id;
   int64_t start_ns, end_ns, sequence;
   int32_t tid, pass;
-  std::string name, shapes, types, module_path;
+  std::string name, shapes, types, module_path, collective;
 };
 
 struct FakeTracer {
@@ -76,7 +77,7 @@ __attribute__((visibility("default"))) void dynaflow_record_operator(
   std::lock_guard<std::mutex> lock(g_tracer.mutex);
   g_tracer.records.push_back({r->id, r->start_ns, r->end_ns, r->sequence, r->tid, r->pass,
                               Str(r->name), Str(r->input_shapes), Str(r->input_types),
-                              Str(r->module_path)});
+                              Str(r->module_path), Str(r->collective)});
 }
 }  // extern "C"
 
@@ -176,6 +177,34 @@ TEST_F(OpRecorderTest, BackwardOperatorsAreMarkedBackward) {
   std::optional<Recorded> engine = Find("autograd::engine::evaluate_function: MulBackward1");
   ASSERT_TRUE(engine.has_value());
   EXPECT_EQ(engine->pass, DYNAFLOW_PASS_BACKWARD);
+}
+
+// c10d's collectives open record_param_comms this way (RECORD_PARAM_COMMS in
+// ProcessGroupNCCL and ProcessGroupGloo).
+void AllReduceLikeC10d() {
+  const std::vector<int64_t> in_splits = {512, 512};
+  const std::vector<int64_t> out_splits;
+  RECORD_PARAM_COMMS(static_cast<int64_t>(3),                                   // seq
+                     std::make_tuple(std::string("0"), std::string("default_pg")),  // group
+                     /*rank=*/1, "allreduce", /*inNelems=*/1024, /*outNelems=*/1024,
+                     at::kBFloat16, in_splits, out_splits,
+                     /*globalRankStart=*/0, /*globalRankStride=*/1, /*worldSize=*/2);
+}
+
+TEST_F(OpRecorderTest, RecordParamCommsCarriesItsCollectiveMetadata) {
+  AllReduceLikeC10d();
+  std::optional<Recorded> comms = Find("record_param_comms");
+  ASSERT_TRUE(comms.has_value());
+  EXPECT_EQ(comms->collective,
+            R"("Collective name":"allreduce","Process Group Name":"0",)"
+            R"("Process Group Description":"default_pg","In msg nelems":1024,)"
+            R"("Out msg nelems":1024,"dtype":"BFloat16","Group size":2,)"
+            R"("In split size":[512,512],"Out split size":[],"Global rank start":0,)"
+            R"("Global rank stride":1)");
+  at::add(at::ones({3}), at::ones({3}));
+  std::optional<Recorded> add = Find("aten::add");
+  ASSERT_TRUE(add.has_value());
+  EXPECT_EQ(add->collective, "");  // other operators carry none
 }
 
 TEST_F(OpRecorderTest, InactiveTracerRecordsNothing) {
