@@ -68,11 +68,9 @@ TEST(StepsTest, GpuAnnotationsPerStreamMergeIntoSteps) {
   EXPECT_NEAR(s.cv_pct, 100 * 70.7107 / 1150, 1e-3);
 }
 
-TEST(StepsTest, HostAnnotationsUseTheLaunchTime) {
-  Builder b;
-  b.Range("ProfilerStep#1", 0, 1000000, false);
-  b.Range("ProfilerStep#2", 1000000, 2000000, false);
-  // Launched at 900 us (step 1) but run at 1.2 ms, when the host is in step 2.
+// Three kernels: one in the first step, one launched at 900 us (in the first
+// step) that runs at 1.2 ms (in the second), one in the second.
+void LaunchLateInTheFirstStep(Builder& b) {
   ApiCall launch;
   launch.start = 900000;
   launch.end = 905000;
@@ -81,6 +79,14 @@ TEST(StepsTest, HostAnnotationsUseTheLaunchTime) {
   b.Kernel("k", 100000, 300000);
   b.Kernel("k", 1200000, 1400000, 7);
   b.Kernel("k", 1500000, 1600000);
+}
+
+TEST(StepsTest, HostAnnotationsUseTheLaunchTime) {
+  Builder b;
+  b.Range("ProfilerStep#1", 0, 1000000, false);
+  b.Range("ProfilerStep#2", 1000000, 2000000, false);
+  // Launched at 900 us (step 1) but run at 1.2 ms, when the host is in step 2.
+  LaunchLateInTheFirstStep(b);
   DeviceSteps s = b.Find();
   EXPECT_EQ(s.source, StepSource::kHostAnnotation);
   ASSERT_EQ(s.steps.size(), 2u);
@@ -239,14 +245,7 @@ TEST(StepsTest, HostServingAnnotationsUseTheLaunchTime) {
   // Only host ranges: vLLM's annotations enclose the launches, not the GPU work.
   b.Range("execute_context_0(0)_generation_8(8)", 0, 1000000, false);
   b.Range("execute_context_0(0)_generation_9(9)", 1000000, 2000000, false);
-  ApiCall launch;
-  launch.start = 900000;  // in the first forward, run in the second's time
-  launch.end = 905000;
-  launch.correlation = 7;
-  b.t.api.push_back(launch);
-  b.Kernel("k", 100000, 300000);
-  b.Kernel("k", 1200000, 1400000, 7);
-  b.Kernel("k", 1500000, 1600000);
+  LaunchLateInTheFirstStep(b);
   DeviceSteps s = b.Find();
   EXPECT_EQ(s.source, StepSource::kServingHost);
   ASSERT_EQ(s.steps.size(), 2u);
