@@ -2,9 +2,10 @@
 
 A plan (plan.json, schema dynaflow.plan/1, written by `dynaflow advise --plan`)
 names, per workload bucket (tokens per step), a strategy and the units it
-splits: module paths whose layer index is "*" ("LlamaForCausalLM.model.layers.*").
-Each matching module's forward is replaced by a planned forward that, for a
-call whose token count falls in a bucket that splits the batch:
+splits: module paths whose layer index is "*" ("LlamaForCausalLM.model" for
+the decoder stack, "LlamaForCausalLM.model.layers.*" for each layer). Each
+matching module's forward is replaced by a planned forward that, for a call
+whose token count falls in a bucket that splits the batch:
   - proves the split safe before anything runs (`_split.split_call`): tensors
     with the batch as first dimension and containers of them are split into
     row views (narrow: no copy), shared inputs are checked unmodified, and
@@ -13,7 +14,11 @@ call whose token count falls in a bucket that splits the batch:
     module, the argument and its type, and the call runs once the original way;
   - runs micro-batch i as one task on stream i of the runtime (libdynaflow_apply:
     CPU workers, or CUDA streams forked from and joined into the caller's
-    stream), so the micro-batches' kernels overlap;
+    stream), so the micro-batches' kernels overlap; where the bucket has
+    `segments`, as a region (_Region): the micro-batches flow through the
+    whole unit, their host threads turned by the runtime's sequencer through
+    the schedule the simulator predicted (staggered at the plan's stage
+    modules, or, for dual-batch overlap, cut at the unit's collectives);
   - merges the micro-batches' outputs by rows and their state into the
     caller's state objects, so both equal the unsplit call's.
 Calls in a sequential bucket, or with fewer rows than splits, run the original
@@ -21,7 +26,9 @@ forward after one policy lookup.
 
 Strategies that split the batch (nanobatch_overlap, dual_batch_overlap) are
 applied, and comm_overlap (a unit's collectives launched asynchronously, each
-waited for just before the first operator that uses its tensors); a plan
+waited for just before the first operator that uses its tensors: an operator
+the dispatcher sees; reading a tensor's memory without one, as .numpy() does,
+is not watched); a plan
 whose strategy at some bucket is fusion is refused, as is one whose units or
 device do not match the program.
 A refused plan prints one "dynaflow apply: ..." line and the program runs
