@@ -34,6 +34,10 @@ class CuptiApi {
   virtual CUptiResult SetThreadIdType(CUpti_ActivityThreadIdType type) = 0;
   virtual CUptiResult ActivityEnable(CUpti_ActivityKind kind) = 0;
   virtual CUptiResult ActivityDisable(CUpti_ActivityKind kind) = 0;
+  // Records of one driver or runtime API on or off, after its kind was
+  // enabled. CUPTI_ERROR_NOT_SUPPORTED when this CUPTI predates the calls.
+  virtual CUptiResult ActivityEnableDriverApi(CUpti_CallbackId cbid, uint8_t enable) = 0;
+  virtual CUptiResult ActivityEnableRuntimeApi(CUpti_CallbackId cbid, uint8_t enable) = 0;
   // CUPTI_ERROR_MAX_LIMIT_REACHED after the last record of the buffer.
   virtual CUptiResult ActivityGetNextRecord(uint8_t* buffer, size_t valid_size,
                                             CUpti_Activity** record) = 0;

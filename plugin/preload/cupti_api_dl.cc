@@ -76,6 +76,14 @@ class DlCuptiApi final : public CuptiApi {
   CUptiResult ActivityDisable(CUpti_ActivityKind kind) override {
     return DF_CUPTI_CALL(disable_, kind);
   }
+  CUptiResult ActivityEnableDriverApi(CUpti_CallbackId cbid, uint8_t enable) override {
+    if (enable_driver_api_.fn == nullptr) return CUPTI_ERROR_NOT_SUPPORTED;
+    return DF_CUPTI_CALL(enable_driver_api_, cbid, enable);
+  }
+  CUptiResult ActivityEnableRuntimeApi(CUpti_CallbackId cbid, uint8_t enable) override {
+    if (enable_runtime_api_.fn == nullptr) return CUPTI_ERROR_NOT_SUPPORTED;
+    return DF_CUPTI_CALL(enable_runtime_api_, cbid, enable);
+  }
   CUptiResult ActivityGetNextRecord(uint8_t* buffer, size_t valid_size,
                                     CUpti_Activity** record) override {
     return DF_CUPTI_CALL_EXPECTING(CUPTI_ERROR_MAX_LIMIT_REACHED, next_record_, buffer,
@@ -153,6 +161,11 @@ class DlCuptiApi final : public CuptiApi {
   Entry<decltype(&cuptiSetThreadIdType)> set_thread_id_type_{"cuptiSetThreadIdType"};
   Entry<decltype(&cuptiActivityEnable)> enable_{"cuptiActivityEnable"};
   Entry<decltype(&cuptiActivityDisable)> disable_{"cuptiActivityDisable"};
+  // Optional (CUPTI 12.x and later).
+  Entry<decltype(&cuptiActivityEnableDriverApi)> enable_driver_api_{
+      "cuptiActivityEnableDriverApi"};
+  Entry<decltype(&cuptiActivityEnableRuntimeApi)> enable_runtime_api_{
+      "cuptiActivityEnableRuntimeApi"};
   Entry<decltype(&cuptiActivityGetNextRecord)> next_record_{"cuptiActivityGetNextRecord"};
   Entry<decltype(&cuptiActivityFlushAll)> flush_all_{"cuptiActivityFlushAll"};
   Entry<decltype(&cuptiActivityGetNumDroppedRecords)> dropped_{

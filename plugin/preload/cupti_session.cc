@@ -3,6 +3,9 @@
 #include <array>
 #include <utility>
 
+#include <cupti_driver_cbid.h>
+#include <cupti_runtime_cbid.h>
+
 #include "plugin/preload/realtime_clock.h"
 
 namespace dynaflow {
@@ -34,6 +37,50 @@ constexpr std::array<OptionalKind, 10> kOptionalKinds = {{
     {CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, "EXTERNAL_CORRELATION"},
     {CUPTI_ACTIVITY_KIND_MARKER, "MARKER"},
 }};
+
+// Driver and runtime calls that launch, copy and synchronise nothing but run
+// around every launch (torch asks for the current device and capture state
+// before each one, the runtime resolves its context and kernel attributes):
+// recording them costs CUPTI a record per call and tells the analysis nothing
+// (a launch's host time is measured between launches). Their records are
+// switched off; every launch, copy, memset, event and synchronising call
+// stays.
+constexpr std::array<CUpti_CallbackId, 23> kHotDriverApis = {
+    CUPTI_DRIVER_TRACE_CBID_cuCtxGetCurrent,       CUPTI_DRIVER_TRACE_CBID_cuCtxSetCurrent,
+    CUPTI_DRIVER_TRACE_CBID_cuCtxGetDevice,        CUPTI_DRIVER_TRACE_CBID_cuCtxGetId,
+    CUPTI_DRIVER_TRACE_CBID_cuCtxGetStreamPriorityRange,
+    CUPTI_DRIVER_TRACE_CBID_cuDeviceGet,           CUPTI_DRIVER_TRACE_CBID_cuDeviceGetAttribute,
+    CUPTI_DRIVER_TRACE_CBID_cuDevicePrimaryCtxGetState,
+    CUPTI_DRIVER_TRACE_CBID_cuFuncGetAttribute,    CUPTI_DRIVER_TRACE_CBID_cuKernelGetAttribute,
+    CUPTI_DRIVER_TRACE_CBID_cuKernelGetFunction,   CUPTI_DRIVER_TRACE_CBID_cuLibraryGetKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuGetProcAddress,      CUPTI_DRIVER_TRACE_CBID_cuGetProcAddress_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuGetErrorString,      CUPTI_DRIVER_TRACE_CBID_cuStreamIsCapturing,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamGetCaptureInfo,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamGetCaptureInfo_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamGetCaptureInfo_v3,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamGetId,         CUPTI_DRIVER_TRACE_CBID_cuStreamGetCtx,
+    CUPTI_DRIVER_TRACE_CBID_cuPointerGetAttribute, CUPTI_DRIVER_TRACE_CBID_cuPointerGetAttributes,
+};
+constexpr std::array<CUpti_CallbackId, 18> kHotRuntimeApis = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaSetDevice_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGetDeviceCount_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGetLastError_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaPeekAtLastError_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGetErrorString_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaDeviceGetAttribute_v5000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaFuncGetAttributes_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGetFuncBySymbol_v11000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaStreamIsCapturing_v10000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaStreamGetCaptureInfo_v10010,
+    CUPTI_RUNTIME_TRACE_CBID_cudaStreamGetCaptureInfo_v12030,
+    CUPTI_RUNTIME_TRACE_CBID_cudaStreamGetCaptureInfo_v2_v11030,
+    CUPTI_RUNTIME_TRACE_CBID_cudaStreamGetPriority_v5050,
+    CUPTI_RUNTIME_TRACE_CBID_cudaPointerGetAttributes_v4000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaDriverGetVersion_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaRuntimeGetVersion_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGetDriverEntryPoint_v11030,
+};
 
 std::string Describe(CuptiApi& cupti, CUptiResult result) {
   const char* text = nullptr;
@@ -81,8 +128,19 @@ Status CuptiSession::Enable() {
       unavailable_kinds_ += (unavailable_kinds_.empty() ? "" : ",") + std::string(k.name);
     }
   }
+  SkipHotApis();
   enabled_.store(true);
   return Status::Ok();
+}
+
+void CuptiSession::SkipHotApis() {
+  skipped_apis_ = 0;
+  for (CUpti_CallbackId cbid : kHotDriverApis) {
+    skipped_apis_ += cupti_.ActivityEnableDriverApi(cbid, 0) == CUPTI_SUCCESS ? 1 : 0;
+  }
+  for (CUpti_CallbackId cbid : kHotRuntimeApis) {
+    skipped_apis_ += cupti_.ActivityEnableRuntimeApi(cbid, 0) == CUPTI_SUCCESS ? 1 : 0;
+  }
 }
 
 void CuptiSession::Disable() {

@@ -54,6 +54,9 @@ class CuptiSession {
   // so that the child enables CUPTI again when it initialises CUDA.
   void ForgetAfterFork() { enabled_.store(false); }
   const std::string& unavailable_kinds() const { return unavailable_kinds_; }
+  // How many hot driver and runtime APIs' records Enable() switched off (0
+  // where this CUPTI cannot switch single APIs).
+  int skipped_apis() const { return skipped_apis_; }
 
   // Asks CUPTI to complete its buffers; `forced` includes records of work
   // still running (for the end of a trace).
@@ -69,11 +72,15 @@ class CuptiSession {
   static void CUPTIAPI CompleteBuffer(CUcontext context, uint32_t stream_id, uint8_t* buffer,
                                       size_t size, size_t valid_size);
   static uint64_t CUPTIAPI RealtimeClock();
+  // Switches off the records of the driver and runtime calls that run around
+  // every launch and matter to no analysis (cupti_session.cc).
+  void SkipHotApis();
 
   CuptiApi& cupti_;
   CuptiSink sink_;
   std::atomic<bool> enabled_{false};
   std::string unavailable_kinds_;
+  int skipped_apis_ = 0;
 };
 
 }  // namespace dynaflow

@@ -108,6 +108,38 @@ CUptiResult FakeCuptiApi::ActivityEnable(CUpti_ActivityKind kind) {
   return CUPTI_SUCCESS;
 }
 
+CUptiResult FakeCuptiApi::ActivityEnableDriverApi(CUpti_CallbackId cbid, uint8_t enable) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!per_api_control_) return CUPTI_ERROR_NOT_SUPPORTED;
+  if (enable != 0) {
+    disabled_driver_apis_.erase(cbid);
+  } else {
+    disabled_driver_apis_.insert(cbid);
+  }
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::ActivityEnableRuntimeApi(CUpti_CallbackId cbid, uint8_t enable) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!per_api_control_) return CUPTI_ERROR_NOT_SUPPORTED;
+  if (enable != 0) {
+    disabled_runtime_apis_.erase(cbid);
+  } else {
+    disabled_runtime_apis_.insert(cbid);
+  }
+  return CUPTI_SUCCESS;
+}
+
+std::set<CUpti_CallbackId> FakeCuptiApi::disabled_driver_apis() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return disabled_driver_apis_;
+}
+
+std::set<CUpti_CallbackId> FakeCuptiApi::disabled_runtime_apis() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return disabled_runtime_apis_;
+}
+
 CUptiResult FakeCuptiApi::ActivityDisable(CUpti_ActivityKind kind) {
   std::lock_guard<std::mutex> lock(mu_);
   enabled_.erase(kind);

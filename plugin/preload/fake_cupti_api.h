@@ -49,6 +49,11 @@ class FakeCuptiApi : public CuptiApi {
   void SetCallbackName(CUpti_CallbackDomain domain, uint32_t cbid, std::string name);
 
   bool enabled(CUpti_ActivityKind kind) const;
+  // The driver and runtime APIs whose records were switched off.
+  std::set<CUpti_CallbackId> disabled_driver_apis() const;
+  std::set<CUpti_CallbackId> disabled_runtime_apis() const;
+  // Makes ActivityEnable{Driver,Runtime}Api fail as a CUPTI without them does.
+  void LackPerApiControl() { per_api_control_ = false; }
   bool callbacks_registered() const;
   bool timestamp_callback_registered() const;
   int flush_count() const;
@@ -62,6 +67,8 @@ class FakeCuptiApi : public CuptiApi {
   CUptiResult SetThreadIdType(CUpti_ActivityThreadIdType type) override;
   CUptiResult ActivityEnable(CUpti_ActivityKind kind) override;
   CUptiResult ActivityDisable(CUpti_ActivityKind kind) override;
+  CUptiResult ActivityEnableDriverApi(CUpti_CallbackId cbid, uint8_t enable) override;
+  CUptiResult ActivityEnableRuntimeApi(CUpti_CallbackId cbid, uint8_t enable) override;
   CUptiResult ActivityGetNextRecord(uint8_t* buffer, size_t valid_size,
                                     CUpti_Activity** record) override;
   CUptiResult ActivityFlushAll(uint32_t flag) override;
@@ -90,6 +97,9 @@ class FakeCuptiApi : public CuptiApi {
   std::map<std::pair<int, uint32_t>, std::string> callback_names_;
   std::vector<FakeActivityBuffer> at_next_flush_;
   std::vector<uint64_t> external_ids_;
+  std::set<CUpti_CallbackId> disabled_driver_apis_;
+  std::set<CUpti_CallbackId> disabled_runtime_apis_;
+  bool per_api_control_ = true;
   std::vector<int64_t> external_id_log_;
   size_t dropped_ = 0;
   int flushes_ = 0;

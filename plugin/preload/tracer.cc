@@ -307,6 +307,7 @@ void Tracer::SyncCuptiLocked() {
     }
     const std::string& missing = session_->unavailable_kinds();
     cupti_status_ = missing.empty() ? "enabled" : "enabled (unavailable kinds: " + missing + ")";
+    skipped_apis_ = std::to_string(session_->skipped_apis());
     cupti_status_dirty_ = true;
   } else if (!want && session_->enabled()) {
     session_->Disable();
@@ -324,12 +325,14 @@ void Tracer::PublishCuptiStatus() {
   std::string status;
   std::string version;
   std::string driver;
+  std::string skipped;
   {
     std::lock_guard<std::mutex> lock(cupti_mu_);
     if (!cupti_status_dirty_) return;
     cupti_status_dirty_ = false;
     status = cupti_status_;
     version = cupti_version_;
+    skipped = skipped_apis_;
     driver = driver_version_;
   }
   WriterThread* writer = writer_.load();
@@ -342,6 +345,8 @@ void Tracer::PublishCuptiStatus() {
   }
   // The CUDA version the installed driver supports, beside the toolkit's.
   if (!driver.empty()) writer->SetMeta("cuda_driver_version", std::move(driver));
+  // Driver and runtime APIs whose records are switched off (cupti_session.cc).
+  if (!skipped.empty()) writer->SetMeta("cupti_skipped_apis", std::move(skipped));
 }
 
 }  // namespace dynaflow

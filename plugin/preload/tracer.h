@@ -146,6 +146,7 @@ class Tracer {
   std::string cupti_status_;  // the "cupti" metadata
   std::string cupti_version_;  // cuptiGetVersion once started: "cupti_api_version"
   std::string driver_version_;  // cuDriverGetVersion once started: "cuda_driver_version"
+  std::string skipped_apis_;    // hot APIs whose records are off, once enabled: "cupti_skipped_apis"
   bool cupti_status_dirty_ = false;
   std::atomic<bool> cupti_problem_reported_{false};
   // The started session, for the C ABI's lock-free push and pop.

@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <thread>
 
+#include <cupti_driver_cbid.h>
+#include <cupti_runtime_cbid.h>
+
 #include "analysis/store/store.h"
 #include "plugin/preload/fake_cupti_api.h"
 
@@ -121,6 +124,25 @@ TEST_F(TracerTest, RecordsOperatorsAndLinkedKernelsOnceCudaInitialises) {
   EXPECT_EQ(t.metadata["cupti"], "enabled");
   EXPECT_EQ(t.metadata["cupti_api_version"], std::to_string(CUPTI_API_VERSION));
   EXPECT_EQ(t.metadata["cuda_driver_version"], "13.2");  // FakeCuptiApi::kFakeDriverVersion
+  // The hot driver and runtime calls' records are off; launches, copies,
+  // events and synchronising calls stay on.
+  EXPECT_EQ(t.metadata["cupti_skipped_apis"], "41");
+  EXPECT_TRUE(fake()->disabled_driver_apis().count(CUPTI_DRIVER_TRACE_CBID_cuCtxGetCurrent));
+  EXPECT_TRUE(fake()->disabled_driver_apis().count(CUPTI_DRIVER_TRACE_CBID_cuKernelGetAttribute));
+  EXPECT_TRUE(
+      fake()->disabled_runtime_apis().count(CUPTI_RUNTIME_TRACE_CBID_cudaStreamIsCapturing_v10000));
+  for (CUpti_CallbackId kept : {CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
+                                CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020,
+                                CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020,
+                                CUPTI_RUNTIME_TRACE_CBID_cudaEventRecord_v3020,
+                                CUPTI_RUNTIME_TRACE_CBID_cudaStreamWaitEvent_v3020}) {
+    EXPECT_FALSE(fake()->disabled_runtime_apis().count(kept)) << kept;
+  }
+  for (CUpti_CallbackId kept : {CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+                                CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize,
+                                CUPTI_DRIVER_TRACE_CBID_cuEventRecord}) {
+    EXPECT_FALSE(fake()->disabled_driver_apis().count(kept)) << kept;
+  }
   EXPECT_EQ(t.metadata["cuda_toolkit_built"],
             std::to_string(CUDA_VERSION / 1000) + "." + std::to_string(CUDA_VERSION % 1000 / 10));
   EXPECT_EQ(t.metadata["format"], "dynaflow");
@@ -166,6 +188,22 @@ TEST_F(TracerTest, EnableFailureMakesCuptiUnavailable) {
   tracer.Shutdown();
   EXPECT_EQ(ReadStore().metadata["cupti"],
             "unavailable: cuptiActivityEnable(CONCURRENT_KERNEL): CUPTI_ERROR_FAKE");
+}
+
+TEST_F(TracerTest, ACuptiWithoutPerApiControlRecordsEveryApi) {
+  CuptiLoader older = [this](std::string*) {
+    auto fake = std::make_unique<FakeCuptiApi>();
+    fake->LackPerApiControl();  // a CUPTI before cuptiActivityEnable{Driver,Runtime}Api
+    fake_ = fake.get();
+    return std::unique_ptr<CuptiApi>(std::move(fake));
+  };
+  Tracer tracer(config_, older, CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  tracer.Shutdown();
+  const Trace t = ReadStore();
+  EXPECT_EQ(t.metadata.at("cupti"), "enabled");
+  EXPECT_EQ(t.metadata.at("cupti_skipped_apis"), "0");
 }
 
 TEST_F(TracerTest, NothingIsRecordedBeforeTheWindowOpens) {
