@@ -193,8 +193,9 @@ int Summarize(const ApplyArgs& args, const std::string& report_dir, int exit_cod
     // Whether the calls ran the schedule the prediction simulated.
     for (const auto& [path, g] : r.regions) {
       const bool dual = g.kind == "dual-batch";
-      std::cerr << "dynaflow apply: " << Shorten(path, 200) << " ran " << (dual ? "dual-batch" : "staggered")
-                << " (" << g.segments << (dual ? " collectives x " : " segments x ") << g.micro_batches
+      std::cerr << "dynaflow apply: " << Shorten(path, 200) << " ran "
+                << (dual ? "dual-batch" : "staggered") << " (" << g.segments
+                << (dual ? " collectives x " : " segments x ") << g.micro_batches
                 << " micro-batches) in the predicted order in " << g.calls - g.off_schedule_calls
                 << " of " << g.calls << " calls";
       if (g.off_schedule_calls > 0) {

@@ -224,8 +224,9 @@ StatusOr<Schedule> BuildDualBatchRegion(int collectives) {
 
 StatusOr<Schedule> BuildStaggeredRegion(int segments, int micro_batches) {
   if (segments < 1 || micro_batches < 1) {
-    return Status::BadInput("a staggered region needs at least one segment and one micro-batch, got " +
-                            std::to_string(segments) + " and " + std::to_string(micro_batches));
+    return Status::BadInput(
+        "a staggered region needs at least one segment and one micro-batch, got " +
+        std::to_string(segments) + " and " + std::to_string(micro_batches));
   }
   ScheduleBuilder builder(micro_batches);
   const TaskFn nothing = [](TaskContext&) { return Status::Ok(); };

@@ -29,7 +29,10 @@ void RegionSequencer::Reset() {
 // ended or skipped task.
 void RegionSequencer::EndLocked(int mb) {
   const int at = position_[static_cast<size_t>(mb)];
-  if (at >= 0) done_[static_cast<size_t>(own_[static_cast<size_t>(mb)][static_cast<size_t>(at)])] = true;
+  if (at >= 0) {
+    const TaskId current = own_[static_cast<size_t>(mb)][static_cast<size_t>(at)];
+    done_[static_cast<size_t>(current)] = true;
+  }
   const auto order = schedule_.issue_order();
   while (cursor_ < order.size() && done_[static_cast<size_t>(order[cursor_])]) ++cursor_;
   turn_changed_.notify_all();
@@ -89,7 +92,8 @@ void RegionSequencer::Finish(int mb) {
   if (mb < 0 || mb >= micro_batches() || finished_[static_cast<size_t>(mb)]) return;
   finished_[static_cast<size_t>(mb)] = true;
   const std::vector<TaskId>& own = own_[static_cast<size_t>(mb)];
-  for (size_t i = static_cast<size_t>(position_[static_cast<size_t>(mb)] + 1); i < own.size(); ++i) {
+  const size_t first_not_begun = static_cast<size_t>(position_[static_cast<size_t>(mb)] + 1);
+  for (size_t i = first_not_begun; i < own.size(); ++i) {
     done_[static_cast<size_t>(own[i])] = true;
     ++skipped_;
   }

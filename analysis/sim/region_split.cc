@@ -70,7 +70,9 @@ std::optional<SplitRegion> FindSplitRegion(const std::vector<ModuleTime>& calls)
     child_time[child] += c.time;
   }
   for (const std::string& child : children) {
-    if (child_time[child] >= kStageShare * block_time) region.stages.push_back(block + ".*." + child);
+    if (child_time[child] >= kStageShare * block_time) {
+      region.stages.push_back(block + ".*." + child);
+    }
   }
   if (region.stages.size() < 2) region.stages = {block + ".*"};
   std::unordered_set<std::string> instances;
@@ -93,7 +95,8 @@ std::optional<SplitRegion> FindSplitRegion(const Trace& trace, const StepGraph& 
 }
 
 bool InUnit(std::string_view unit, std::string_view path) {
-  return path == unit || (path.size() > unit.size() && path.starts_with(unit) && path[unit.size()] == '.');
+  return path == unit ||
+         (path.size() > unit.size() && path.starts_with(unit) && path[unit.size()] == '.');
 }
 
 std::string StageInstance(const SplitRegion& region, std::string_view path) {
@@ -102,7 +105,9 @@ std::string StageInstance(const SplitRegion& region, std::string_view path) {
     const std::vector<std::string_view> p = Components(stage);
     if (q.size() < p.size()) continue;
     bool match = true;
-    for (size_t i = 0; i < p.size() && match; ++i) match = p[i] == q[i] || (p[i] == "*" && Digits(q[i]));
+    for (size_t i = 0; i < p.size() && match; ++i) {
+      match = p[i] == q[i] || (p[i] == "*" && Digits(q[i]));
+    }
     if (match) return Join(q, p.size());
   }
   return "";
@@ -242,7 +247,8 @@ class PartsBuilder {
     }
     for (size_t t = 0; t < g_.tasks.size(); ++t) {
       if (!In(t)) continue;
-      int32_t& last = last_of_[static_cast<size_t>(part_[t])][static_cast<size_t>(g_.tasks[t].lane)];
+      std::vector<int32_t>& lasts = last_of_[static_cast<size_t>(part_[t])];
+      int32_t& last = lasts[static_cast<size_t>(g_.tasks[t].lane)];
       last = std::max(last, static_cast<int32_t>(t));
     }
   }
@@ -269,7 +275,8 @@ class PartsBuilder {
       }
     }
     for (int32_t t : after) h.push_back(Id(static_cast<size_t>(t), 0));
-    lane_prev_.assign(static_cast<size_t>(first_id_.empty() ? 0 : Id(g_.tasks.size() - 1, k_ - 1) + 1), -1);
+    const int32_t nodes = first_id_.empty() ? 0 : Id(g_.tasks.size() - 1, k_ - 1) + 1;
+    lane_prev_.assign(static_cast<size_t>(nodes), -1);
     if (!shared_) return;
     std::vector<int32_t> last(g_.lane_streams.size(), -1);
     for (size_t i = 0; i < h.size(); ++i) {

@@ -235,7 +235,9 @@ int dynaflow_apply_region_tasks(const void* region, int* streams, int* segments,
     if (segments != nullptr) segments[t.id] = t.id / mbs;
     if (micro_batches != nullptr) micro_batches[t.id] = t.micro_batch;
   }
-  if (issue_order != nullptr) std::copy(s.issue_order().begin(), s.issue_order().end(), issue_order);
+  if (issue_order != nullptr) {
+    std::copy(s.issue_order().begin(), s.issue_order().end(), issue_order);
+  }
   return s.size();
 }
 
@@ -286,8 +288,8 @@ int dynaflow_apply_region_executed(const void* region, int* tasks, int capacity,
   const runtime::RegionSequencer& seq = static_cast<const RegionHandle*>(region)->sequencer;
   const std::vector<runtime::TaskId> executed = seq.executed();
   if (tasks != nullptr) {
-    std::copy_n(executed.begin(), std::min(static_cast<int>(executed.size()), std::max(0, capacity)),
-                tasks);
+    const int n = std::min(static_cast<int>(executed.size()), std::max(0, capacity));
+    std::copy_n(executed.begin(), n, tasks);
   }
   if (skipped != nullptr) *skipped = seq.skipped();
   if (extra_boundaries != nullptr) *extra_boundaries = seq.extra_boundaries();

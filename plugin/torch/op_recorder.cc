@@ -108,11 +108,57 @@ void EndOperator(const at::RecordFunction& fn, const OpContext& ctx, const Threa
   g_abi.record_operator(&record);
 }
 
-std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
+// Two global callbacks, registered in this order, so that torch runs the
+// first's start and end before the second's:
+//   nesting    (no inputs) keeps each thread's depth, autograd depth and
+//              sampling decision, always on; at the end of each top-level
+//              operator it switches `recording` on or off with the tracer's
+//              active state;
+//   recording  (inputs) records the operator. Off while the tracer is
+//              inactive, so torch then boxes no inputs for it: an operator
+//              costs the tracer only the nesting callback. It follows the
+//              tracer's state within one top-level operator of any thread.
+// torch runs an operator's end callbacks from the set its start saw, so a
+// switch never splits an operator's start from its end.
+at::CallbackHandle g_recording = 0;
+std::atomic<bool> g_recording_on{true};
+
+void FollowTracerState() {
+  const bool want = g_abi.active() != 0;
+  bool on = g_recording_on.load(std::memory_order_relaxed);
+  if (on == want || !g_recording_on.compare_exchange_strong(on, want)) return;
+  if (want) {
+    at::reenableCallback(g_recording);
+  } else {
+    at::disableCallback(g_recording);
+  }
+}
+
+std::unique_ptr<at::ObserverContext> OnNestingStart(const at::RecordFunction& fn) {
   if (fn.isAsync()) return nullptr;  // it may end on another thread
   ThreadState& t = State();
   if (t.depth++ == 0) t.sampled = t.top_level_seen++ % g_sample_every == 0;
   if (IsAutogradNode(fn)) ++t.backward_depth;
+  return nullptr;
+}
+
+void OnNestingEnd(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (fn.isAsync()) return;
+  ThreadState& t = State();
+  // Clamped: an operator already running when the callbacks were added ends
+  // without having started here.
+  if (IsAutogradNode(fn) && t.backward_depth > 0) --t.backward_depth;
+  if (t.depth > 0 && --t.depth == 0) {
+    try {
+      FollowTracerState();
+    } catch (...) {  // torch refused the switch: the callback stays as it was
+    }
+  }
+}
+
+std::unique_ptr<at::ObserverContext> OnRecordingStart(const at::RecordFunction& fn) {
+  if (fn.isAsync()) return nullptr;
+  const ThreadState& t = State();
   if (!t.sampled || g_abi.active() == 0) return nullptr;
   try {
     return BeginOperator(fn, t);
@@ -121,14 +167,8 @@ std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn) {
   }
 }
 
-void OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
-  if (fn.isAsync()) return;
-  ThreadState& t = State();
-  if (ctx != nullptr) EndOperator(fn, static_cast<const OpContext&>(*ctx), t);
-  // Clamped: an operator already running when the callbacks were added ends
-  // without having started here.
-  if (IsAutogradNode(fn) && t.backward_depth > 0) --t.backward_depth;
-  if (t.depth > 0) --t.depth;
+void OnRecordingEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  if (ctx != nullptr) EndOperator(fn, static_cast<const OpContext&>(*ctx), State());
 }
 
 }  // namespace
@@ -141,10 +181,18 @@ bool InstallOpRecorder(const TracerAbi& abi, const OpRecorderOptions& options) {
     g_sample_every = std::max<int64_t>(1, options.sample_every);
     pthread_atfork(nullptr, nullptr, &OnForkChild);
     try {
-      at::addGlobalCallback(
-          at::RecordFunctionCallback(&OnStart, &OnEnd)
+      const auto scopes = {at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION};
+      at::addGlobalCallback(at::RecordFunctionCallback(&OnNestingStart, &OnNestingEnd)
+                                .needsInputs(false)
+                                .scopes(scopes));
+      g_recording = at::addGlobalCallback(
+          at::RecordFunctionCallback(&OnRecordingStart, &OnRecordingEnd)
               .needsInputs(true)
-              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+              .scopes(scopes));
+      if (g_abi.active() == 0) {
+        g_recording_on.store(false);
+        at::disableCallback(g_recording);
+      }
       installed = true;
     } catch (...) {
       installed = false;

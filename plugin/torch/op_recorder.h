@@ -17,8 +17,10 @@
 // Sampling: with sample_every = N, one top-level operator in N is recorded
 // per thread, with everything it calls, so recorded call trees stay whole.
 //
-// Cost while the tracer is inactive (--delay, after --duration): the callback
-// keeps its per-thread nesting count and returns; nothing is allocated.
+// Cost while the tracer is inactive (--delay, after --duration): only a
+// callback without inputs runs, which keeps the per-thread nesting count;
+// the recording callback is switched off, so torch boxes no inputs and
+// nothing is allocated (op_recorder.cc).
 #pragma once
 
 #include <cstdint>

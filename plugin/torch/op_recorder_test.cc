@@ -31,6 +31,7 @@ struct Recorded {
 
 struct FakeTracer {
   std::atomic<int> active{1};
+  std::atomic<int> active_queries{0};
   std::atomic<uint64_t> next_id{1};
   std::atomic<int64_t> clock{0};
   std::atomic<int64_t> unbalanced{0};  // records whose id was not the last popped one
@@ -51,6 +52,7 @@ __attribute__((visibility("default"))) int dynaflow_tracer_abi_version(void) {
   return DYNAFLOW_TRACER_ABI_VERSION;
 }
 __attribute__((visibility("default"))) int dynaflow_tracer_active(void) {
+  ++g_tracer.active_queries;
   return g_tracer.active.load();
 }
 __attribute__((visibility("default"))) int dynaflow_tracer_record_ops(void) { return 1; }
@@ -211,6 +213,26 @@ TEST_F(OpRecorderTest, InactiveTracerRecordsNothing) {
   g_tracer.active = 0;
   at::matmul(at::ones({2, 2}), at::ones({2, 2}));
   EXPECT_TRUE(Records().empty());
+}
+
+// While the tracer is inactive the recording callback (the one torch boxes
+// inputs for) is off: only the nesting callback runs, and it asks the tracer
+// for its state once per top-level operator, at its end. It comes back at the
+// end of the first top-level operator after the tracer becomes active.
+TEST_F(OpRecorderTest, WhileInactiveOnlyTheNestingCallbackRuns) {
+  g_tracer.active = 0;
+  at::Tensor a = at::ones({4, 4});  // its end switches the recording callback off
+  g_tracer.active_queries = 0;
+  at::matmul(a, a).sum();  // top-level operators that call others
+  EXPECT_EQ(g_tracer.active_queries.load(), 2);  // matmul's end and sum's end only
+  EXPECT_TRUE(Records().empty());
+
+  g_tracer.active = 1;
+  at::ones({2, 2});  // switches it back on at its end: itself not recorded
+  EXPECT_TRUE(Records().empty());
+  at::matmul(a, a);
+  EXPECT_TRUE(Find("aten::matmul").has_value());
+  EXPECT_TRUE(Find("aten::mm").has_value());  // with what it calls
 }
 
 TEST_F(OpRecorderTest, EachThreadHasItsOwnModuleStackAndThreadId) {
