@@ -379,9 +379,40 @@ void ForceOverlapWithoutGraph(const Trace& trace, Plan& plan) {
   plan.buckets.front().rules = {rule};
 }
 
+// The region plans of ForceWithoutGraph: dual-batch overlap of the unit cut
+// at its collectives, or nano-batch overlap of the unit cut at its stages.
+// False when the trace gives no such region.
+bool ForceRegionWithoutGraph(const Trace& trace, Plan& plan) {
+  const std::optional<SplitRegion> region = RegionOfOperators(trace);
+  if (!region) return false;
+  PlanBucket& only = plan.buckets.front();
+  const std::string s = StrategyName(plan.strategy);
+  if (plan.strategy == Strategy::kDualBatchOverlap) {
+    const int collectives = CollectivesPerCall(trace, *region);
+    if (collectives == 0) return false;
+    plan.splits = 2;
+    only.splits = 2;
+    plan.partition_rules = {{s + ".split", "split", {}, {region->unit}}};
+    only.rules = {s + ".split"};
+    only.segments = collectives;
+    return true;
+  }
+  if (region->segments == 0) return false;
+  plan.partition_rules = {{s + ".split", "split", {}, {region->unit}},
+                          {s + ".stage", "stage", {}, region->stages}};
+  only.rules = {s + ".split", s + ".stage"};
+  only.segments = region->segments;
+  return true;
+}
+
 void ForceWithoutGraph(const Trace& trace, const AdviseOptions& opt, Plan& plan) {
   if (plan.strategy == Strategy::kCommOverlap) ForceOverlapWithoutGraph(trace, plan);
   if (!SplitsBatch(plan.strategy)) return;
+  plan.splits = opt.splits > 0 ? opt.splits : 2;
+  PlanBucket& only = plan.buckets.front();
+  only.splits = plan.splits;
+  if (ForceRegionWithoutGraph(trace, plan)) return;
+  // Without a region: the repeated blocks themselves, busiest first.
   std::unordered_map<StringId, double> time;
   for (const Operator& op : trace.ops) {
     if (op.module_path != 0) time[op.module_path] += static_cast<double>(op.end - op.start);
@@ -397,29 +428,6 @@ void ForceWithoutGraph(const Trace& trace, const AdviseOptions& opt, Plan& plan)
   std::vector<std::string> units;
   for (std::string& u : SplitUnits(modules)) {
     if (u.ends_with("*")) units.push_back(std::move(u));
-  }
-  plan.splits = opt.splits > 0 ? opt.splits : 2;
-  PlanBucket& only = plan.buckets.front();
-  only.splits = plan.splits;
-  const std::optional<SplitRegion> region = RegionOfOperators(trace);
-  const int collectives = region ? CollectivesPerCall(trace, *region) : 0;
-  if (region && plan.strategy == Strategy::kDualBatchOverlap && collectives > 0) {
-    // The unit, cut at its collectives (runtime BuildDualBatchRegion).
-    plan.splits = 2;
-    only.splits = 2;
-    const std::string s = StrategyName(plan.strategy);
-    plan.partition_rules = {{s + ".split", "split", {}, {region->unit}}};
-    only.rules = {s + ".split"};
-    only.segments = collectives;
-    return;
-  }
-  if (region && plan.strategy == Strategy::kNanobatchOverlap && region->segments > 0) {
-    const std::string s = StrategyName(plan.strategy);
-    plan.partition_rules = {{s + ".split", "split", {}, {region->unit}},
-                            {s + ".stage", "stage", {}, region->stages}};
-    only.rules = {s + ".split", s + ".stage"};
-    only.segments = region->segments;
-    return;
   }
   if (units.empty()) return;
   PlanRule rule{std::string(StrategyName(plan.strategy)) + ".split", "split", {}, std::move(units)};

@@ -109,6 +109,17 @@ struct SplitSchedule {
 SplitSchedule BuildSplit(const CandidateContext& ctx, int k, int groups,
                          const std::function<int32_t(const SimTask&)>& group_of);
 
+// A node of task `t` on a fraction `scale` of the observed batch (work, HBM
+// and SM needs, GPU-side delay, launch latency); the caller sets its chain,
+// lane, priority and host fields.
+SimNode PartNode(const CandidateContext& ctx, size_t t, double scale);
+
+// What blocking calls wait for: each node issued after a blocking call, and
+// the step's end, wait for `last_part(task)`, the last node made of the task
+// the call waited for (its last micro-batch's part).
+void LinkSyncs(const StepGraph& g, const std::function<int32_t(int32_t task)>& last_part,
+               Schedule* schedule);
+
 // Distinct names (operator, else kernel) of the tasks for which `pick` holds,
 // by their total measured time, at most `limit`.
 // With `modules`, the tasks' modules (module path or top-level operator) instead.

@@ -55,12 +55,13 @@ std::optional<SplitRegion> FindSplitRegion(const std::vector<ModuleTime>& calls)
   SplitRegion region;
   region.unit = Join(*list, d - 1);
   const std::string block = Join(*list, d);
+  const std::string block_dot = block + ".";
   // The block's children by first appearance, and their time.
   std::vector<std::string> children;
   std::unordered_map<std::string, double> child_time;
   double block_time = 0;
   for (const ModuleTime& c : calls) {
-    if (!c.path.starts_with(block + ".")) continue;
+    if (!c.path.starts_with(block_dot)) continue;
     const std::vector<std::string_view> parts = Components(c.path);
     if (parts.size() <= d || !Digits(parts[d])) continue;
     block_time += c.time;
@@ -206,13 +207,10 @@ class PartsBuilder {
     IndexParts();
     HostOrder();
     Lanes();
-    for (size_t t = 0; t < g_.tasks.size(); ++t) {
-      for (int c = 0; c < (In(t) ? k_ : 1); ++c) AddNode(t, c);
-    }
-    Syncs();
-    for (int32_t node : turn_) {
-      out_.schedule.nodes[static_cast<size_t>(node)].host_delta_us += ctx_.params.region_turn_us;
-    }
+    for (size_t t = 0; t < g_.tasks.size(); ++t) AddNodes(t);
+    sim_internal::LinkSyncs(
+        g_, [this](int32_t task) { return Id(static_cast<size_t>(task), k_ - 1); },
+        &out_.schedule);
     return std::move(out_);
   }
 
@@ -254,8 +252,9 @@ class PartsBuilder {
   }
 
   // Launches before the unit, then its parts in the runtime schedule's issue
-  // order, then everything after; with shared lanes, each node also follows
-  // the node issued before it on its lane.
+  // order, then everything after. The first launch of every runtime task but
+  // the first follows a sequencer turn; with shared lanes, each node also
+  // follows the node issued before it on its lane.
   void HostOrder() {
     std::vector<int32_t> before, after;
     bool started = false;
@@ -263,33 +262,26 @@ class PartsBuilder {
       started = started || In(static_cast<size_t>(t));
       if (!In(static_cast<size_t>(t))) (started ? after : before).push_back(t);
     }
-    std::vector<int32_t>& h = out_.schedule.host_order;
-    for (int32_t t : before) h.push_back(Id(static_cast<size_t>(t), 0));
-    for (runtime::TaskId task : rt_.issue_order()) {
-      bool first = true;
-      for (int32_t t : launches_[static_cast<size_t>(task / k_)]) {
-        const int32_t node = Id(static_cast<size_t>(t), rt_.task(task).micro_batch);
-        if (first && task > 0) turn_.push_back(node);
-        first = false;
-        h.push_back(node);
-      }
-    }
-    for (int32_t t : after) h.push_back(Id(static_cast<size_t>(t), 0));
     const int32_t nodes = first_id_.empty() ? 0 : Id(g_.tasks.size() - 1, k_ - 1) + 1;
     lane_prev_.assign(static_cast<size_t>(nodes), -1);
-    if (!shared_) return;
+    turn_.assign(static_cast<size_t>(nodes), false);
     std::vector<int32_t> last(g_.lane_streams.size(), -1);
-    for (size_t i = 0; i < h.size(); ++i) {
-      const size_t t = static_cast<size_t>(NodeTask(h[i]));
-      int32_t& prev = last[static_cast<size_t>(g_.tasks[t].lane)];
-      lane_prev_[static_cast<size_t>(h[i])] = prev;
-      prev = h[i];
+    auto issue = [&](int32_t t, int c) {
+      const int32_t node = Id(static_cast<size_t>(t), c);
+      out_.schedule.host_order.push_back(node);
+      if (!shared_) return;
+      int32_t& prev = last[static_cast<size_t>(g_.tasks[static_cast<size_t>(t)].lane)];
+      lane_prev_[static_cast<size_t>(node)] = prev;
+      prev = node;
+    };
+    for (int32_t t : before) issue(t, 0);
+    for (runtime::TaskId task : rt_.issue_order()) {
+      const std::vector<int32_t>& launches = launches_[static_cast<size_t>(task / k_)];
+      const int c = rt_.task(task).micro_batch;
+      if (task > 0 && !launches.empty()) turn_[static_cast<size_t>(Id(launches.front(), c))] = true;
+      for (int32_t t : launches) issue(t, c);
     }
-  }
-
-  int32_t NodeTask(int32_t node) const {
-    const auto it = std::upper_bound(first_id_.begin(), first_id_.end(), node);
-    return static_cast<int32_t>(it - first_id_.begin()) - 1;
+    for (int32_t t : after) issue(t, 0);
   }
 
   void Lanes() {
@@ -306,22 +298,22 @@ class PartsBuilder {
     sc.tail_us = g_.tail_us;
   }
 
-  void AddNode(size_t t, int c) {
+  // The nodes of task `t`: one per micro-batch in the unit, else one.
+  void AddNodes(size_t t) {
     const SimTask& task = g_.tasks[t];
     const double scale = In(t) && task.token_scaled ? ctx_.scale / k_ : ctx_.scale;
-    SimNode node;
-    node.task = static_cast<int32_t>(t);
+    const SimNode part = sim_internal::PartNode(ctx_, t, scale);
+    for (int c = 0; c < (In(t) ? k_ : 1); ++c) AddNode(t, c, part);
+  }
+
+  void AddNode(size_t t, int c, SimNode node) {
+    const SimTask& task = g_.tasks[t];
     node.chain = c;
     node.lane = task.lane + (shared_ ? 0 : c * static_cast<int32_t>(g_.lane_streams.size()));
-    node.resource = task.resource;
-    node.work_us = PartDuration(task, scale, ctx_.peaks, ctx_.params);
-    node.hbm = HbmDemand(task, ctx_.peaks, ctx_.params);
-    node.sm = SmNeed(task, scale);
-    node.delay_us = task.delay_us;
     node.priority = Id(t, c);
-    node.launch_latency_us = task.launch_latency_us;
     // Each micro-batch runs the unit's host code again: the same host time.
     node.host_delta_us = task.host_delta_us;
+    if (turn_[static_cast<size_t>(Id(t, c))]) node.host_delta_us += ctx_.params.region_turn_us;
     if (c == 0) node.post_sync_us = task.post_sync_us;
     std::vector<int32_t> deps;
     for (int32_t d = g_.dep_begin[t]; d < g_.dep_begin[t + 1]; ++d) {
@@ -345,23 +337,6 @@ class PartsBuilder {
     out_.runtime_task.push_back(In(t) ? part_[t] * k_ + c : -1);
   }
 
-  // What a blocking call waited for: the last micro-batch's part of its task.
-  void Syncs() {
-    for (SimNode& node : out_.schedule.nodes) {
-      const SimTask& task = g_.tasks[static_cast<size_t>(node.task)];
-      if (node.post_sync_us >= 0 && task.sync_task >= 0) {
-        node.sync_node = Id(static_cast<size_t>(task.sync_task), k_ - 1);
-      }
-    }
-    if (!g_.end_known) return;
-    SimNode e;
-    e.host_delta_us = g_.end.host_delta_us;
-    e.post_sync_us = g_.end.post_sync_us;
-    if (g_.end.sync_task >= 0) e.sync_node = Id(static_cast<size_t>(g_.end.sync_task), k_ - 1);
-    e.launch_latency_us = g_.end.latency_us;
-    out_.schedule.end_issue = e;
-  }
-
   const CandidateContext& ctx_;
   const StepGraph& g_;
   const std::vector<int32_t>& part_;
@@ -373,7 +348,7 @@ class PartsBuilder {
   std::vector<std::vector<int32_t>> last_of_;
   std::vector<std::vector<int32_t>> launches_;
   std::vector<int32_t> lane_prev_;
-  std::vector<int32_t> turn_;  // the first launch of every task but the first: a sequencer turn
+  std::vector<bool> turn_;  // per node: the first launch after a sequencer turn
   RegionSchedule out_;
 };
 

@@ -51,22 +51,13 @@ SplitSchedule BuildSplit(const CandidateContext& ctx, int k, int groups,
     const SimTask& task = g.tasks[t];
     const bool split = k > 1 && task.token_scaled;
     const int parts = split ? k : 1;
-    const double work = PartDuration(task, ctx.scale / parts, ctx.peaks, ctx.params);
-    const double hbm = HbmDemand(task, ctx.peaks, ctx.params);
-    const double sm = SmNeed(task, ctx.scale / parts);
+    const SimNode part = PartNode(ctx, t, ctx.scale / parts);
     for (int c = 0; c < parts; ++c) {
-      SimNode node;
-      node.task = static_cast<int32_t>(t);
+      SimNode node = part;
       node.chain = c;
       node.lane = task.lane + (split ? c * lanes : 0);
-      node.resource = task.resource;
-      node.work_us = work;
-      node.hbm = hbm;
-      node.sm = sm;
-      node.delay_us = task.delay_us;
       node.group = k > 1 ? group_of(task) : -1;
       node.priority = static_cast<int64_t>(t) * k + c;
-      node.launch_latency_us = task.launch_latency_us;
       if (c == 0) {
         node.host_delta_us = task.host_delta_us;
         node.post_sync_us = task.post_sync_us;
@@ -93,21 +84,8 @@ SplitSchedule BuildSplit(const CandidateContext& ctx, int k, int groups,
       }
     }
   }
-  // What a blocking call waited for: the last micro-batch's part of its task.
-  for (SimNode& node : sc.nodes) {
-    const SimTask& task = g.tasks[static_cast<size_t>(node.task)];
-    if (node.post_sync_us >= 0 && task.sync_task >= 0) {
-      node.sync_node = out.parts[static_cast<size_t>(task.sync_task) * k + (k - 1)];
-    }
-  }
-  if (g.end_known) {
-    SimNode e;
-    e.host_delta_us = g.end.host_delta_us;
-    e.post_sync_us = g.end.post_sync_us;
-    if (g.end.sync_task >= 0) e.sync_node = out.parts[static_cast<size_t>(g.end.sync_task) * k + (k - 1)];
-    e.launch_latency_us = g.end.latency_us;
-    sc.end_issue = e;
-  }
+  LinkSyncs(g, [&out, k](int32_t task) { return out.parts[static_cast<size_t>(task) * k + (k - 1)]; },
+            &sc);
   for (int32_t t : g.host_order) {
     const size_t u = static_cast<size_t>(t);
     int32_t last = -1;
@@ -118,6 +96,34 @@ SplitSchedule BuildSplit(const CandidateContext& ctx, int k, int groups,
     }
   }
   return out;
+}
+
+SimNode PartNode(const CandidateContext& ctx, size_t t, double scale) {
+  const SimTask& task = ctx.graph->tasks[t];
+  SimNode node;
+  node.task = static_cast<int32_t>(t);
+  node.resource = task.resource;
+  node.work_us = PartDuration(task, scale, ctx.peaks, ctx.params);
+  node.hbm = HbmDemand(task, ctx.peaks, ctx.params);
+  node.sm = SmNeed(task, scale);
+  node.delay_us = task.delay_us;
+  node.launch_latency_us = task.launch_latency_us;
+  return node;
+}
+
+void LinkSyncs(const StepGraph& g, const std::function<int32_t(int32_t task)>& last_part,
+               Schedule* schedule) {
+  for (SimNode& node : schedule->nodes) {
+    const SimTask& task = g.tasks[static_cast<size_t>(node.task)];
+    if (node.post_sync_us >= 0 && task.sync_task >= 0) node.sync_node = last_part(task.sync_task);
+  }
+  if (!g.end_known) return;
+  SimNode e;
+  e.host_delta_us = g.end.host_delta_us;
+  e.post_sync_us = g.end.post_sync_us;
+  if (g.end.sync_task >= 0) e.sync_node = last_part(g.end.sync_task);
+  e.launch_latency_us = g.end.latency_us;
+  schedule->end_issue = e;
 }
 
 std::vector<std::string> TopNames(const CandidateContext& ctx,

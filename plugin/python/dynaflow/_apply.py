@@ -754,28 +754,29 @@ class _CommOverlap:
             self._wait(work)
 
 
-_WAIT_MODE = []  # the TorchDispatchMode class, made on first use (torch is imported late)
+@functools.lru_cache(maxsize=None)
+def _wait_before_use_mode():
+    """The dispatch mode class, made on first use (torch is imported late)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class WaitBeforeUse(TorchDispatchMode):
+        def __init__(self, overlap):
+            super().__init__()
+            self.overlap = overlap
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if self.overlap.pending:
+                self.overlap.wait_for((args, kwargs))
+            return func(*args, **kwargs)
+
+    return WaitBeforeUse
 
 
 def _wait_before_use(overlap):
     """A dispatch mode in which every operator first waits for the pending
     collectives of `overlap` whose tensors it reads or writes."""
-    if not _WAIT_MODE:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        class WaitBeforeUse(TorchDispatchMode):
-            def __init__(self, pending):
-                super().__init__()
-                self.overlap = pending
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                if self.overlap.pending:
-                    self.overlap.wait_for((args, kwargs))
-                return func(*args, **kwargs)
-
-        _WAIT_MODE.append(WaitBeforeUse)
-    return _WAIT_MODE[0](overlap)
+    return _wait_before_use_mode()(overlap)
 
 
 class _CollectiveCuts:
