@@ -34,6 +34,20 @@ std::string Meta(const Trace& trace, const std::string& key) {
 
 std::string Format(const Trace& trace) { return Meta(trace, "format"); }
 
+// A tracer status ("cupti", "ops"): the trace-wide value when every process
+// that recorded it agrees, else each process's, as "value (pid N), ...".
+std::string TracerStatus(const Trace& trace, const std::string& key) {
+  std::string status = Meta(trace, key);
+  if (!status.empty()) return status;
+  for (const ProcessInfo& p : trace.processes) {
+    const auto it = p.metadata.find(key);
+    if (it == p.metadata.end()) continue;
+    if (!status.empty()) status += ", ";
+    status += it->second + " (pid " + std::to_string(p.pid) + ")";
+  }
+  return status;
+}
+
 struct Counts {
   int64_t kernels = 0;
   int64_t memcpys = 0;
@@ -58,8 +72,10 @@ void PrintText(const std::string& input, const Trace& trace) {
             << "\n";
   // What `dynaflow trace` could record: CUPTI off means no GPU events, ops off
   // (or no torch extension) no operators.
-  if (!Meta(trace, "cupti").empty()) std::cout << "  cupti:      " << Printable(Meta(trace, "cupti")) << "\n";
-  if (!Meta(trace, "ops").empty()) std::cout << "  operators recorded: " << Printable(Meta(trace, "ops")) << "\n";
+  const std::string cupti = TracerStatus(trace, "cupti");
+  const std::string ops = TracerStatus(trace, "ops");
+  if (!cupti.empty()) std::cout << "  cupti:      " << Printable(cupti) << "\n";
+  if (!ops.empty()) std::cout << "  operators recorded: " << Printable(ops) << "\n";
   std::cout << "  devices:    " << trace.devices.size() << "\n";
   for (const DeviceInfo& d : trace.devices) {
     std::cout << "    rank " << d.rank << " device " << d.device << ": "
@@ -95,6 +111,11 @@ nlohmann::json InfoJson(const std::string& input, const Trace& trace) {
                                                              : json(nullptr)},
                        {"memory_bytes", d.memory_bytes > 0 ? json(d.memory_bytes) : json(nullptr)}});
   }
+  json processes = json::array();  // what each traced process said of itself
+  for (const ProcessInfo& p : trace.processes) {
+    if (p.metadata.empty()) continue;
+    processes.push_back({{"rank", p.rank}, {"pid", p.pid}, {"name", p.name}, {"meta", p.metadata}});
+  }
   json stats = json::array();
   for (const ImportStat& s : trace.stats.all()) {
     stats.push_back({{"name", s.name}, {"severity", s.severity}, {"count", s.count}});
@@ -104,8 +125,11 @@ nlohmann::json InfoJson(const std::string& input, const Trace& trace) {
           {"format", Format(trace)},
           {"time_span_us", span ? json(*span) : json(nullptr)},
           {"tracer",
-           {{"cupti", Meta(trace, "cupti").empty() ? json(nullptr) : json(Meta(trace, "cupti"))},
-            {"ops", Meta(trace, "ops").empty() ? json(nullptr) : json(Meta(trace, "ops"))}}},
+           {{"cupti", TracerStatus(trace, "cupti").empty() ? json(nullptr)
+                                                           : json(TracerStatus(trace, "cupti"))},
+            {"ops", TracerStatus(trace, "ops").empty() ? json(nullptr)
+                                                       : json(TracerStatus(trace, "ops"))},
+            {"processes", processes}}},
           {"devices", devices},
           {"counts",
            {{"kernels", c.kernels},

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <set>
+#include <string>
 
 #include "analysis/store/store.h"
 
@@ -26,6 +28,30 @@ std::vector<fs::path> Parts(const fs::path& dir) {
   }
   std::sort(parts.begin(), parts.end());
   return parts;
+}
+
+// The part's metadata becomes its process's own (one value per process and
+// key, process_meta in the store); the trace-wide meta gets what every process
+// that recorded a key agrees on (SharedMetadata).
+void KeepAsProcessMetadata(Trace* part) {
+  for (ProcessInfo& p : part->processes) p.metadata = part->metadata;
+  part->metadata.clear();
+}
+
+void SharedMetadata(Trace* merged) {
+  std::map<std::string, std::string> shared;
+  std::set<std::string> differing;
+  for (const ProcessInfo& p : merged->processes) {
+    for (const auto& [key, value] : p.metadata) {
+      if (differing.contains(key)) continue;
+      auto [it, inserted] = shared.emplace(key, value);
+      if (!inserted && it->second != value) {
+        shared.erase(it);
+        differing.insert(key);
+      }
+    }
+  }
+  for (auto& [key, value] : shared) merged->metadata[key] = std::move(value);
 }
 
 }  // namespace
@@ -60,6 +86,7 @@ PartsSummary MergeParts(const std::string& parts_dir, Trace* merged) {
     }
     const auto rank = static_cast<int32_t>(MetaInt(part, "rank"));
     if (!part.gpu.empty()) ++gpu_processes[rank];
+    KeepAsProcessMetadata(&part);
     merged->Append(std::move(part), rank);
   }
   for (const auto& [rank, n] : gpu_processes) {
@@ -72,7 +99,8 @@ PartsSummary MergeParts(const std::string& parts_dir, Trace* merged) {
                       "call torch.distributed.init_process_group in each)",
                       n);
   }
-  // Append joined the per-process values with ';'; these read as totals.
+  SharedMetadata(merged);
+  // Totals over the processes.
   merged->metadata["format"] = "dynaflow";
   merged->metadata["dropped_records"] = std::to_string(summary.dropped_records);
   merged->metadata["processes"] = std::to_string(summary.processes);

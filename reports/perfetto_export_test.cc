@@ -28,7 +28,7 @@ class TraceBuilder {
     d.cc_major = 9;
     d.cc_minor = 0;
     d.memory_bytes = 150105227264;
-    t_.processes.push_back({rank, 4242, "python3"});
+    t_.processes.push_back({rank, 4242, "python3", "", {}});
     t_.threads.push_back({rank, 4242, 4243, "thread 4243 (python3)"});
   }
 
@@ -294,8 +294,8 @@ TEST(PerfettoExportTest, TimesAreRelativeToASharedWholeSecondBase) {
 TEST(PerfettoExportTest, OneLabelPerPid) {
   Trace t;
   FillRank(&t, 0);  // device 0; host process 4242
-  t.processes.push_back({0, 0, "python3", "GPU 0"});
-  t.processes.push_back({0, 0, "python3", ""});  // named twice, no label
+  t.processes.push_back({0, 0, "python3", "GPU 0", {}});
+  t.processes.push_back({0, 0, "python3", "", {}});  // named twice, no label
   t.threads.push_back({0, 0, 7, "stream 7 "});
   std::ostringstream out;
   WritePerfettoJson(t, 0, out);

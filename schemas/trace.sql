@@ -1,25 +1,51 @@
--- dynaflow trace store, schema version 2 (PRAGMA user_version = 2).
+-- dynaflow trace store, schema version 3 (PRAGMA user_version = 3).
 --
 -- One SQLite file holds one or more imported or captured traces. Times are
 -- integer nanoseconds on the trace's clock; names are interned in `strings`
 -- and referenced by id (0 is the empty string). A reader refuses a file whose
 -- user_version it does not know. Changing a table is a new version; readers
 -- keep reading the older ones.
---   version 1  the tables below without the columns marked "version 2"
+--   version 1  the tables below without what is marked version 2 or 3
 --   version 2  api_calls' synchronization columns (sync_device ...
 --              wait_event_correlation), operators.collective_id, and
 --              graph_id, graph_node of memcpy and memset
+--   version 3  what an imported file carries beyond the analysis, so that
+--              an export from the store equals one from the file:
+--              devices.properties_json, processes.label, distributed_info,
+--              operators' concrete_inputs_id and input_strides_id,
+--              kernels.collective_id, every name of a thread; the launching
+--              process (pid) of kernels, memcpy and memset; and process_meta,
+--              the metadata of each traced process (meta keeps what holds
+--              trace-wide)
 --
 -- Natural queries go through the views at the end, e.g.
 --   SELECT name, count(*), sum(dur_ns) FROM gpu_activity GROUP BY name ORDER BY 3 DESC;
 
-PRAGMA user_version = 2;
+PRAGMA user_version = 3;
 
 -- Key/value facts about the trace: format, source files, tool versions,
 -- and anything a tracer wants to record (dropped records, "no GPU", ...).
 CREATE TABLE meta (
   key   TEXT PRIMARY KEY,
   value TEXT NOT NULL
+);
+
+-- What one traced process recorded of itself (its rank, CUPTI status, exit
+-- signal, module fingerprints...), one row per process and key; version 3.
+-- A value every process of the trace shares is in meta as well.
+CREATE TABLE process_meta (
+  rank  INTEGER NOT NULL,
+  pid   INTEGER NOT NULL,
+  key   TEXT NOT NULL,
+  value TEXT NOT NULL,
+  PRIMARY KEY (rank, pid, key)
+);
+
+-- Kineto's distributedInfo of each rank as its file wrote it (a compact JSON
+-- object, every field kept); version 3.
+CREATE TABLE distributed_info (
+  rank INTEGER PRIMARY KEY,
+  json TEXT NOT NULL
 );
 
 CREATE TABLE strings (
@@ -42,26 +68,35 @@ CREATE TABLE devices (
   peak_tflops_fp32      REAL NOT NULL,
   peak_tflops_bf16      REAL NOT NULL,
   peak_tflops_fp8       REAL NOT NULL,
+  -- The device's entry of Kineto's deviceProperties as the file wrote it (a
+  -- compact JSON object) or '' when none (version 3).
+  properties_json       TEXT NOT NULL DEFAULT '',
   UNIQUE (rank, device)
 );
 
 CREATE TABLE processes (
-  rank INTEGER NOT NULL,
-  pid  INTEGER NOT NULL,
-  name TEXT NOT NULL,
+  rank  INTEGER NOT NULL,
+  pid   INTEGER NOT NULL,
+  name  TEXT NOT NULL,
+  label TEXT NOT NULL DEFAULT '',  -- Kineto's process_labels ("CPU", "GPU 0"); version 3
   PRIMARY KEY (rank, pid)
 );
 
+-- A thread named twice (Kineto files rename pt_main_thread to pt_autograd_0)
+-- has a row per name, in the order read (rowid); version 3, keyed by
+-- (rank, pid, tid) before.
 CREATE TABLE threads (
   rank INTEGER NOT NULL,
   pid  INTEGER NOT NULL,
   tid  INTEGER NOT NULL,
   name TEXT NOT NULL,
-  PRIMARY KEY (rank, pid, tid)
+  PRIMARY KEY (rank, pid, tid, name)
 );
 
 -- Kernels as they ran. correlation links to api_calls.correlation of the same
--- rank; external_id links to operators.external_id of the same rank.
+-- rank; external_id links to operators.external_id of the same rank. pid is
+-- the host process that launched the work (version 3), NULL when the source
+-- does not say (Kineto files name the device instead).
 CREATE TABLE kernels (
   device_id     INTEGER NOT NULL REFERENCES devices(id),
   stream        INTEGER NOT NULL,
@@ -75,7 +110,10 @@ CREATE TABLE kernels (
   registers     INTEGER NOT NULL,
   shared_memory INTEGER NOT NULL,
   graph_id      INTEGER,                      -- CUDA graph, NULL outside graphs
-  graph_node    INTEGER
+  graph_node    INTEGER,
+  pid           INTEGER,                      -- version 3
+  -- NCCL collective metadata of the kernel as operators.collective; version 3
+  collective_id INTEGER NOT NULL DEFAULT 0 REFERENCES strings(id)
 );
 
 CREATE TABLE memcpy (
@@ -89,7 +127,8 @@ CREATE TABLE memcpy (
   correlation INTEGER,
   external_id INTEGER,
   graph_id    INTEGER,                        -- as kernels'; version 2
-  graph_node  INTEGER                         -- version 2
+  graph_node  INTEGER,                        -- version 2
+  pid         INTEGER                         -- as kernels'; version 3
 );
 
 CREATE TABLE memset (
@@ -102,7 +141,8 @@ CREATE TABLE memset (
   correlation INTEGER,
   external_id INTEGER,
   graph_id    INTEGER,                        -- as kernels'; version 2
-  graph_node  INTEGER                         -- version 2
+  graph_node  INTEGER,                        -- version 2
+  pid         INTEGER                         -- as kernels'; version 3
 );
 
 -- CUDA runtime and driver calls, and synchronization (kind). Synchronization
@@ -159,7 +199,10 @@ CREATE TABLE operators (
   input_types_id  INTEGER NOT NULL REFERENCES strings(id),
   module_path_id  INTEGER NOT NULL REFERENCES strings(id),
   external_id    INTEGER,
-  collective_id  INTEGER NOT NULL DEFAULT 0 REFERENCES strings(id)  -- version 2
+  collective_id  INTEGER NOT NULL DEFAULT 0 REFERENCES strings(id), -- version 2
+  -- Kineto's "Concrete Inputs" and "Input Strides" as compact JSON (version 3)
+  concrete_inputs_id INTEGER NOT NULL DEFAULT 0 REFERENCES strings(id),
+  input_strides_id   INTEGER NOT NULL DEFAULT 0 REFERENCES strings(id)
 );
 
 -- Malformed or skipped input, counted by named category (never fatal).

@@ -147,7 +147,8 @@ else
   check "info json: tracer" python3 -c "
 import json, sys
 t = json.load(open(sys.argv[1]))['tracer']
-assert t['cupti'].startswith('unavailable: ') and t['ops'] == 'on', t" "$work/out"
+assert t['cupti'].startswith('unavailable: ') and t['ops'] == 'on', t
+assert len(t['processes']) == 1 and t['processes'][0]['meta']['ops'] == 'on', t" "$work/out"
 
   expect_code "trace --ops off" 0 "$bin" trace --ops off -o "$work/off.db" -- "${llama[@]}"
   check "ops off: no operator rows" test "$(q "$work/off.db" 'SELECT count(*) FROM operators')" = 0
@@ -332,6 +333,14 @@ PY
   check "loader: no operator id shared by two processes" test "$(q "$work/loader.db" "
     SELECT count(*) FROM (SELECT external_id FROM operators GROUP BY rank, external_id
                           HAVING count(DISTINCT pid) > 1)")" = 0
+  # What each process says of itself is its own row (process_meta); meta
+  # holds what they all agree on, not values joined with ';'.
+  check "loader: metadata of each process" test "$(q "$work/loader.db" \
+    "SELECT count(DISTINCT pid) FROM process_meta WHERE key = 'rank'")" = 3
+  check "loader: one rank trace-wide" test "$(q "$work/loader.db" \
+    "SELECT value FROM meta WHERE key = 'rank'")" = 0
+  check "loader: no value joined across processes" test "$(q "$work/loader.db" \
+    "SELECT count(*) FROM meta WHERE value LIKE '%;%'")" = 0
 
   # Ranks started by torch.multiprocessing carry no RANK: the tracer takes
   # the rank torch.distributed gives them.
@@ -342,6 +351,11 @@ PY
                                   WHERE name_id IN (SELECT id FROM strings
                                                     WHERE value LIKE '%allreduce%')
                                   ORDER BY r)")" = "0,1"
+  check "tensor parallel: each process's rank" test "$(q "$work/tp.db" \
+    "SELECT group_concat(value) FROM (SELECT DISTINCT value FROM process_meta
+                                      WHERE key = 'rank' ORDER BY value)")" = "0,1"
+  check "tensor parallel: no rank trace-wide" test "$(q "$work/tp.db" \
+    "SELECT count(*) FROM meta WHERE key = 'rank'")" = 0
 
   # Perfetto export, read back by the Kineto importer: the same operators.
   expect_code "export perfetto" 0 "$bin" export "$db" --format perfetto -o "$work/llama.json"

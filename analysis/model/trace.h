@@ -58,8 +58,7 @@ struct DeviceInfo {
   double peak_tflops_bf16 = 0;
   double peak_tflops_fp8 = 0;
   // The device's entry of Kineto's deviceProperties as the file wrote it (a
-  // compact JSON object, every field kept), empty when none. Not kept in
-  // trace.db.
+  // compact JSON object, every field kept), empty when none.
   std::string properties_json;
 };
 
@@ -86,8 +85,11 @@ struct GpuActivity {
   // Kineto's NCCL collective metadata of a kernel ("Collective name", "In msg
   // nelems", "Group size", "dtype", "Process Group Name", ...): the members of
   // a compact JSON object without its braces, e.g. "Collective name":"allreduce",
-  // "Group size":2; 0 when none. Not kept in trace.db.
+  // "Group size":2; 0 when none.
   StringId collective = 0;
+  // The host process that launched it; -1 when the source does not say
+  // (Kineto files give the device as the pid of GPU rows).
+  int32_t pid = -1;
 };
 
 enum class ApiKind : uint8_t { kRuntime = 0, kDriver = 1, kSync = 2 };
@@ -132,10 +134,10 @@ struct Operator {
   StringId input_shapes = 0;  // compact JSON, e.g. [[8,4096],[4096,4096]]
   StringId input_types = 0;   // compact JSON, e.g. ["c10::BFloat16","float"]
   // Kineto's "Concrete Inputs": the values of scalar and int-list arguments as
-  // strings, e.g. ["","","[2, 2]","1"]; 0 when not recorded. Not kept in trace.db.
+  // strings, e.g. ["","","[2, 2]","1"]; 0 when not recorded.
   StringId concrete_inputs = 0;
   // Kineto's "Input Strides", compact JSON like input_shapes; 0 when not
-  // recorded. Not kept in trace.db.
+  // recorded.
   StringId input_strides = 0;
   // Collective metadata of record_param_comms, as GpuActivity::collective
   // (from Kineto files or the torch extension); kept in trace.db.
@@ -164,8 +166,11 @@ struct ProcessInfo {
   int32_t pid = 0;
   std::string name;
   // Kineto's process_labels: "CPU" for host processes, "GPU N" for devices;
-  // empty when none was read. Not kept in trace.db.
+  // empty when none was read.
   std::string label;
+  // What the process recorded of itself (the tracer's metadata: rank, CUPTI
+  // status, exit signal...), one value per key; empty for imported files.
+  std::map<std::string, std::string> metadata;
 };
 
 struct ThreadInfo {
@@ -209,7 +214,7 @@ struct Trace {
   ImportStats stats;
   std::map<std::string, std::string> metadata;  // source files, formats, tool versions
   // Kineto's distributedInfo of each rank as its file wrote it (a compact JSON
-  // object, every field kept), by rank. Not kept in trace.db.
+  // object, every field kept), by rank.
   std::map<int32_t, std::string> distributed_info;
 
   // Index of the device (rank, device), created with defaults when new.
@@ -223,7 +228,8 @@ struct Trace {
 
   // Moves the records of `part` (one imported file) into this trace, giving
   // every record the rank `rank`: strings are re-interned, devices merged by
-  // (rank, device), statistics added and metadata values joined with ';'.
+  // (rank, device), statistics added and metadata values joined with ';'
+  // (a process's own metadata travels in its ProcessInfo).
   void Append(Trace&& part, int32_t rank);
 
  private:

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
 
 #include "analysis/store/store_enums.h"
 #include "analysis/store/trace_db_bulk_writer.h"
@@ -18,40 +21,91 @@ int64_t OptionalColumn(const SQLite::Statement& st, int index) {
   return st.isColumnNull(index) ? -1 : st.getColumn(index).getInt64();
 }
 
-// The columns ReadAll reads from memcpy, memset, api_calls and operators, in its order: a
-// version 1 store lacks the version 2 columns, which read as not known.
-const char* ApiCallsQuery(int version) {
-  return version >= 2
-             ? "SELECT rank, pid, tid, kind, start_ns, end_ns, name_id, correlation, external_id, "
-               "sync_device, sync_stream, wait_on_stream, wait_event_id, wait_event_correlation "
-               "FROM api_calls"
-             : "SELECT rank, pid, tid, kind, start_ns, end_ns, name_id, correlation, external_id, "
-               "NULL, NULL, NULL, NULL, NULL FROM api_calls";
+// A column of a table and the store version that added it.
+struct Column {
+  const char* name;
+  int since = 1;
+  const char* absent = "NULL";  // what a store older than `since` reads instead
+};
+
+// "SELECT <columns> FROM <table>" for a store of `version`: the columns it
+// lacks read as their `absent` value, so ReadAll reads every version alike.
+std::string Select(int version, const char* table, std::initializer_list<Column> columns) {
+  std::string sql = "SELECT ";
+  for (const Column& c : columns) {
+    if (sql.size() > 7) sql += ", ";
+    sql += version >= c.since ? c.name : c.absent;
+  }
+  return sql + " FROM " + table;
 }
 
-const char* MemcpyQuery(int version) {
-  return version >= 2
-             ? "SELECT device_id, stream, start_ns, end_ns, name_id, copy_kind, bytes, "
-               "correlation, external_id, graph_id, graph_node FROM memcpy"
-             : "SELECT device_id, stream, start_ns, end_ns, name_id, copy_kind, bytes, "
-               "correlation, external_id, NULL, NULL FROM memcpy";
+std::string KernelsQuery(int version) {
+  return Select(version, "kernels",
+                {{"device_id"}, {"stream"}, {"start_ns"}, {"end_ns"}, {"name_id"}, {"correlation"},
+                 {"external_id"}, {"grid_x"}, {"grid_y"}, {"grid_z"}, {"block_x"}, {"block_y"},
+                 {"block_z"}, {"registers"}, {"shared_memory"}, {"graph_id"}, {"graph_node"},
+                 {"pid", 3}, {"collective_id", 3, "0"}});
 }
 
-const char* MemsetQuery(int version) {
-  return version >= 2
-             ? "SELECT device_id, stream, start_ns, end_ns, name_id, bytes, correlation, "
-               "external_id, graph_id, graph_node FROM memset"
-             : "SELECT device_id, stream, start_ns, end_ns, name_id, bytes, correlation, "
-               "external_id, NULL, NULL FROM memset";
+std::string MemcpyQuery(int version) {
+  return Select(version, "memcpy",
+                {{"device_id"}, {"stream"}, {"start_ns"}, {"end_ns"}, {"name_id"}, {"copy_kind"},
+                 {"bytes"}, {"correlation"}, {"external_id"}, {"graph_id", 2}, {"graph_node", 2},
+                 {"pid", 3}});
 }
 
-const char* OperatorsQuery(int version) {
-  return version >= 2
-             ? "SELECT rank, pid, tid, start_ns, end_ns, name_id, sequence, pass, "
-               "input_shapes_id, input_types_id, module_path_id, external_id, collective_id "
-               "FROM operators"
-             : "SELECT rank, pid, tid, start_ns, end_ns, name_id, sequence, pass, "
-               "input_shapes_id, input_types_id, module_path_id, external_id, 0 FROM operators";
+std::string MemsetQuery(int version) {
+  return Select(version, "memset",
+                {{"device_id"}, {"stream"}, {"start_ns"}, {"end_ns"}, {"name_id"}, {"bytes"},
+                 {"correlation"}, {"external_id"}, {"graph_id", 2}, {"graph_node", 2},
+                 {"pid", 3}});
+}
+
+std::string ApiCallsQuery(int version) {
+  return Select(version, "api_calls",
+                {{"rank"}, {"pid"}, {"tid"}, {"kind"}, {"start_ns"}, {"end_ns"}, {"name_id"},
+                 {"correlation"}, {"external_id"}, {"sync_device", 2}, {"sync_stream", 2},
+                 {"wait_on_stream", 2}, {"wait_event_id", 2}, {"wait_event_correlation", 2}});
+}
+
+std::string OperatorsQuery(int version) {
+  return Select(version, "operators",
+                {{"rank"}, {"pid"}, {"tid"}, {"start_ns"}, {"end_ns"}, {"name_id"}, {"sequence"},
+                 {"pass"}, {"input_shapes_id"}, {"input_types_id"}, {"module_path_id"},
+                 {"external_id"}, {"collective_id", 2, "0"}, {"concrete_inputs_id", 3, "0"},
+                 {"input_strides_id", 3, "0"}});
+}
+
+std::string DevicesQuery(int version) {
+  return Select(version, "devices",
+                {{"id"}, {"rank"}, {"device"}, {"name"}, {"sm_count"}, {"cc_major"},
+                 {"cc_minor"}, {"memory_bytes"}, {"clock_khz"}, {"memory_bandwidth_gbps"},
+                 {"peak_tflops_fp32"}, {"peak_tflops_bf16"}, {"peak_tflops_fp8"},
+                 {"properties_json", 3, "''"}}) +
+         " ORDER BY id";
+}
+
+std::string ProcessesQuery(int version) {
+  return Select(version, "processes", {{"rank"}, {"pid"}, {"name"}, {"label", 3, "''"}});
+}
+
+// Each process's metadata (process_meta, version 3) into its ProcessInfo.
+void ReadProcessMeta(SQLite::Database& db, int version, Trace* t) {
+  if (version < 3) return;
+  std::map<std::pair<int32_t, int32_t>, ProcessInfo*> by_pid;
+  for (ProcessInfo& p : t->processes) by_pid.emplace(std::pair(p.rank, p.pid), &p);
+  SQLite::Statement q(db, "SELECT rank, pid, key, value FROM process_meta");
+  while (q.executeStep()) {
+    auto it = by_pid.find({q.getColumn(0).getInt(), q.getColumn(1).getInt()});
+    if (it == by_pid.end()) continue;  // a process row is written with its metadata
+    it->second->metadata[q.getColumn(2).getString()] = q.getColumn(3).getString();
+  }
+}
+
+void ReadDistributedInfo(SQLite::Database& db, int version, Trace* t) {
+  if (version < 3) return;
+  SQLite::Statement q(db, "SELECT rank, json FROM distributed_info");
+  while (q.executeStep()) t->distributed_info[q.getColumn(0).getInt()] = q.getColumn(1).getString();
 }
 
 void ReadAll(SQLite::Database& db, int version, Trace* t) {
@@ -82,7 +136,7 @@ void ReadAll(SQLite::Database& db, int version, Trace* t) {
 
   std::vector<uint32_t> device_map;
   {
-    SQLite::Statement q(db, "SELECT * FROM devices ORDER BY id");
+    SQLite::Statement q(db, DevicesQuery(version));
     while (q.executeStep()) {
       auto id = static_cast<size_t>(q.getColumn(0).getInt64());
       uint32_t index = t->DeviceIndex(q.getColumn(1).getInt(), q.getColumn(2).getInt());
@@ -99,6 +153,7 @@ void ReadAll(SQLite::Database& db, int version, Trace* t) {
       d.peak_tflops_fp32 = q.getColumn(10).getDouble();
       d.peak_tflops_bf16 = q.getColumn(11).getDouble();
       d.peak_tflops_fp8 = q.getColumn(12).getDouble();
+      d.properties_json = q.getColumn(13).getString();
     }
   }
   auto D = [&](const SQLite::Statement& q, int col) -> uint32_t {
@@ -107,12 +162,12 @@ void ReadAll(SQLite::Database& db, int version, Trace* t) {
   };
 
   {
-    SQLite::Statement q(db, "SELECT rank, pid, name FROM processes");
+    SQLite::Statement q(db, ProcessesQuery(version));
     while (q.executeStep()) {
       t->processes.push_back({q.getColumn(0).getInt(), q.getColumn(1).getInt(),
-                              q.getColumn(2).getString(), ""});
+                              q.getColumn(2).getString(), q.getColumn(3).getString(), {}});
     }
-    SQLite::Statement q2(db, "SELECT rank, pid, tid, name FROM threads");
+    SQLite::Statement q2(db, "SELECT rank, pid, tid, name FROM threads ORDER BY rowid");
     while (q2.executeStep()) {
       t->threads.push_back({q2.getColumn(0).getInt(), q2.getColumn(1).getInt(),
                             q2.getColumn(2).getInt(), q2.getColumn(3).getString()});
@@ -120,7 +175,7 @@ void ReadAll(SQLite::Database& db, int version, Trace* t) {
   }
 
   {
-    SQLite::Statement q(db, "SELECT * FROM kernels");
+    SQLite::Statement q(db, KernelsQuery(version));
     while (q.executeStep()) {
       GpuActivity g;
       g.kind = GpuKind::kKernel;
@@ -137,6 +192,8 @@ void ReadAll(SQLite::Database& db, int version, Trace* t) {
       g.shared_memory = q.getColumn(14).getInt();
       g.graph_id = OptionalColumn(q, 15);
       g.graph_node = OptionalColumn(q, 16);
+      g.pid = static_cast<int32_t>(OptionalColumn(q, 17));
+      g.collective = S(q, 18);
       t->gpu.push_back(g);
     }
   }
@@ -156,6 +213,7 @@ void ReadAll(SQLite::Database& db, int version, Trace* t) {
       g.external_id = OptionalColumn(q, 8);
       g.graph_id = OptionalColumn(q, 9);
       g.graph_node = OptionalColumn(q, 10);
+      g.pid = static_cast<int32_t>(OptionalColumn(q, 11));
       t->gpu.push_back(g);
     }
   }
@@ -174,6 +232,7 @@ void ReadAll(SQLite::Database& db, int version, Trace* t) {
       g.external_id = OptionalColumn(q, 7);
       g.graph_id = OptionalColumn(q, 8);
       g.graph_node = OptionalColumn(q, 9);
+      g.pid = static_cast<int32_t>(OptionalColumn(q, 10));
       t->gpu.push_back(g);
     }
   }
@@ -230,6 +289,8 @@ void ReadAll(SQLite::Database& db, int version, Trace* t) {
       o.module_path = S(q, 10);
       o.external_id = OptionalColumn(q, 11);
       o.collective = S(q, 12);
+      o.concrete_inputs = S(q, 13);
+      o.input_strides = S(q, 14);
       t->ops.push_back(o);
     }
   }
@@ -240,6 +301,8 @@ void ReadAll(SQLite::Database& db, int version, Trace* t) {
                    q.getColumn(2).getInt64());
     }
   }
+  ReadProcessMeta(db, version, t);
+  ReadDistributedInfo(db, version, t);
 }
 
 }  // namespace

@@ -17,11 +17,11 @@ RangeDomain DomainFromName(std::string_view name);  // kUser when unknown
 const char* PassName(Pass pass);
 Pass PassFromName(std::string_view name);  // kUnknown when unknown
 
-// Upserts a devices row (13 parameters in column order). A device that is
+// Upserts a devices row (14 parameters in column order). A device that is
 // already stored keeps every property the new row does not know (zero or
 // empty); cc_minor follows cc_major, since 0 is a valid minor.
 inline constexpr const char* kUpsertDevice =
-    "INSERT INTO devices VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) "
+    "INSERT INTO devices VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
     "ON CONFLICT (rank, device) DO UPDATE SET "
     "name = COALESCE(NULLIF(excluded.name, ''), name), "
     "sm_count = COALESCE(NULLIF(excluded.sm_count, 0), sm_count), "
@@ -33,6 +33,18 @@ inline constexpr const char* kUpsertDevice =
     "memory_bandwidth_gbps), "
     "peak_tflops_fp32 = COALESCE(NULLIF(excluded.peak_tflops_fp32, 0), peak_tflops_fp32), "
     "peak_tflops_bf16 = COALESCE(NULLIF(excluded.peak_tflops_bf16, 0), peak_tflops_bf16), "
-    "peak_tflops_fp8 = COALESCE(NULLIF(excluded.peak_tflops_fp8, 0), peak_tflops_fp8)";
+    "peak_tflops_fp8 = COALESCE(NULLIF(excluded.peak_tflops_fp8, 0), peak_tflops_fp8), "
+    "properties_json = COALESCE(NULLIF(excluded.properties_json, ''), properties_json)";
+
+// Inserts a processes row (rank, pid, name, label); the first row of a process stays.
+inline constexpr const char* kInsertProcess = "INSERT OR IGNORE INTO processes VALUES (?, ?, ?, ?)";
+// Upserts one key of a process's metadata (rank, pid, key, value).
+inline constexpr const char* kUpsertProcessMeta =
+    "INSERT INTO process_meta VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (rank, pid, key) DO UPDATE SET value = excluded.value";
+// Upserts a rank's distributedInfo (rank, json).
+inline constexpr const char* kUpsertDistributedInfo =
+    "INSERT INTO distributed_info VALUES (?, ?) "
+    "ON CONFLICT (rank) DO UPDATE SET json = excluded.json";
 
 }  // namespace dynaflow

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
+#include <string>
 
 #include "schemas/trace_sql.h"
 #include "tests/temp_path.h"
@@ -32,6 +34,8 @@ Trace SampleTrace() {
   k.registers = 168;
   k.shared_memory = 65536;
   k.graph_id = 4;
+  k.pid = 10;
+  k.collective = t.strings.Intern("\"Collective name\":\"allreduce\",\"Group size\":2");
   t.gpu.push_back(k);
   GpuActivity c;
   c.kind = GpuKind::kMemcpy;
@@ -43,6 +47,7 @@ Trace SampleTrace() {
   c.bytes = 4096;
   c.graph_id = 4;  // a copy node of the kernel's graph
   c.graph_node = 17;
+  c.pid = 10;
   t.gpu.push_back(c);
   GpuActivity m;
   m.kind = GpuKind::kMemset;
@@ -75,6 +80,8 @@ Trace SampleTrace() {
   o.input_shapes = t.strings.Intern("[[8,4096],[4096,4096]]");
   o.input_types = t.strings.Intern("[\"c10::BFloat16\",\"c10::BFloat16\"]");
   o.module_path = t.strings.Intern("model.layers.0.mlp");
+  o.concrete_inputs = t.strings.Intern("[\"\",\"\"]");
+  o.input_strides = t.strings.Intern("[[4096,1],[4096,1]]");
   t.ops.push_back(o);
   Operator comms = o;
   comms.external_id = 4;
@@ -105,8 +112,11 @@ Trace SampleTrace() {
   r.end = 8000;
   r.name = t.strings.Intern("ProfilerStep#1");
   t.ranges.push_back(r);
-  t.processes.push_back({1, 10, "python", ""});
+  t.processes.push_back({1, 10, "python", "CPU", {{"rank", "1"}, {"cupti", "enabled"}}});
   t.threads.push_back({1, 10, 11, "main"});
+  t.threads.push_back({1, 10, 11, "pt_autograd_0"});  // renamed: both names are kept
+  t.devices[d].properties_json = R"({"id":2,"name":"NVIDIA H200","numSms":132})";
+  t.distributed_info[1] = R"({"backend":"nccl","rank":1,"world_size":2})";
   t.stats.Add("kineto_malformed_event", "data_loss", "bad events", 3);
   t.metadata["format"] = "kineto";
   return t;
@@ -159,8 +169,10 @@ TEST(StoreTest, RoundTripKeepsEveryRecord) {
   ASSERT_EQ(out.ranges.size(), 1u);
   EXPECT_EQ(out.ranges[0].device_index, 0);
   EXPECT_EQ(out.ranges[0].domain, RangeDomain::kGpuUser);
-  EXPECT_EQ(out.processes.size(), 1u);
-  EXPECT_EQ(out.threads.size(), 1u);
+  ASSERT_EQ(out.processes.size(), 1u);
+  ASSERT_EQ(out.threads.size(), 2u);
+  EXPECT_EQ(out.threads[0].name, "main");
+  EXPECT_EQ(out.threads[1].name, "pt_autograd_0");
   EXPECT_EQ(out.stats.Get("kineto_malformed_event"), 3);
   EXPECT_EQ(out.metadata["format"], "kineto");
   std::filesystem::remove(path);
@@ -188,14 +200,92 @@ TEST(StoreTest, RoundTripKeepsSynchronizationIdsAndCollectiveMetadata) {
   std::filesystem::remove(path);
 }
 
-// A store of schema version 1, as earlier builds wrote it: today's store
-// without the version 2 columns (trace.sql).
-void DowngradeToVersion1(const std::string& path) {
-  SQLite::Database db(path, SQLite::OPEN_READWRITE);
+// What version 3 added for an export from the store to equal one from the
+// imported file (trace.sql): device properties, process labels and metadata,
+// distributedInfo, operators' concrete inputs and strides, the kernel's
+// collective metadata and the launching pid of GPU rows.
+TEST(StoreTest, RoundTripKeepsWhatTheImportedFileCarried) {
+  const std::string path = TempPath("store-v3.db");
+  ASSERT_TRUE(WriteTraceDb(SampleTrace(), path).ok());
+  Trace out;
+  ASSERT_TRUE(ReadTraceDb(path, &out).ok());
+  ASSERT_EQ(out.devices.size(), 1u);
+  EXPECT_EQ(out.devices[0].properties_json, R"({"id":2,"name":"NVIDIA H200","numSms":132})");
+  ASSERT_EQ(out.processes.size(), 1u);
+  EXPECT_EQ(out.processes[0].label, "CPU");
+  EXPECT_EQ(out.processes[0].metadata,
+            (std::map<std::string, std::string>{{"cupti", "enabled"}, {"rank", "1"}}));
+  EXPECT_EQ(out.metadata.count("cupti"), 0u);  // a process's own, not the trace's
+  EXPECT_EQ(out.distributed_info.at(1), R"({"backend":"nccl","rank":1,"world_size":2})");
+  ASSERT_EQ(out.ops.size(), 2u);
+  EXPECT_EQ(out.strings.Get(out.ops[0].concrete_inputs), "[\"\",\"\"]");
+  EXPECT_EQ(out.strings.Get(out.ops[0].input_strides), "[[4096,1],[4096,1]]");
+  ASSERT_EQ(out.gpu.size(), 3u);
+  EXPECT_EQ(out.gpu[0].pid, 10);
+  EXPECT_EQ(out.strings.Get(out.gpu[0].collective),
+            "\"Collective name\":\"allreduce\",\"Group size\":2");
+  EXPECT_EQ(out.gpu[1].pid, 10);
+  EXPECT_EQ(out.gpu[2].pid, -1);  // not known: NULL
+  std::filesystem::remove(path);
+}
+
+void DropViews(SQLite::Database& db) {
   for (const char* view : {"gpu_activity", "operator_gpu_links", "operators_named",
                            "api_calls_named", "ranges_named"}) {
-    db.exec(std::string("DROP VIEW ") + view);
+    db.exec(std::string("DROP VIEW IF EXISTS ") + view);
   }
+}
+
+// A store of schema version 2, as earlier builds wrote it: today's store
+// without what version 3 added (trace.sql).
+void DowngradeToVersion2(const std::string& path) {
+  SQLite::Database db(path, SQLite::OPEN_READWRITE);
+  DropViews(db);
+  db.exec("DROP TABLE process_meta");
+  db.exec("DROP TABLE distributed_info");
+  db.exec("ALTER TABLE devices DROP COLUMN properties_json");
+  db.exec("ALTER TABLE processes DROP COLUMN label");
+  db.exec("ALTER TABLE operators DROP COLUMN input_strides_id");
+  db.exec("ALTER TABLE operators DROP COLUMN concrete_inputs_id");
+  db.exec("ALTER TABLE kernels DROP COLUMN collective_id");
+  for (const char* table : {"kernels", "memcpy", "memset"}) {
+    db.exec(std::string("ALTER TABLE ") + table + " DROP COLUMN pid");
+  }
+  db.exec("PRAGMA user_version = 2");
+}
+
+TEST(StoreTest, ReadsVersion2StoresWithTheNewColumnsUnknown) {
+  const std::string path = TempPath("store-v2.db");
+  ASSERT_TRUE(WriteTraceDb(SampleTrace(), path).ok());
+  DowngradeToVersion2(path);
+  Trace out;
+  Status st = ReadTraceDb(path, &out);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(out.devices.size(), 1u);
+  EXPECT_EQ(out.devices[0].name, "NVIDIA H200");
+  EXPECT_EQ(out.devices[0].properties_json, "");
+  ASSERT_EQ(out.processes.size(), 1u);
+  EXPECT_EQ(out.processes[0].name, "python");
+  EXPECT_EQ(out.processes[0].label, "");
+  EXPECT_TRUE(out.processes[0].metadata.empty());
+  EXPECT_TRUE(out.distributed_info.empty());
+  ASSERT_EQ(out.ops.size(), 2u);
+  EXPECT_EQ(out.ops[0].input_strides, 0u);
+  EXPECT_EQ(out.strings.Get(out.ops[1].collective),
+            "\"Collective name\":\"allreduce\",\"In msg nelems\":1024");
+  ASSERT_EQ(out.gpu.size(), 3u);
+  EXPECT_EQ(out.gpu[0].pid, -1);
+  EXPECT_EQ(out.gpu[0].collective, 0u);
+  EXPECT_EQ(out.gpu[0].graph_id, 4);
+  EXPECT_EQ(out.gpu[1].graph_node, 17);  // a version 2 column
+  std::filesystem::remove(path);
+}
+
+// A store of schema version 1, as earlier builds wrote it: today's store
+// without the version 2 and 3 columns (trace.sql).
+void DowngradeToVersion1(const std::string& path) {
+  DowngradeToVersion2(path);
+  SQLite::Database db(path, SQLite::OPEN_READWRITE);
   for (const char* column : {"sync_device", "sync_stream", "wait_on_stream", "wait_event_id",
                              "wait_event_correlation"}) {
     db.exec(std::string("ALTER TABLE api_calls DROP COLUMN ") + column);

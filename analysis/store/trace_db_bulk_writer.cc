@@ -181,6 +181,8 @@ void BindKernel(Stmt& st, int b, const GpuActivity& g) {
   st.Int(b + 15, g.shared_memory);
   st.Optional(b + 16, g.graph_id);
   st.Optional(b + 17, g.graph_node);
+  st.Optional(b + 18, g.pid);
+  st.Int(b + 19, g.collective);
 }
 
 void BindMemcpy(Stmt& st, int b, const Memcpy& m) {
@@ -196,6 +198,7 @@ void BindMemcpy(Stmt& st, int b, const Memcpy& m) {
   st.Optional(b + 9, g.external_id);
   st.Optional(b + 10, g.graph_id);
   st.Optional(b + 11, g.graph_node);
+  st.Optional(b + 12, g.pid);
 }
 
 void BindMemset(Stmt& st, int b, const GpuActivity& g) {
@@ -209,6 +212,7 @@ void BindMemset(Stmt& st, int b, const GpuActivity& g) {
   st.Optional(b + 8, g.external_id);
   st.Optional(b + 9, g.graph_id);
   st.Optional(b + 10, g.graph_node);
+  st.Optional(b + 11, g.pid);
 }
 
 void BindApi(Stmt& st, int b, const ApiCall& a) {
@@ -253,6 +257,8 @@ void BindOperator(Stmt& st, int b, const Operator& o) {
   st.Int(b + 11, o.module_path);
   st.Optional(b + 12, o.external_id);
   st.Int(b + 13, o.collective);
+  st.Int(b + 14, o.concrete_inputs);
+  st.Int(b + 15, o.input_strides);
 }
 
 template <typename Record>
@@ -267,13 +273,13 @@ struct TraceDbBulkWriter::Impl {
   std::string path;
   std::string tmp;
   sqlite3* db = nullptr;
-  Stmt meta, string, device, process, thread, stat;
-  Inserter<GpuActivity, 17, BindFn<GpuActivity>> kernels;
-  Inserter<Memcpy, 11, BindFn<Memcpy>> memcpys;
-  Inserter<GpuActivity, 10, BindFn<GpuActivity>> memsets;
+  Stmt meta, string, device, process, process_meta, distributed_info, thread, stat;
+  Inserter<GpuActivity, 19, BindFn<GpuActivity>> kernels;
+  Inserter<Memcpy, 12, BindFn<Memcpy>> memcpys;
+  Inserter<GpuActivity, 11, BindFn<GpuActivity>> memsets;
   Inserter<ApiCall, 14, BindFn<ApiCall>> apis;
   Inserter<Range, 8, BindFn<Range>> ranges;
-  Inserter<Operator, 13, BindFn<Operator>> ops;
+  Inserter<Operator, 15, BindFn<Operator>> ops;
 
   BoundedQueue<std::unique_ptr<Batch>> queue;
   std::thread worker;
@@ -302,7 +308,9 @@ struct TraceDbBulkWriter::Impl {
                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value");
     string = Stmt(db, "INSERT INTO strings VALUES (?, ?)");
     device = Stmt(db, kUpsertDevice);
-    process = Stmt(db, "INSERT OR IGNORE INTO processes VALUES (?, ?, ?)");
+    process = Stmt(db, kInsertProcess);
+    process_meta = Stmt(db, kUpsertProcessMeta);
+    distributed_info = Stmt(db, kUpsertDistributedInfo);
     thread = Stmt(db, "INSERT OR IGNORE INTO threads VALUES (?, ?, ?, ?)");
     kernels = {db, "kernels", BindKernel};
     memcpys = {db, "memcpy", BindMemcpy};
@@ -322,6 +330,7 @@ struct TraceDbBulkWriter::Impl {
       worker.join();
     }
     meta = Stmt(), string = Stmt(), device = Stmt(), process = Stmt(), thread = Stmt();
+    process_meta = Stmt(), distributed_info = Stmt();
     stat = Stmt();
     kernels = {}, memcpys = {}, memsets = {}, apis = {}, ranges = {}, ops = {};
     if (db) sqlite3_close_v2(db);
@@ -415,6 +424,7 @@ struct TraceDbBulkWriter::Impl {
       device.Real(11, d.peak_tflops_fp32);
       device.Real(12, d.peak_tflops_bf16);
       device.Real(13, d.peak_tflops_fp8);
+      device.Text(14, d.properties_json);
       device.Run();
     }
     for (const auto& [key, value] : t.metadata) {
@@ -426,7 +436,20 @@ struct TraceDbBulkWriter::Impl {
       process.Int(1, p.rank);
       process.Int(2, p.pid);
       process.Text(3, p.name);
+      process.Text(4, p.label);
       process.Run();
+      for (const auto& [key, value] : p.metadata) {
+        process_meta.Int(1, p.rank);
+        process_meta.Int(2, p.pid);
+        process_meta.Text(3, key);
+        process_meta.Text(4, value);
+        process_meta.Run();
+      }
+    }
+    for (const auto& [rank, json] : t.distributed_info) {
+      distributed_info.Int(1, rank);
+      distributed_info.Text(2, json);
+      distributed_info.Run();
     }
     for (const ThreadInfo& th : t.threads) {
       thread.Int(1, th.rank);

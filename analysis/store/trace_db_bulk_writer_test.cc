@@ -101,8 +101,8 @@ void AddSmallTables(Trace* t, int32_t rank) {
   t->devices[0].name = "NVIDIA H200";
   t->devices[0].sm_count = 132;
   t->devices[1].peak_tflops_bf16 = 989.5;
-  t->processes.push_back({rank, 10, "python", ""});
-  t->processes.push_back({rank, 10, "python again", ""});  // same key: the first is kept
+  t->processes.push_back({rank, 10, "python", "", {}});
+  t->processes.push_back({rank, 10, "python again", "", {}});  // same key: the first is kept
   t->threads.push_back({rank, 10, 11, "main"});
   t->stats.Add("kineto_flow_events", "info", "flows", 12);
   t->metadata["format"] = "kineto";

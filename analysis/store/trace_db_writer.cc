@@ -85,28 +85,30 @@ struct TraceDbWriter::Statements {
                  "ON CONFLICT (key) DO UPDATE SET value = excluded.value"),
         string(db, "INSERT INTO strings VALUES (?, ?)"),
         device(db, kUpsertDevice),
-        process(db, "INSERT OR IGNORE INTO processes VALUES (?, ?, ?)"),
+        process(db, kInsertProcess),
+        process_meta(db, kUpsertProcessMeta),
+        distributed_info(db, kUpsertDistributedInfo),
         thread(db, "INSERT OR IGNORE INTO threads VALUES (?, ?, ?, ?)"),
-        kernel(db, "INSERT INTO kernels VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"),
-        memcpy(db, "INSERT INTO memcpy VALUES (?,?,?,?,?,?,?,?,?,?,?)"),
-        memset(db, "INSERT INTO memset VALUES (?,?,?,?,?,?,?,?,?,?)"),
+        kernel(db, "INSERT INTO kernels VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"),
+        memcpy(db, "INSERT INTO memcpy VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"),
+        memset(db, "INSERT INTO memset VALUES (?,?,?,?,?,?,?,?,?,?,?)"),
         api(db, "INSERT INTO api_calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"),
         range(db, "INSERT INTO ranges VALUES (?,?,?,?,?,?,?,?)"),
-        op(db, "INSERT INTO operators VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"),
+        op(db, "INSERT INTO operators VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"),
         stat(db, "INSERT INTO import_stats VALUES (?, ?, ?, ?) "
                  "ON CONFLICT (name) DO UPDATE SET count = count + excluded.count") {}
 
   // After a failed statement: makes every statement executable again.
   void ResetAll() {
     for (SQLite::Statement* st :
-         {&meta, &string, &device, &process, &thread, &kernel, &memcpy, &memset, &api, &range,
-          &op, &stat}) {
+         {&meta, &string, &device, &process, &process_meta, &distributed_info, &thread, &kernel,
+          &memcpy, &memset, &api, &range, &op, &stat}) {
       st->tryReset();
     }
   }
 
-  SQLite::Statement meta, string, device, process, thread, kernel, memcpy, memset, api, range,
-      op, stat;
+  SQLite::Statement meta, string, device, process, process_meta, distributed_info, thread, kernel,
+      memcpy, memset, api, range, op, stat;
 };
 
 StatusOr<std::unique_ptr<TraceDbWriter>> TraceDbWriter::Create(const std::string& path,
@@ -218,6 +220,7 @@ void TraceDbWriter::MapDevices(const Trace& batch, std::vector<int64_t>* ids) {
     st.bind(11, d.peak_tflops_fp32);
     st.bind(12, d.peak_tflops_bf16);
     st.bind(13, d.peak_tflops_fp8);
+    st.bind(14, d.properties_json);
     Run(st);
   }
 }
@@ -245,7 +248,20 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
     st.process.bind(1, p.rank);
     st.process.bind(2, p.pid);
     st.process.bind(3, p.name);
+    st.process.bind(4, p.label);
     Run(st.process);
+    for (const auto& [key, value] : p.metadata) {
+      st.process_meta.bind(1, p.rank);
+      st.process_meta.bind(2, p.pid);
+      st.process_meta.bind(3, key);
+      st.process_meta.bind(4, value);
+      Run(st.process_meta);
+    }
+  }
+  for (const auto& [rank, json] : t.distributed_info) {
+    st.distributed_info.bind(1, rank);
+    st.distributed_info.bind(2, json);
+    Run(st.distributed_info);
   }
   for (const ThreadInfo& th : t.threads) {
     st.thread.bind(1, th.rank);
@@ -271,6 +287,8 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
         st.kernel.bind(15, g.shared_memory);
         BindOptional(st.kernel, 16, g.graph_id);
         BindOptional(st.kernel, 17, g.graph_node);
+        BindOptional(st.kernel, 18, g.pid);
+        st.kernel.bind(19, str[g.collective]);
         Run(st.kernel);
         break;
       case GpuKind::kMemcpy:
@@ -285,6 +303,7 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
         BindOptional(st.memcpy, 9, g.external_id);
         BindOptional(st.memcpy, 10, g.graph_id);
         BindOptional(st.memcpy, 11, g.graph_node);
+        BindOptional(st.memcpy, 12, g.pid);
         Run(st.memcpy);
         break;
       case GpuKind::kMemset:
@@ -298,6 +317,7 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
         BindOptional(st.memset, 8, g.external_id);
         BindOptional(st.memset, 9, g.graph_id);
         BindOptional(st.memset, 10, g.graph_node);
+        BindOptional(st.memset, 11, g.pid);
         Run(st.memset);
         break;
     }
@@ -347,6 +367,8 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
     st.op.bind(11, str[o.module_path]);
     BindOptional(st.op, 12, o.external_id);
     st.op.bind(13, str[o.collective]);
+    st.op.bind(14, str[o.concrete_inputs]);
+    st.op.bind(15, str[o.input_strides]);
     Run(st.op);
   }
 

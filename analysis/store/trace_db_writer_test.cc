@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
 
 #include "analysis/store/store.h"
 #include "tests/temp_path.h"
@@ -48,7 +50,7 @@ Trace FirstBatch() {
   AddOperator(&t, "aten::mm", "model.mlp");
   t.stats.Add("tracer_queue_full", "data_loss", "records dropped", 2);
   t.metadata["cupti"] = "pending";
-  t.processes.push_back({0, 42, "python"});
+  t.processes.push_back({0, 42, "python", "", {}});
   return t;
 }
 
@@ -60,7 +62,7 @@ Trace SecondBatch() {
   AddOperator(&t, "aten::mm", "model.attn");
   t.stats.Add("tracer_queue_full", "data_loss", "records dropped", 3);
   t.metadata["cupti"] = "enabled";
-  t.processes.push_back({0, 42, "python"});
+  t.processes.push_back({0, 42, "python", "", {}});
   return t;
 }
 
@@ -136,6 +138,39 @@ TEST(TraceDbWriterTest, KeepsSynchronizationIdsAndCollectiveMetadata) {
   EXPECT_EQ(out.api[0].wait_event_correlation, 60);
   ASSERT_EQ(out.ops.size(), 1u);
   EXPECT_EQ(out.strings.Get(out.ops[0].collective), "\"Collective name\":\"allgather\"");
+  std::filesystem::remove(path);
+}
+
+// A process's metadata is upserted per key as batches bring new values; the
+// launching pid of GPU rows and a thread's second name are kept.
+TEST(TraceDbWriterTest, KeepsProcessMetadataPerKeyAndGpuPids) {
+  const std::string path = TempPath("writer-process-meta.db");
+  std::unique_ptr<TraceDbWriter> w = CreateOrDie(path);
+  ASSERT_TRUE(w);
+  Trace first;
+  first.processes.push_back({0, 42, "python", "", {{"cupti", "pending"}, {"rank", "0"}}});
+  first.threads.push_back({0, 42, 43, "pt_main_thread"});
+  AddKernel(&first, 0, "sm90_gemm", 1000);
+  first.gpu.back().pid = 42;
+  ASSERT_TRUE(w->Write(first).ok());
+  Trace second;
+  second.processes.push_back({0, 42, "python", "", {{"cupti", "enabled"}}});
+  second.threads.push_back({0, 42, 43, "pt_main_thread"});  // the same name again
+  second.threads.push_back({0, 42, 43, "pt_autograd_0"});
+  second.distributed_info[0] = R"({"rank":0,"world_size":2})";
+  ASSERT_TRUE(w->Write(second).ok());
+  ASSERT_TRUE(w->Close().ok());
+
+  Trace out;
+  ASSERT_TRUE(ReadTraceDb(path, &out).ok());
+  ASSERT_EQ(out.processes.size(), 1u);
+  EXPECT_EQ(out.processes[0].metadata,
+            (std::map<std::string, std::string>{{"cupti", "enabled"}, {"rank", "0"}}));
+  ASSERT_EQ(out.threads.size(), 2u);
+  EXPECT_EQ(out.threads[1].name, "pt_autograd_0");
+  ASSERT_EQ(out.gpu.size(), 1u);
+  EXPECT_EQ(out.gpu[0].pid, 42);
+  EXPECT_EQ(out.distributed_info.at(0), R"({"rank":0,"world_size":2})");
   std::filesystem::remove(path);
 }
 

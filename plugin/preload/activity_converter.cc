@@ -386,6 +386,7 @@ void ActivityConverter::AddGpu(GpuActivity g, uint32_t correlation) {
     return;
   }
   g.correlation = OptionalId(correlation);
+  g.pid = options_.pid;
   const CorrelationTable::Link* link = links_.Find(correlation);
   const bool linked = link != nullptr && ApplyLink(*link, &g);
   batch_.gpu.push_back(g);

@@ -149,6 +149,7 @@ TEST_F(ActivityConverterTest, KernelRecordBecomesOneGpuActivity) {
   EXPECT_EQ(g.shared_memory, 65536);
   EXPECT_EQ(g.graph_id, -1);
   EXPECT_EQ(g.graph_node, -1);
+  EXPECT_EQ(g.pid, kPid);  // the launching process (store version 3)
   ASSERT_EQ(t.devices.size(), 1u);
   EXPECT_EQ(t.devices[g.device_index].rank, kRank);
   EXPECT_EQ(t.devices[g.device_index].device, 1);
@@ -222,6 +223,7 @@ TEST_F(ActivityConverterTest, MemcpyPeerMemcpyAndMemset) {
   EXPECT_EQ(t.gpu[0].correlation, 30);
   EXPECT_EQ(t.gpu[0].graph_id, 5);
   EXPECT_EQ(t.gpu[0].graph_node, 51);
+  EXPECT_EQ(t.gpu[0].pid, kPid);
   EXPECT_EQ(t.gpu[1].kind, GpuKind::kMemcpy);
   EXPECT_EQ(t.gpu[1].graph_id, -1);  // not from a graph
   EXPECT_EQ(Name(t, t.gpu[1].name), "Memcpy PtoP");

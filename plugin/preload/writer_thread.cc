@@ -278,7 +278,7 @@ void WriterThread::OpenStore() {
   // killed before its first flush leaves a store that says what it was.
   Trace first;
   first.metadata = options_.meta;
-  first.processes.push_back({options_.rank, options_.pid, options_.process_name});
+  first.processes.push_back({options_.rank, options_.pid, options_.process_name, "", {}});
   const Status written = store_->Write(first);
   if (!written.ok()) Fail(written);
 }

@@ -618,7 +618,7 @@ void KinetoParser::OnEvent(std::string_view json) {
 
   if (e.ph == "M") {
     if (e.name == "process_name" && !e.arg_name.empty()) {
-      t.processes.push_back({0, static_cast<int32_t>(e.pid), std::string(e.arg_name), ""});
+      t.processes.push_back({0, static_cast<int32_t>(e.pid), std::string(e.arg_name), "", {}});
     } else if (e.name == "process_labels" && !e.labels.empty()) {
       // Kineto names a process before it labels it: the label goes to the
       // latest process of that pid.
