@@ -1,5 +1,6 @@
 #include <iostream>
 #include <memory>
+#include <string>
 
 #include "analysis/importers/reader.h"
 #include "analysis/store/trace_db_bulk_writer.h"
@@ -30,6 +31,18 @@ class WriterSink : public RecordSink {
   int64_t offset_ns_ = 0;
 };
 
+// One line when the input lost records or values on the way in (statistics of
+// severity data_loss, listed by `info`), so that an import never loses data
+// without a word.
+void WarnDataLoss(const ImportStats& stats) {
+  std::string lost;
+  for (const ImportStat& s : stats.all()) {
+    if (s.severity != "data_loss") continue;
+    lost += (lost.empty() ? "" : ", ") + s.name + " " + std::to_string(s.count);
+  }
+  if (!lost.empty()) std::cerr << "dynaflow: warning: data lost on import: " << lost << "\n";
+}
+
 int RunImport(const ImportArgs& args) {
   // Started first: a bad output path fails before the input is read. On any
   // failure the writer, destroyed unfinished, removes its temporary file.
@@ -44,6 +57,7 @@ int RunImport(const ImportArgs& args) {
   std::cerr << "dynaflow: wrote " << args.output << ": " << (*writer)->gpu_rows()
             << " GPU activities, " << (*writer)->op_rows() << " operators, "
             << (*writer)->api_rows() << " API calls\n";
+  WarnDataLoss(trace.stats);
   return 0;
 }
 

@@ -172,6 +172,12 @@ fi
 expect_code "huge string" 2 "$bin" info "$work/huge_string.json.gz"
 check "huge string says why" has "$work/err" "is longer than 64 MiB: refused, to bound memory"
 check "huge string: one line" test "$(wc -l <"$work/err")" -eq 1
+# ... a top-level value past 64 MiB is skipped, and import says so
+{ printf '{"distributedInfo": {"backend": "'; head -c 70000000 /dev/zero | tr '\0' x
+  printf '"}, "traceEvents": []}'; } | gzip -1 >"$work/huge_value.json.gz"
+expect_code "huge top-level value" 0 "$bin" import "$work/huge_value.json.gz" -o "$work/hv.db"
+check "huge top-level value: the loss is said" has "$work/err" \
+  "dynaflow: warning: data lost on import: kineto_oversized_top_level_value 1"
 
 # --- a parts folder (what a dead `dynaflow trace` leaves: one store per
 # process) is read like the trace it would have written; two processes that

@@ -14,6 +14,9 @@ namespace {
 // Top-level values other than the event array (deviceProperties,
 // distributedInfo, ...) are small; anything larger is skipped, not buffered.
 constexpr size_t kMaxTopLevelValue = 64 << 20;
+// A top-level key longer than this is no trace's: the file is refused rather
+// than the key buffered (a multi-gigabyte key once took 4 GB of memory).
+constexpr size_t kMaxTopLevelKey = 64 << 10;
 
 bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
@@ -210,6 +213,11 @@ Status ChromeJsonTokenizer::Feed(std::string_view chunk) {
             break;
           }
           key_.push_back(c);
+          if (key_.size() > kMaxTopLevelKey) {
+            std::string().swap(key_);
+            return Status::BadInput("a top-level key is longer than 64 KiB: not a trace, refused "
+                                    "to bound memory");
+          }
         }
         break;
 
@@ -239,6 +247,10 @@ Status ChromeJsonTokenizer::Feed(std::string_view chunk) {
       case State::kOther: {
         const char* begin = p;
         if (ScanValue(&p, end) == Scan::kComplete) {
+          if (keep_ && carry_.size() + static_cast<size_t>(p - begin) > kMaxTopLevelValue) {
+            keep_ = false;  // over the bound in its last chunk
+            std::string().swap(carry_);
+          }
           if (keep_) {
             carry_.append(begin, p);
             sink_->OnTopLevel(key_, carry_);

@@ -85,6 +85,25 @@ TEST(ChromeJsonTokenizerTest, RefusesAnEventLongerThanTheLimit) {
   EXPECT_EQ(ChromeJsonTokenizer::kMaxEventBytes, size_t{64} << 20);
 }
 
+// A key past 64 KiB is refused before it is buffered further; one at the
+// bound is read. (A 3 GB key in a .gz once took 4 GB of memory.)
+TEST(ChromeJsonTokenizerTest, RefusesATopLevelKeyLongerThan64KiB) {
+  auto doc = [](size_t key_bytes) {
+    return "{\"" + std::string(key_bytes, 'k') + "\": 1, \"traceEvents\": []}";
+  };
+  Collect at_bound;
+  ChromeJsonTokenizer ok(&at_bound);
+  EXPECT_TRUE(FeedInPieces(doc(64 << 10), {1000, 40000}, &at_bound, &ok).ok());
+  ASSERT_EQ(at_bound.top.size(), 1u);
+  EXPECT_EQ(at_bound.top[0].size(), (64u << 10) + 2);  // "kkk...=1"
+  Collect past;
+  ChromeJsonTokenizer refused(&past);
+  const Status st = FeedInPieces(doc((64 << 10) + 1), {1000, 40000}, &past, &refused);
+  EXPECT_EQ(st.code(), StatusCode::kBadInput);
+  EXPECT_EQ(st.message(),
+            "a top-level key is longer than 64 KiB: not a trace, refused to bound memory");
+}
+
 TEST(ChromeJsonTokenizerTest, EveryChunkBoundaryGivesTheSameResult) {
   Collect whole;
   ChromeJsonTokenizer ref(&whole);
