@@ -7,13 +7,14 @@
 namespace dynaflow {
 namespace {
 
-// GPU activities of one (rank, device, stream) ordered by correlation id.
+// GPU activities of one (rank, launching process, stream) ordered by
+// correlation id; the process is -1 where the source does not name it.
 struct Launch {
   int64_t correlation;
   size_t index;  // into Trace::gpu
   int32_t device;
 };
-using StreamKey = std::pair<int32_t, int32_t>;  // rank, stream
+using StreamKey = std::tuple<int32_t, int32_t, int32_t>;  // rank, pid, stream
 using LaunchIndex = std::map<StreamKey, std::vector<Launch>>;
 
 LaunchIndex IndexLaunches(const Trace& trace) {
@@ -22,7 +23,7 @@ LaunchIndex IndexLaunches(const Trace& trace) {
     const GpuActivity& g = trace.gpu[i];
     if (g.correlation < 0 || g.device_index >= trace.devices.size()) continue;
     const DeviceInfo& d = trace.devices[g.device_index];
-    index[{d.rank, g.stream}].push_back({g.correlation, i, d.device});
+    index[{d.rank, g.pid, g.stream}].push_back({g.correlation, i, d.device});
   }
   for (auto& [key, launches] : index) {
     std::stable_sort(launches.begin(), launches.end(), [](const Launch& a, const Launch& b) {
@@ -85,8 +86,11 @@ std::vector<StreamDependency> CrossStreamDependencies(const Trace& trace) {
   std::vector<StreamDependency> edges;
   const LaunchIndex launches = IndexLaunches(trace);
   static const std::vector<Launch> kNone;
-  auto on = [&](int32_t rank, int32_t stream) -> const std::vector<Launch>& {
-    auto it = launches.find({rank, stream});
+  // Correlation ids are per process: the wait's own process's launches, or
+  // the rank's when its GPU rows name no process (one process per Kineto file).
+  auto on = [&](const ApiCall& a, int32_t stream) -> const std::vector<Launch>& {
+    auto it = launches.find({a.rank, a.pid, stream});
+    if (it == launches.end()) it = launches.find({a.rank, -1, stream});
     return it == launches.end() ? kNone : it->second;
   };
   for (size_t i = 0; i < trace.api.size(); ++i) {
@@ -94,9 +98,8 @@ std::vector<StreamDependency> CrossStreamDependencies(const Trace& trace) {
     if (!IsCrossStreamWait(a)) continue;
     StreamDependency e;
     e.wait = i;
-    e.from = LastBefore(trace, on(a.rank, a.wait_on_stream), a.wait_event_correlation,
-                        a.sync_device);
-    e.to = FirstAfter(trace, on(a.rank, a.sync_stream), a.correlation, a.sync_device);
+    e.from = LastBefore(trace, on(a, a.wait_on_stream), a.wait_event_correlation, a.sync_device);
+    e.to = FirstAfter(trace, on(a, a.sync_stream), a.correlation, a.sync_device);
     edges.push_back(e);
   }
   return edges;

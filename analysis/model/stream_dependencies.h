@@ -28,8 +28,9 @@ struct StreamDependency {
 // activities are matched on the wait's device when it is known (sync_device),
 // else on any device of its rank; several activities of one correlation id
 // (a graph launch) give the one that ends last (from) or starts first (to).
-// GPU rows name no process, so with several processes of one rank an edge
-// may join another process's activity.
+// Correlation ids are unique only within a process: the activities are those
+// the wait's process launched (GpuActivity::pid), or, where GPU rows name no
+// process (Kineto files, one process each), any of its rank's.
 std::vector<StreamDependency> CrossStreamDependencies(const Trace& trace);
 
 }  // namespace dynaflow

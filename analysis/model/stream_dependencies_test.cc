@@ -54,6 +54,25 @@ TEST_F(StreamDependenciesTest, WaitJoinsLastWorkBeforeTheRecordToFirstWorkAfterT
   EXPECT_EQ(edges[0].to, consumer);
 }
 
+// Two processes of one rank hand out the same correlation ids: a wait joins
+// the work of its own process (GPU rows name it, store version 3).
+TEST_F(StreamDependenciesTest, WaitJoinsOnlyItsOwnProcesssWork) {
+  const int64_t producer = Kernel(0, 7, 11, 200, 900);
+  const int64_t consumer = Kernel(0, 8, 16, 900, 950);
+  t_.gpu[producer].pid = 100;
+  t_.gpu[consumer].pid = 100;
+  const int64_t other_producer = Kernel(0, 7, 11, 100, 990);  // ends later, same correlation
+  const int64_t other_consumer = Kernel(0, 8, 14, 300, 400);  // starts earlier, nearer the wait
+  t_.gpu[other_producer].pid = 200;
+  t_.gpu[other_consumer].pid = 200;
+  Wait(0, /*stream=*/8, /*correlation=*/13, /*on_stream=*/7, /*record_correlation=*/12);
+  t_.api.back().pid = 100;
+  const std::vector<StreamDependency> edges = CrossStreamDependencies(t_);
+  ASSERT_EQ(edges.size(), 1u);
+  EXPECT_EQ(edges[0].from, producer);
+  EXPECT_EQ(edges[0].to, consumer);
+}
+
 TEST_F(StreamDependenciesTest, GraphLaunchGivesTheNodeThatEndsLastAndTheOneThatStartsFirst) {
   Kernel(0, 7, 20, 100, 500);
   const int64_t last = Kernel(0, 7, 20, 100, 700);  // one cudaGraphLaunch, two nodes
