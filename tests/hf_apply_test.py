@@ -1,15 +1,18 @@
 """`dynaflow apply` on Hugging Face Transformers models: code nobody here wrote.
 
-For each family (Llama, Qwen2, Mixtral, GPT-2; tiny, built from configs with
-random weights by tests/hf/hf_models.py, nothing downloaded): trace a forward
-with `dynaflow trace`, force a 2-way split with `dynaflow advise
---force-strategy nanobatch_overlap --splits 2`, whose unit is the decoder
-stack cut at its layers' attention and MLP (a staggered region), then run
-every usage pattern (model(ids), a decode loop with past_key_values,
-generate(), a static cache, left padding) unmodified and under `dynaflow apply
---verify`: every stack call planned and run in the schedule's issue order,
---verify passing, the same tokens and logits within float32's tolerance. Llama also runs in process (`dynaflow.apply(model, plan)`), with
-and without torch.compile; and once under torch.inference_mode().
+For each family (Llama, Qwen2, Mixtral, GPT-2, and Mistral with a sliding
+window; tiny, built from configs with random weights by tests/hf/hf_models.py,
+nothing downloaded): trace a forward with `dynaflow trace`, force a 2-way split
+with `dynaflow advise --force-strategy nanobatch_overlap --splits 2`, whose
+unit is the decoder stack cut at its layers' attention and MLP (a staggered
+region), then run every usage pattern (model(ids), a decode loop with
+past_key_values, generate(), a static cache, left padding) unmodified and
+under `dynaflow apply --verify`: every stack call planned and run in the
+schedule's issue order, --verify passing, the same tokens and logits within
+float32's tolerance. Llama also runs in process (`dynaflow.apply(model,
+plan)`), with and without torch.compile; and once under
+torch.inference_mode(). LFM2, whose own cache holds state no adapter merges,
+is refused before it runs.
 
 Env (ctest sets them): DYNAFLOW_BIN, DYNAFLOW_SOURCE_DIR, DYNAFLOW_PYTHON (a
 Python with torch and transformers) and DYNAFLOW_APPLY_LIB_BUILT;
@@ -17,6 +20,7 @@ DYNAFLOW_HF_DEVICE=cuda runs the models on the GPU (scripts/device/gpu_truth.sh)
 (skipped) when that Python lacks torch or transformers.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -38,9 +42,15 @@ FAMILIES = {
     "qwen2": ("Qwen2ForCausalLM.model", "Qwen2ForCausalLM.model.layers.*"),
     "mixtral": ("MixtralForCausalLM.model", "MixtralForCausalLM.model.layers.*"),
     "gpt2": ("GPT2LMHeadModel.transformer", "GPT2LMHeadModel.transformer.h.*"),
+    # Sliding-window attention: DynamicSlidingWindowLayer and
+    # StaticSlidingWindowLayer caches (the window, 8, is shorter than the prompt).
+    "mistral": ("MistralForCausalLM.model", "MistralForCausalLM.model.layers.*"),
 }
 # The layers' children that cut the stack into segments.
 STAGES = {"gpt2": ("attn", "mlp")}
+# Families whose stages the advisor may also take as the whole layers (their
+# children's times are close on this CPU): either cut is a valid schedule.
+WHOLE_LAYERS_OK = {"mistral"}
 PATTERNS = ("forward", "decode_loop", "generate", "static_cache", "left_padding")
 # Stack calls of one run of every pattern: 1 forward + 4 loop steps + 3
 # generate steps x 3 patterns; each layer is called once per stack call.
@@ -91,15 +101,15 @@ class HfApplyTest(unittest.TestCase):
         r = run(BIN, "advise", db, "--plan", plan, "--force-strategy", "nanobatch_overlap",
                 "--splits", "2")
         self.assertEqual(r.returncode, 0, r.stderr)
-        import json
-
         with open(plan) as f:
             p = json.load(f)
         unit, layers = FAMILIES[family]
         stages = [f"{layers}.{c}" for c in STAGES.get(family, ("self_attn", "mlp"))]
         rules = {r["role"]: r["modules"] for r in p["partition_rules"]}
+        if family in WHOLE_LAYERS_OK and rules.get("stage") == [layers]:
+            stages = [layers]
         self.assertEqual(rules, {"split": [unit], "stage": stages})
-        self.assertEqual(p["buckets"][0]["segments"], 4)  # 2 layers x 2 stages
+        self.assertEqual(p["buckets"][0]["segments"], 2 * len(stages))  # 2 layers x stages
         self.assertRegex(p["model"]["module_fingerprint"], "^[0-9a-f]{16}$")
         return plan
 
@@ -119,7 +129,9 @@ class HfApplyTest(unittest.TestCase):
         self.assertIn(f"dynaflow apply: {STACK_CALLS} planned and 0 original calls of 1 modules",
                       r.stderr)
         # Every call ran the schedule the simulator predicts, in its order.
-        self.assertIn(f"dynaflow apply: {FAMILIES[family][0]} ran staggered (4 segments x 2 "
+        with open(plan) as f:
+            segments = json.load(f)["buckets"][0]["segments"]
+        self.assertIn(f"dynaflow apply: {FAMILIES[family][0]} ran staggered ({segments} segments x 2 "
                       f"micro-batches) in the predicted order in {STACK_CALLS} of "
                       f"{STACK_CALLS} calls", r.stderr)
         verify = re.search(r"^verify: max_abs_diff=(\S+) max_rel_diff=(\S+) \((\d+) calls\)$",
@@ -142,12 +154,33 @@ class HfApplyTest(unittest.TestCase):
     def test_gpt2(self):
         self.check_family("gpt2")
 
+    def test_mistral_sliding_window(self):
+        self.check_family("mistral")
+
+    def test_a_model_whose_own_cache_cannot_be_split_is_refused_before_it_runs(self):
+        # LFM2's short-convolution layers keep LinearAttentionLayer state in the
+        # DynamicCache it builds when a call passes none: no adapter merges it,
+        # so the stack is refused at attach (it once failed after running).
+        db, plan = self.path("lfm2.db"), self.path("lfm2.json")
+        r = run(BIN, "trace", "-o", db, "--", PY, MODELS, "--family", "lfm2", "--patterns",
+                "forward", *DEVICE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = run(BIN, "advise", db, "--plan", plan, "--force-strategy", "nanobatch_overlap",
+                "--splits", "2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = run(BIN, "apply", "--strict", plan, "--", PY, MODELS, "--family", "lfm2",
+                "--patterns", "forward", *DEVICE)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("dynaflow apply: plan refused: Lfm2ForCausalLM.model: the cache it builds "
+                      "when a call passes none, DynamicCache has a layer of type "
+                      "LinearAttentionLayer (layer 0)", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertNotIn("tokens", r.stdout)  # the program never ran a forward
+
     def test_llama_layers_as_units_without_stagger(self):
         # A plan whose units are the layers themselves and that has no stage
         # rule: each layer call splits and joins, its micro-batches side by
         # side (the layer's own DynamicCache slices merged back per call).
-        import json
-
         with open(self.plan_for("llama")) as f:
             p = json.load(f)
         p["partition_rules"] = [dict(p["partition_rules"][0],
@@ -169,8 +202,6 @@ class HfApplyTest(unittest.TestCase):
     def test_a_model_with_other_stage_modules_is_refused_before_it_runs(self):
         # The plan cuts the stack into 4 segments; a 3-layer model would run
         # 6: another schedule than the predicted one, refused at attach.
-        import json
-
         with open(self.plan_for("llama")) as f:
             p = json.load(f)
         p["buckets"][0]["segments"] = 6

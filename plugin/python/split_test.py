@@ -211,6 +211,69 @@ class CacheTest(unittest.TestCase):
         cache = self.check_same(lambda: StaticCache(config=config, max_cache_len=16))
         self.assertEqual(tuple(cache.layers[0].keys.shape), (4, self.HEADS, 16, self.DIM))
 
+    def sliding_config(self, window):
+        from transformers import MistralConfig
+
+        return MistralConfig(hidden_size=self.HEADS * self.DIM, num_attention_heads=self.HEADS,
+                             num_key_value_heads=self.HEADS, num_hidden_layers=1,
+                             head_dim=self.DIM, sliding_window=window)
+
+    def test_dynamic_sliding_window_cache(self):
+        # A window of 4 keeps the last 3 of the 7 positions; every position counts.
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicSlidingWindowLayer
+
+        cache = self.check_same(lambda: DynamicCache(config=self.sliding_config(4)))
+        self.assertIs(type(cache.layers[0]), DynamicSlidingWindowLayer)
+        self.assertEqual(tuple(cache.layers[0].keys.shape), (4, self.HEADS, 3, self.DIM))
+        self.assertEqual(cache.layers[0].cumulative_length, 7)
+
+    def test_static_sliding_window_cache(self):
+        from transformers import StaticCache
+        from transformers.cache_utils import StaticSlidingWindowLayer
+
+        cache = self.check_same(lambda: StaticCache(config=self.sliding_config(4),
+                                                    max_cache_len=16))
+        self.assertIs(type(cache.layers[0]), StaticSlidingWindowLayer)
+        self.assertEqual(tuple(cache.layers[0].keys.shape), (4, self.HEADS, 4, self.DIM))
+        self.assertEqual(cache.layers[0].cumulative_length_int, 7)
+
+    def test_a_static_layer_replaced_instead_of_written_in_place_fails_the_merge(self):
+        from transformers import LlamaConfig, StaticCache
+
+        config = LlamaConfig(hidden_size=self.HEADS * self.DIM, num_attention_heads=self.HEADS,
+                             num_key_value_heads=self.HEADS, num_hidden_layers=1,
+                             head_dim=self.DIM)
+        cache = StaticCache(config=config, max_cache_len=16)
+        self.offset = 0
+        self.update_whole(cache, 1, 5)
+        s = split((torch.randn(4, 1),), {"past_key_values": cache}, 4, 2)
+        for i in range(2):
+            view = s.kwargs[i]["past_key_values"]
+            view.layers[0].cumulative_length.add_(1)
+            if i == 1:  # writes a copy, so the cache would never see its rows
+                view.layers[0].keys = view.layers[0].keys.clone()
+        with self.assertRaisesRegex(_split.MergeError, "replaced its rows of a static cache"):
+            s.merge_state()
+
+    def test_a_model_whose_own_cache_has_no_adapter_is_refused_before_it_runs(self):
+        from transformers import LlamaConfig
+
+        class Stack(torch.nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.config = config
+
+            def forward(self, x, past_key_values=None):
+                return x
+
+        config = LlamaConfig(hidden_size=8, num_attention_heads=2, num_hidden_layers=2)
+        self.assertEqual(_split.default_state_refusal(Stack(config)), "")
+        config.layer_types = ["full_attention", "linear_attention"]
+        self.assertEqual(_split.default_state_refusal(Stack(config)),
+                         "DynamicCache has a layer of type LinearAttentionLayer (layer 1)")
+        self.assertEqual(_split.default_state_refusal(torch.nn.Linear(2, 2)), "")  # no cache
+
     def test_caches_made_inside_the_call_are_stacked_by_rows(self):
         from transformers import DynamicCache
 

@@ -36,6 +36,12 @@ def tiny_config(family):
     if family == "gpt2":
         return tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                              pad_token_id=0, eos_token_id=None, bos_token_id=1)
+    if family == "mistral":
+        return tf.MistralConfig(intermediate_size=128, num_key_value_heads=2, sliding_window=8,
+                                **common)
+    if family == "lfm2":  # short-convolution layers: state no adapter merges
+        return tf.Lfm2Config(intermediate_size=128, num_key_value_heads=2,
+                             layer_types=["conv", "full_attention"], **common)
     raise SystemExit(f"unknown family {family}")
 
 

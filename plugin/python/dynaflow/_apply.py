@@ -53,8 +53,8 @@ import os
 import sys
 import threading
 
-from ._split import (MergeError, Refusal, Unchanged, check_rows_independent, merge_outputs,
-                     split_call)
+from ._split import (MergeError, Refusal, Unchanged, check_rows_independent,
+                     default_state_refusal, merge_outputs, split_call)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -1161,6 +1161,10 @@ class Applier:
         # that make other collectives are reported off schedule.)
         stages = {}
         for path, module in units:
+            why = default_state_refusal(module)
+            if why:
+                raise PlanMismatch(f"{_cut(path)}: the cache it builds when a call passes none, "
+                                   f"{why}")
             for splits, (kind, patterns, segments) in regions.items():
                 if kind != STAGGERED:
                     stages[(path, splits)] = []

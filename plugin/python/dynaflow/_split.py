@@ -30,6 +30,7 @@ does a module that computes across rows (`check_rows_independent`).
 import copy
 import dataclasses
 import enum
+import inspect
 
 # Tensor arguments that are never per row, whatever their shape: positions in
 # the sequence shared by every row (Hugging Face's `cache_position`).
@@ -417,6 +418,38 @@ class _DynamicLayerAdapter:
         layer.is_initialized = True
 
 
+class _DynamicSlidingWindowLayerAdapter(_DynamicLayerAdapter):
+    """transformers.cache_utils.DynamicSlidingWindowLayer (Mistral, Gemma 2 and
+    3, ...): a DynamicLayer that keeps the last `sliding_window - 1` positions
+    and counts every position it saw in `cumulative_length`, a Python int
+    that each micro-batch's copy advances on its own; the micro-batches must
+    agree on it, and the merged layer takes it."""
+
+    KNOWN = _DynamicLayerAdapter.KNOWN | {"sliding_window", "cumulative_length",
+                                          "_sliding_window_tensor", "record_past"}
+
+    @staticmethod
+    def _length(layers, where):
+        lengths = {v.cumulative_length for v in layers}
+        if len(lengths) != 1:
+            raise MergeError(f"{where}micro-batches saw different lengths {sorted(lengths)} in a "
+                             f"sliding-window cache layer")
+        return lengths.pop()
+
+    def concat(self, layers, where):
+        length = self._length(layers, f"{where}: ")
+        out = super().concat(layers, where)
+        out.cumulative_length = length
+        out._sliding_window_tensor = layers[0]._sliding_window_tensor
+        return out
+
+    def merge(self, layer, views, bounds):
+        length = self._length(views, "")
+        super().merge(layer, views, bounds)
+        layer.cumulative_length = length
+        layer._sliding_window_tensor = views[0]._sliding_window_tensor
+
+
 class _StaticLayerAdapter:
     """transformers.cache_utils.StaticLayer: keys and values are preallocated
     to the full batch and written in place (index_copy_) at the positions
@@ -479,8 +512,45 @@ class _StaticLayerAdapter:
             for i, v in enumerate(views):
                 layer.keys.narrow(0, bounds[i], bounds[i + 1] - bounds[i]).copy_(v.keys)
                 layer.values.narrow(0, bounds[i], bounds[i + 1] - bounds[i]).copy_(v.values)
+        else:
+            # The layer is written in place through the rows' views; a view
+            # replaced by a new tensor would have written nothing back.
+            for i, v in enumerate(views):
+                rows = layer.keys.narrow(0, bounds[i], bounds[i + 1] - bounds[i])
+                if v.keys.data_ptr() != rows.data_ptr() or \
+                        v.values.data_ptr() != layer.values.narrow(0, bounds[i], rows.shape[0]).data_ptr():
+                    raise MergeError("a micro-batch replaced its rows of a static cache layer "
+                                     "instead of writing them in place")
         with torch.no_grad():
             layer.cumulative_length.copy_(views[0].cumulative_length)
+
+
+class _StaticSlidingWindowLayerAdapter(_StaticLayerAdapter):
+    """transformers.cache_utils.StaticSlidingWindowLayer: a StaticLayer of
+    `min(sliding_window, max_cache_len)` positions, rolled in place once full,
+    that also counts positions in a Python int (`cumulative_length_int`),
+    advanced by each micro-batch's copy; the micro-batches must agree on it."""
+
+    KNOWN = _StaticLayerAdapter.KNOWN | {"cumulative_length_int"}
+
+    @staticmethod
+    def _length(layers, where):
+        lengths = {v.cumulative_length_int for v in layers}
+        if len(lengths) != 1:
+            raise MergeError(f"{where}micro-batches saw different lengths {sorted(lengths)} in a "
+                             f"static sliding-window cache layer")
+        return lengths.pop()
+
+    def concat(self, layers, where):
+        length = self._length(layers, f"{where}: ")
+        out = super().concat(layers, where)
+        out.cumulative_length_int = length
+        return out
+
+    def merge(self, layer, views, bounds):
+        length = self._length(views, "")
+        super().merge(layer, views, bounds)
+        layer.cumulative_length_int = length
 
 
 def _state_adapters():
@@ -495,6 +565,10 @@ def _state_adapters():
         layers[cu.DynamicLayer] = _DynamicLayerAdapter()
     if hasattr(cu, "StaticLayer"):
         layers[cu.StaticLayer] = _StaticLayerAdapter()
+    if hasattr(cu, "DynamicSlidingWindowLayer"):
+        layers[cu.DynamicSlidingWindowLayer] = _DynamicSlidingWindowLayerAdapter()
+    if hasattr(cu, "StaticSlidingWindowLayer"):
+        layers[cu.StaticSlidingWindowLayer] = _StaticSlidingWindowLayerAdapter()
     cache = _CacheAdapter(layers)
     for name in ("DynamicCache", "StaticCache"):
         if hasattr(cu, name):
@@ -516,3 +590,28 @@ def state_adapter(value):
     if _ADAPTERS is None:
         _ADAPTERS = _state_adapters()
     return _ADAPTERS.get(type(value))
+
+
+def default_state_refusal(module):
+    """Why the cache a Hugging Face model builds for itself when a call passes
+    none (`DynamicCache(config=...)`, returned as `past_key_values`) could not
+    be merged after a split call, or "". Asked before anything runs, so that
+    such a model is refused instead of failing after its micro-batches ran."""
+    import sys
+
+    config = getattr(module, "config", None)
+    if "transformers" not in sys.modules or config is None:
+        return ""
+    try:
+        if "past_key_values" not in inspect.signature(module.forward).parameters:
+            return ""
+        from transformers import cache_utils as cu
+
+        cache = cu.DynamicCache(config=config)
+    except Exception:  # noqa: BLE001 - not a cache-building model this probe knows
+        return ""
+    adapter = state_adapter(cache)
+    if adapter is None:
+        return f"{type(cache).__qualname__} is not a state dynaflow can split"
+    why = adapter.refusal(cache, None)
+    return f"{type(cache).__qualname__} {why}" if why else ""
