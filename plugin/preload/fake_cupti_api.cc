@@ -70,6 +70,11 @@ bool FakeCuptiApi::timestamp_callback_registered() const {
   return clock_ != nullptr;
 }
 
+CUpti_TimestampCallbackFunc FakeCuptiApi::timestamp_callback() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return clock_;
+}
+
 int FakeCuptiApi::flush_count() const {
   std::lock_guard<std::mutex> lock(mu_);
   return flushes_;

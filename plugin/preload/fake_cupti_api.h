@@ -56,6 +56,8 @@ class FakeCuptiApi : public CuptiApi {
   void LackPerApiControl() { per_api_control_ = false; }
   bool callbacks_registered() const;
   bool timestamp_callback_registered() const;
+  // The clock registered last (nullptr: none), to tell whose it is.
+  CUpti_TimestampCallbackFunc timestamp_callback() const;
   int flush_count() const;
   int nvtx_initializations() const;
   // Every push (+id) and pop (-id) so far, in order.

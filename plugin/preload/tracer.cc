@@ -92,7 +92,10 @@ void Tracer::RecordModuleFingerprint(const std::string& root_class,
 
 void Tracer::PushOperator(uint64_t id) {
   CuptiSession* session = session_for_abi_.load();
-  const bool to_cupti = session != nullptr && session->enabled();
+  const bool enabled = session != nullptr && session->enabled();
+  const bool lent = lent_for_abi_.load(std::memory_order_relaxed);
+  if (enabled && lent) lent_operators_.fetch_add(1, std::memory_order_relaxed);
+  const bool to_cupti = enabled && !lent;
   t_pushed_to_cupti.push_back(to_cupti);
   if (to_cupti) session->PushExternalId(id);
 }
@@ -112,10 +115,86 @@ void Tracer::OnCudaInit() {
   (void)EnsureWriter();
   {
     std::lock_guard<std::mutex> lock(cupti_mu_);
-    StartCuptiLocked();
-    SyncCuptiLocked();
+    if (cupti_lent_) {
+      start_deferred_ = true;  // registering now would take torch.profiler's callbacks
+    } else {
+      StartCuptiLocked();
+      SyncCuptiLocked();
+    }
   }
   PublishCuptiStatus();
+}
+
+void Tracer::LendCupti() {
+  {
+    std::lock_guard<std::mutex> lock(cupti_mu_);
+    if (cupti_lent_ || shut_down_.load()) return;
+    cupti_lent_ = true;
+    lent_for_abi_.store(true);
+    ++profiler_windows_;
+    lent_enabled_ = cupti_started_ && session_->enabled();
+    lent_since_ns_ = RealtimeNs();
+    // While the callbacks are still ours: what CUPTI holds comes back here,
+    // not to the profiler, which would drop our buffers as unknown.
+    if (lent_enabled_) session_->Flush(/*forced=*/true);
+    windows_dirty_ = true;
+  }
+  PublishProfilerWindows();
+}
+
+void Tracer::ReclaimCupti() {
+  {
+    std::lock_guard<std::mutex> lock(cupti_mu_);
+    if (!cupti_lent_) return;
+    cupti_lent_ = false;
+    lent_for_abi_.store(false);
+    if (lent_enabled_) CloseLentWindowLocked();
+    if (cupti_started_ && !shut_down_.load()) {
+      const Status reclaimed = session_->Reclaim();
+      if (!reclaimed.ok()) {
+        SetCuptiUnavailableLocked("after torch.profiler: " + reclaimed.message());
+      }
+    }
+    if (start_deferred_) {
+      start_deferred_ = false;
+      StartCuptiLocked();
+    }
+    SyncCuptiLocked();
+    windows_dirty_ = true;
+  }
+  PublishCuptiStatus();
+  PublishProfilerWindows();
+}
+
+void Tracer::CloseLentWindowLocked() {
+  ++lent_windows_;
+  if (lent_windows_ > kMaxListedWindows) return;
+  if (!lent_window_times_.empty()) lent_window_times_ += ',';
+  lent_window_times_ += std::to_string(lent_since_ns_) + "-" + std::to_string(RealtimeNs());
+}
+
+void Tracer::PublishProfilerWindows() {
+  int windows;
+  int lost_windows;
+  std::string times;
+  {
+    std::lock_guard<std::mutex> lock(cupti_mu_);
+    if (!windows_dirty_ || profiler_windows_ == 0) return;
+    windows_dirty_ = false;
+    windows = profiler_windows_;
+    lost_windows = lent_windows_;
+    times = lent_window_times_;
+    if (cupti_lent_ && lent_enabled_ && ++lost_windows <= kMaxListedWindows) {
+      times += (times.empty() ? "" : ",") + std::to_string(lent_since_ns_) + "-";
+    }
+  }
+  WriterThread* writer = EnsureWriter();
+  if (writer == nullptr) return;
+  writer->SetMeta("torch_profiler_windows", std::to_string(windows));
+  if (lost_windows == 0) return;
+  writer->SetMeta("cupti_kineto_window_count", std::to_string(lost_windows));
+  writer->SetMeta("cupti_kineto_windows", std::move(times));
+  writer->SetMeta("cupti_kineto_operators", std::to_string(lent_operators_.load()));
 }
 
 int Tracer::OnNvtxInit(NvtxGetExportTable get_export_table) {
@@ -153,10 +232,13 @@ void Tracer::Shutdown() {
   if (shut_down_.load()) return;
   WriterThread* writer = EnsureWriter();
   {
-    // Disabling flushes CUPTI, whose buffers still reach the writer.
+    // Disabling flushes CUPTI, whose buffers still reach the writer; lent to
+    // torch.profiler, CUPTI is the profiler's to disable.
     std::lock_guard<std::mutex> lock(cupti_mu_);
-    if (session_ != nullptr) session_->Disable();
+    if (session_ != nullptr && !cupti_lent_) session_->Disable();
+    windows_dirty_ = true;  // the operators of a window still open
   }
+  PublishProfilerWindows();
   shut_down_.store(true);
   if (writer != nullptr) (void)writer->Stop();
 }
@@ -184,6 +266,12 @@ void Tracer::ChildAfterFork() {
   cupti_start_attempted_ = false;
   cupti_started_ = false;
   enable_attempted_ = false;
+  // The child's CUPTI is its own: the parent's profiler windows are not its.
+  cupti_lent_ = lent_enabled_ = start_deferred_ = windows_dirty_ = false;
+  profiler_windows_ = lent_windows_ = 0;
+  lent_window_times_.clear();
+  lent_for_abi_.store(false);
+  lent_operators_.store(0);
   if (session_ != nullptr) session_->ForgetAfterFork();
   if (cupti_ != nullptr) {  // loaded, so the child may start it again
     cupti_status_ = kCuptiNotStarted;
@@ -240,11 +328,17 @@ void Tracer::BeforeFlush(bool forced) {
   CuptiSession* session = nullptr;
   {
     std::lock_guard<std::mutex> lock(cupti_mu_);
-    if (cupti_start_ == CuptiStart::kAtWindowOpen && Active()) StartCuptiLocked();
-    SyncCuptiLocked();
-    if (cupti_started_) session = session_.get();
+    // Lent to torch.profiler, CUPTI's callbacks and kinds are left alone.
+    if (!cupti_lent_) {
+      if (cupti_start_ == CuptiStart::kAtWindowOpen && Active()) StartCuptiLocked();
+      SyncCuptiLocked();
+      if (cupti_started_) session = session_.get();
+    } else {
+      windows_dirty_ = true;  // the operator count of the open window
+    }
   }
   PublishCuptiStatus();
+  PublishProfilerWindows();
   if (session != nullptr) session->Flush(forced);
 }
 

@@ -11,7 +11,8 @@ It does three things and never stops the program (unless `dynaflow apply
    torch or the extension;
 3. right after torch is imported, installs the plan of `dynaflow apply` (env
    DYNAFLOW_PLAN, see dynaflow/_apply.py), and, when tracing, has the tracer
-   told the torch.distributed rank once the program initialises it and its
+   told the torch.distributed rank once the program initialises it, CUPTI
+   lent to torch.profiler for its windows and taken back after, and its
    trace finished at interpreter exit after a device synchronize, loads the
    dynaflow torch extension (env DYNAFLOW_TORCH_EXT) and installs the module
    path hooks on every nn.Module.
@@ -78,6 +79,12 @@ def _on_torch_imported():
         _module_paths.finish_trace_at_exit()
     except Exception as e:  # noqa: BLE001 - the program must run on
         _warn(f"{e!r}; ranks come from the environment only")
+    try:
+        from dynaflow import _torch_profiler
+
+        _torch_profiler.watch_torch_profiler()
+    except Exception as e:  # noqa: BLE001 - the program must run on
+        _warn(f"{e!r}; GPU activity after a torch.profiler window is not recorded")
     try:
         lib = _module_paths.load_extension()
         if _module_paths.install_recorder(lib) == _module_paths.RECORDING:
