@@ -39,9 +39,14 @@ std::string ProcessName() {
   return comm;
 }
 
-// Which of this thread's open pushes reached CUPTI: CUPTI may be enabled (or
-// disabled) between a push and its pop, and a pop must match a push.
-thread_local std::vector<bool> t_pushed_to_cupti;
+// This thread's open operators and which of their pushes reached CUPTI:
+// CUPTI may be enabled (or disabled) between a push and its pop, and a pop
+// must match a push.
+struct OpenOperator {
+  uint64_t id;
+  bool to_cupti;
+};
+thread_local std::vector<OpenOperator> t_open_operators;
 
 }  // namespace
 
@@ -96,16 +101,20 @@ void Tracer::PushOperator(uint64_t id) {
   const bool lent = lent_for_abi_.load(std::memory_order_relaxed);
   if (enabled && lent) lent_operators_.fetch_add(1, std::memory_order_relaxed);
   const bool to_cupti = enabled && !lent;
-  t_pushed_to_cupti.push_back(to_cupti);
+  t_open_operators.push_back({id, to_cupti});
   if (to_cupti) session->PushExternalId(id);
 }
 
 void Tracer::PopOperator() {
-  if (t_pushed_to_cupti.empty()) return;  // unbalanced pop: nothing to undo
-  const bool to_cupti = t_pushed_to_cupti.back();
-  t_pushed_to_cupti.pop_back();
+  if (t_open_operators.empty()) return;  // unbalanced pop: nothing to undo
+  const bool to_cupti = t_open_operators.back().to_cupti;
+  t_open_operators.pop_back();
   CuptiSession* session = session_for_abi_.load();
   if (to_cupti && session != nullptr) session->PopExternalId();
+}
+
+uint64_t Tracer::CurrentOperator() {
+  return t_open_operators.empty() ? 0 : t_open_operators.back().id;
 }
 
 void Tracer::OnCudaInit() {
@@ -137,6 +146,9 @@ void Tracer::LendCupti() {
     // While the callbacks are still ours: what CUPTI holds comes back here,
     // not to the profiler, which would drop our buffers as unknown.
     if (lent_enabled_) session_->Flush(/*forced=*/true);
+    // Kineto subscribes once, when it first prepares a trace: torch.profiler
+    // gets CUPTI's one subscription (graph_attribution.h).
+    if (graph_ != nullptr) graph_->Unsubscribe();
     windows_dirty_ = true;
   }
   PublishProfilerWindows();
@@ -153,6 +165,9 @@ void Tracer::ReclaimCupti() {
       const Status reclaimed = session_->Reclaim();
       if (!reclaimed.ok()) {
         SetCuptiUnavailableLocked("after torch.profiler: " + reclaimed.message());
+      }
+      if (graph_ != nullptr && !graph_->subscribed()) {
+        StartGraphAttributionLocked("after torch.profiler: ");
       }
     }
     if (start_deferred_) {
@@ -185,7 +200,9 @@ void Tracer::PublishProfilerWindows() {
     lost_windows = lent_windows_;
     times = lent_window_times_;
     if (cupti_lent_ && lent_enabled_ && ++lost_windows <= kMaxListedWindows) {
-      times += (times.empty() ? "" : ",") + std::to_string(lent_since_ns_) + "-";
+      if (!times.empty()) times += ',';
+      times += std::to_string(lent_since_ns_);
+      times += '-';  // still open
     }
   }
   WriterThread* writer = EnsureWriter();
@@ -266,6 +283,10 @@ void Tracer::ChildAfterFork() {
   cupti_start_attempted_ = false;
   cupti_started_ = false;
   enable_attempted_ = false;
+  if (graph_ != nullptr) {  // its lock may be held: never touched again
+    graph_for_writer_.store(nullptr);
+    (void)graph_.release();
+  }
   // The child's CUPTI is its own: the parent's profiler windows are not its.
   cupti_lent_ = lent_enabled_ = start_deferred_ = windows_dirty_ = false;
   profiler_windows_ = lent_windows_ = 0;
@@ -296,6 +317,10 @@ WriterThread* Tracer::EnsureWriter() {
   options.meta = ProcessMeta(pid);
   options.flush_interval = config_.flush_interval;
   options.before_flush = [this](bool forced) { BeforeFlush(forced); };
+  options.graph_node_operator = [this](uint64_t node) -> int64_t {
+    GraphAttribution* graph = graph_for_writer_.load();
+    return graph != nullptr ? graph->OperatorOf(node) : -1;
+  };
   own_writer_ = std::make_unique<WriterThread>(std::move(options));
   writer = own_writer_.get();
   writer_.store(writer);
@@ -377,6 +402,11 @@ void Tracer::StartCuptiLocked() {
   }
   cupti_started_ = true;
   session_for_abi_.store(session_.get());
+  if (graph_ == nullptr) {
+    graph_ = std::make_unique<GraphAttribution>(*cupti_, &Tracer::CurrentOperator);
+    graph_for_writer_.store(graph_.get());
+  }
+  StartGraphAttributionLocked("");
   uint32_t version = 0;
   if (cupti_->GetVersion(&version) == CUPTI_SUCCESS) {
     cupti_version_ = std::to_string(version);
@@ -408,6 +438,13 @@ void Tracer::SyncCuptiLocked() {
   }
 }
 
+void Tracer::StartGraphAttributionLocked(const char* when) {
+  const Status subscribed = graph_->Subscribe();
+  graph_status_ = subscribed.ok() ? "enabled" : "unavailable: " + std::string(when) +
+                                                    subscribed.message();
+  cupti_status_dirty_ = true;
+}
+
 void Tracer::SetCuptiUnavailableLocked(const std::string& reason) {
   cupti_status_ = "unavailable: " + reason;
   cupti_status_dirty_ = true;
@@ -420,9 +457,11 @@ void Tracer::PublishCuptiStatus() {
   std::string version;
   std::string driver;
   std::string skipped;
+  std::string graph;
   {
     std::lock_guard<std::mutex> lock(cupti_mu_);
     if (!cupti_status_dirty_) return;
+    graph = graph_status_;
     cupti_status_dirty_ = false;
     status = cupti_status_;
     version = cupti_version_;
@@ -441,6 +480,8 @@ void Tracer::PublishCuptiStatus() {
   if (!driver.empty()) writer->SetMeta("cuda_driver_version", std::move(driver));
   // Driver and runtime APIs whose records are switched off (cupti_session.cc).
   if (!skipped.empty()) writer->SetMeta("cupti_skipped_apis", std::move(skipped));
+  // Whether replayed CUDA graph kernels link to their capturing operators.
+  if (!graph.empty()) writer->SetMeta("cupti_graph_attribution", std::move(graph));
 }
 
 }  // namespace dynaflow

@@ -18,6 +18,7 @@
 #include "plugin/preload/cupti_api.h"
 #include "plugin/preload/cupti_session.h"
 #include "plugin/preload/dynaflow_tracer.h"
+#include "plugin/preload/graph_attribution.h"
 #include "plugin/preload/realtime_clock.h"
 #include "plugin/preload/tracer_config.h"
 #include "plugin/preload/writer_thread.h"
@@ -65,6 +66,9 @@ class Tracer {
   void RecordOperator(const DynaflowOperatorRecord& record);
   void PushOperator(uint64_t id);
   void PopOperator();
+  // The innermost operator pushed and not popped on the calling thread; 0
+  // when none. What CUDA graph nodes created now are attributed to.
+  static uint64_t CurrentOperator();
   // Metadata "rank": the torch.distributed rank, which replaces the
   // environment's (TracerConfig::rank) for the whole process at the merge.
   void RecordProcessGroupRank(int32_t rank);
@@ -141,6 +145,9 @@ class Tracer {
   void PublishProfilerWindows();
   // Ends the lent window that began at lent_since_ns_. Caller holds cupti_mu_.
   void CloseLentWindowLocked();
+  // Subscribes to CUDA graph node callbacks (graph_attribution.h) and says
+  // the outcome in "cupti_graph_attribution". Caller holds cupti_mu_.
+  void StartGraphAttributionLocked(const char* when);
 
   const TracerConfig config_;
   const CuptiLoader load_cupti_;
@@ -187,6 +194,12 @@ class Tracer {
   bool windows_dirty_ = false;
   std::atomic<bool> lent_for_abi_{false};
   std::atomic<uint64_t> lent_operators_{0};  // pushed while lent with CUPTI enabled
+
+  // Replayed CUDA graph nodes' operators, once CUPTI is started. A forked
+  // child abandons its parent's (its lock may be held) and makes its own.
+  std::unique_ptr<GraphAttribution> graph_;
+  std::atomic<GraphAttribution*> graph_for_writer_{nullptr};
+  std::string graph_status_;  // "cupti_graph_attribution"
 };
 
 }  // namespace dynaflow

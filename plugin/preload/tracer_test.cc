@@ -94,6 +94,8 @@ class TracerTest : public ::testing::Test {
     config_.flush_interval = milliseconds(20);
   }
   ~TracerTest() override { std::filesystem::remove_all(dir_); }
+  // Open operators are per thread, and every test runs on the same one.
+  void TearDown() override { EXPECT_EQ(Tracer::CurrentOperator(), 0u); }
 
   // A loader that hands out a FakeCuptiApi and keeps a pointer to it.
   CuptiLoader FakeLoader() {
@@ -407,6 +409,8 @@ TEST_F(TracerTest, ExitWhileTorchProfilerHoldsCuptiLeavesItToTheProfiler) {
   FakeKineto::Start(*fake());
   tracer.PushOperator(1);
   tracer.PushOperator(2);
+  tracer.PopOperator();
+  tracer.PopOperator();
   tracer.Shutdown();
   EXPECT_TRUE(fake()->enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
   FakeActivityBuffer records;
@@ -432,11 +436,131 @@ TEST_F(TracerTest, CuptiRefusingTheReclaimIsUnavailableFromThenOn) {
   fake()->FailEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ERROR_NOT_INITIALIZED);
   tracer.ReclaimCupti();
   tracer.PushOperator(5);  // the session is disabled: nothing pushed
+  tracer.PopOperator();
   tracer.Shutdown();
   EXPECT_TRUE(fake()->external_id_log().empty());
   EXPECT_EQ(ReadStore().metadata["cupti"],
             "unavailable: after torch.profiler: cuptiActivityEnable(CONCURRENT_KERNEL): "
             "CUPTI_ERROR_FAKE");
+}
+
+// A kernel of a CUDA graph replay: the cudaGraphLaunch's correlation, the
+// node of the executable graph that launched it.
+CUpti_ActivityKernel10 ReplayedKernel(uint32_t launch_correlation, uint64_t node) {
+  CUpti_ActivityKernel10 k = Kernel(launch_correlation);
+  k.graphId = 3;
+  k.graphNodeId = node;
+  return k;
+}
+
+CUpti_GraphData NodeCreated(uint64_t node) {
+  CUpti_GraphData g = {};
+  g.node = FakeCuptiApi::Node(node);
+  return g;
+}
+
+CUpti_GraphData NodeCloned(uint64_t original, uint64_t clone) {
+  CUpti_GraphData g = {};
+  g.originalNode = FakeCuptiApi::Node(original);
+  g.node = FakeCuptiApi::Node(clone);
+  return g;
+}
+
+TEST_F(TracerTest, ReplayedGraphKernelsLinkToTheOperatorsThatCapturedThem) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  ASSERT_TRUE(fake()->subscribed());
+  EXPECT_TRUE(fake()->callback_enabled(CUPTI_CB_DOMAIN_RESOURCE,
+                                       CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED));
+  EXPECT_TRUE(fake()->callback_enabled(CUPTI_CB_DOMAIN_RESOURCE,
+                                       CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED));
+  // Capture: operator 11 (nested in 10) launches node 101, operator 12 node
+  // 102; node 103 is created outside any operator.
+  tracer.PushOperator(10);
+  tracer.PushOperator(11);
+  ASSERT_TRUE(fake()->EmitGraphCallback(CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, NodeCreated(101)));
+  tracer.PopOperator();
+  tracer.PushOperator(12);
+  ASSERT_TRUE(fake()->EmitGraphCallback(CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, NodeCreated(102)));
+  tracer.PopOperator();
+  tracer.PopOperator();
+  ASSERT_TRUE(fake()->EmitGraphCallback(CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, NodeCreated(103)));
+  // Instantiation clones every node into the executable graph (201, 202, 203).
+  for (uint64_t node : {101, 102, 103}) {
+    ASSERT_TRUE(fake()->EmitGraphCallback(CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED,
+                                          NodeCloned(node, node + 100)));
+  }
+  // Two replays launched by operator 50: every kernel has its launch's correlation.
+  tracer.PushOperator(50);
+  FakeActivityBuffer replays;
+  replays.Add(External(7, 50)).Add(ReplayedKernel(7, 201)).Add(ReplayedKernel(7, 202));
+  replays.Add(ReplayedKernel(7, 203));
+  replays.Add(External(8, 50)).Add(ReplayedKernel(8, 201)).Add(ReplayedKernel(8, 202));
+  ASSERT_TRUE(fake()->CompleteBuffer(replays));
+  tracer.PopOperator();
+  tracer.Shutdown();
+
+  Trace t = ReadStore();
+  ASSERT_EQ(t.gpu.size(), 5u);
+  std::vector<int64_t> linked;
+  for (const GpuActivity& g : t.gpu) linked.push_back(g.external_id);
+  // The captured operators; node 103 had none and keeps its launch's.
+  EXPECT_EQ(linked, (std::vector<int64_t>{11, 12, 50, 11, 12}));
+  EXPECT_EQ(t.metadata["cupti_graph_attribution"], "enabled");
+}
+
+TEST_F(TracerTest, AnotherCuptiSubscriberLeavesGraphKernelsToTheirLaunch) {
+  CuptiLoader held = [this](std::string*) {
+    auto fake = std::make_unique<FakeCuptiApi>();
+    fake->HoldSubscriptionElsewhere(true);
+    fake_ = fake.get();
+    return std::unique_ptr<CuptiApi>(std::move(fake));
+  };
+  Tracer tracer(config_, held, CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  EXPECT_FALSE(fake()->subscribed());
+  tracer.PushOperator(11);
+  EXPECT_FALSE(fake()->EmitGraphCallback(CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, NodeCreated(101)));
+  tracer.PopOperator();
+  FakeActivityBuffer replay;
+  replay.Add(External(7, 50)).Add(ReplayedKernel(7, 101));
+  ASSERT_TRUE(fake()->CompleteBuffer(replay));
+  tracer.Shutdown();
+  Trace t = ReadStore();
+  ASSERT_EQ(t.gpu.size(), 1u);
+  EXPECT_EQ(t.gpu[0].external_id, 50);
+  EXPECT_EQ(t.metadata["cupti"], "enabled");  // the tracer goes on
+  EXPECT_EQ(t.metadata["cupti_graph_attribution"], "unavailable: another CUPTI subscriber");
+}
+
+TEST_F(TracerTest, TorchProfilerGetsTheSubscriptionDuringItsWindow) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  ASSERT_TRUE(fake()->subscribed());
+  tracer.LendCupti();
+  EXPECT_FALSE(fake()->subscribed());  // free for Kineto
+  fake()->HoldSubscriptionElsewhere(true);  // Kineto subscribed, for good
+  tracer.ReclaimCupti();
+  EXPECT_FALSE(fake()->subscribed());
+  tracer.Shutdown();
+  EXPECT_EQ(ReadStore().metadata["cupti_graph_attribution"],
+            "unavailable: after torch.profiler: another CUPTI subscriber");
+}
+
+TEST_F(TracerTest, TheSubscriptionComesBackAfterAWindowWhereNobodyTookIt) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  tracer.LendCupti();
+  tracer.ReclaimCupti();
+  EXPECT_TRUE(fake()->subscribed());
+  EXPECT_TRUE(fake()->callback_enabled(CUPTI_CB_DOMAIN_RESOURCE,
+                                       CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED));
+  tracer.Shutdown();
+  EXPECT_EQ(ReadStore().metadata["cupti_graph_attribution"], "enabled");
 }
 
 }  // namespace
