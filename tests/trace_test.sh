@@ -315,6 +315,11 @@ PY
     test -z "$(meta "$work/profiled.db" cupti_kineto_window_count)"
   check "without torch.profiler: no window" \
     test -z "$(meta "$work/unprofiled.db" torch_profiler_windows)"
+  # With --ops off the tracer still records GPU activity: the watch stays.
+  expect_code "trace --ops off beside torch.profiler" 0 "$bin" trace --ops off \
+    -o "$work/profiled_off.db" -- "$py" "$work/profiled.py" on
+  check "ops off beside torch.profiler: two windows" \
+    test "$(meta "$work/profiled_off.db" torch_profiler_windows)" = 2
 
   # Operator ids unique across processes: DataLoader workers forked from the
   # main process once shared its ids (they continued its counter).
