@@ -14,8 +14,9 @@ constexpr std::array<CUpti_CallbackIdResource, 2> kGraphCallbacks = {
 
 }  // namespace
 
-GraphAttribution::GraphAttribution(CuptiApi& cupti, std::function<uint64_t()> current_operator)
-    : cupti_(cupti), current_operator_(std::move(current_operator)) {}
+GraphAttribution::GraphAttribution(CuptiApi& cupti, std::function<uint64_t()> current_operator,
+                                   size_t max_nodes)
+    : cupti_(cupti), current_operator_(std::move(current_operator)), max_nodes_(max_nodes) {}
 
 GraphAttribution::~GraphAttribution() { Unsubscribe(); }
 
@@ -67,7 +68,7 @@ size_t GraphAttribution::forgotten_nodes() const {
 
 void GraphAttribution::Remember(uint64_t node, uint64_t op) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (operators_.size() >= kMaxNodes && !operators_.count(node)) {
+  if (operators_.size() >= max_nodes_ && !operators_.count(node)) {
     ++forgotten_;
     return;
   }

@@ -31,12 +31,14 @@ namespace dynaflow {
 
 class GraphAttribution {
  public:
-  // Nodes remembered at most; later nodes are counted in forgotten_nodes().
+  // Nodes remembered at most (16 bytes each, plus the map's own); later
+  // nodes are counted in forgotten_nodes() and stay unattributed.
   static constexpr size_t kMaxNodes = size_t{1} << 20;
 
   // `current_operator` is the innermost operator open on the calling thread
   // (0: none); it is called from CUDA's resource callbacks.
-  GraphAttribution(CuptiApi& cupti, std::function<uint64_t()> current_operator);
+  GraphAttribution(CuptiApi& cupti, std::function<uint64_t()> current_operator,
+                   size_t max_nodes = kMaxNodes);
   GraphAttribution(const GraphAttribution&) = delete;
   GraphAttribution& operator=(const GraphAttribution&) = delete;
   ~GraphAttribution();
@@ -65,6 +67,7 @@ class GraphAttribution {
 
   CuptiApi& cupti_;
   const std::function<uint64_t()> current_operator_;
+  const size_t max_nodes_;
   mutable std::mutex mu_;
   CUpti_SubscriberHandle subscriber_ = nullptr;
   std::unordered_map<uint64_t, uint64_t> operators_;  // graph node id -> operator id

@@ -188,6 +188,16 @@ void Tracer::CloseLentWindowLocked() {
   lent_window_times_ += std::to_string(lent_since_ns_) + "-" + std::to_string(RealtimeNs());
 }
 
+void Tracer::PublishForgottenGraphNodes() {
+  GraphAttribution* graph = graph_for_writer_.load();
+  const size_t forgotten = graph != nullptr ? graph->forgotten_nodes() : 0;
+  if (forgotten == 0 || forgotten == graph_nodes_forgotten_) return;
+  graph_nodes_forgotten_ = forgotten;
+  if (WriterThread* writer = writer_.load()) {
+    writer->SetMeta("cupti_graph_nodes_forgotten", std::to_string(forgotten));
+  }
+}
+
 void Tracer::PublishProfilerWindows() {
   int windows;
   int lost_windows;
@@ -287,6 +297,7 @@ void Tracer::ChildAfterFork() {
     graph_for_writer_.store(nullptr);
     (void)graph_.release();
   }
+  graph_nodes_forgotten_ = 0;
   // The child's CUPTI is its own: the parent's profiler windows are not its.
   cupti_lent_ = lent_enabled_ = start_deferred_ = windows_dirty_ = false;
   profiler_windows_ = lent_windows_ = 0;
@@ -364,6 +375,7 @@ void Tracer::BeforeFlush(bool forced) {
   }
   PublishCuptiStatus();
   PublishProfilerWindows();
+  PublishForgottenGraphNodes();
   if (session != nullptr) session->Flush(forced);
 }
 

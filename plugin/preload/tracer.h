@@ -143,6 +143,9 @@ class Tracer {
   void PublishCuptiStatus();
   // Hands the torch.profiler windows (LendCupti) to the writer as metadata.
   void PublishProfilerWindows();
+  // "cupti_graph_nodes_forgotten": graph nodes beyond GraphAttribution's
+  // bound, whose replayed kernels link to their launch. Writer thread only.
+  void PublishForgottenGraphNodes();
   // Ends the lent window that began at lent_since_ns_. Caller holds cupti_mu_.
   void CloseLentWindowLocked();
   // Subscribes to CUDA graph node callbacks (graph_attribution.h) and says
@@ -200,6 +203,7 @@ class Tracer {
   std::unique_ptr<GraphAttribution> graph_;
   std::atomic<GraphAttribution*> graph_for_writer_{nullptr};
   std::string graph_status_;  // "cupti_graph_attribution"
+  size_t graph_nodes_forgotten_ = 0;  // last published; writer thread only
 };
 
 }  // namespace dynaflow
