@@ -7,10 +7,15 @@
 #                   never opens (the recording callback switched off);
 #   ops off         dynaflow trace --ops off: GPU activity only, no operators;
 #   traced          dynaflow trace: every operator recorded, shapes and all;
+#   sampled         dynaflow trace with DYNAFLOW_OPS_SAMPLE=$SAMPLE: one
+#                   top-level operator in SAMPLE recorded;
+#   sampled_base    as sampled, with the torch extension BASE_EXT (another
+#                   build's _dynaflow_torch.so, for an A/B in one run; only
+#                   when BASE_EXT is set);
 # alternating, RUNS times each; prints each variant's median microseconds per
 # operator and its excess over untraced.
 #
-#   bench/tracer_op_overhead.sh [DYNAFLOW_BIN] [PYTHON]
+#   [BASE_EXT=other/_dynaflow_torch.so] bench/tracer_op_overhead.sh [DYNAFLOW_BIN] [PYTHON]
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,6 +23,8 @@ BIN="${1:-$ROOT/build/cli/dynaflow}"
 PY="${2:-$ROOT/.venv/bin/python}"
 RUNS="${RUNS:-5}"
 OPS="${OPS:-100000}"
+SAMPLE="${SAMPLE:-10}"
+BASE_EXT="${BASE_EXT:-}"
 # One core for every run, where taskset exists: fewer migrations, less noise.
 PIN=()
 command -v taskset >/dev/null && PIN=(taskset -c "$(($(nproc) - 1))")
@@ -49,14 +56,22 @@ for _ in $(seq "$RUNS"); do
   run inactive "$BIN" trace -o "$TMP/i.db" --delay 3600 -- "$PY" "$TMP/loop.py"
   run ops_off "$BIN" trace -o "$TMP/o.db" --ops off -- "$PY" "$TMP/loop.py"
   run traced "$BIN" trace -o "$TMP/t.db" -- "$PY" "$TMP/loop.py"
+  run sampled env DYNAFLOW_OPS_SAMPLE="$SAMPLE" "$BIN" trace -o "$TMP/s.db" -- "$PY" "$TMP/loop.py"
+  if [ -n "$BASE_EXT" ]; then
+    run sampled_base env DYNAFLOW_OPS_SAMPLE="$SAMPLE" DYNAFLOW_TORCH_EXT="$BASE_EXT" \
+      "$BIN" trace -o "$TMP/b.db" -- "$PY" "$TMP/loop.py"
+  fi
 done
 "$PY" - "$TMP" <<'PY'
 import statistics, sys
 d = sys.argv[1]
 med = {}
-for name in ("untraced", "inactive", "ops_off", "traced"):
-    vals = [float(v) for v in open(f"{d}/{name}.txt").read().split()]
+for name in ("untraced", "inactive", "ops_off", "traced", "sampled", "sampled_base"):
+    try:
+        vals = [float(v) for v in open(f"{d}/{name}.txt").read().split()]
+    except FileNotFoundError:  # sampled_base without BASE_EXT
+        continue
     med[name] = statistics.median(vals)
     runs = ", ".join(f"{v:.3f}" for v in vals)
-    print(f"{name:9s} median {med[name]:.3f} us/op  (+{med[name] - med['untraced']:.3f})  runs: {runs}")
+    print(f"{name:12s} median {med[name]:.3f} us/op  (+{med[name] - med['untraced']:.3f})  runs: {runs}")
 PY

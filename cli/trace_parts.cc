@@ -54,6 +54,21 @@ void SharedMetadata(Trace* merged) {
   for (auto& [key, value] : shared) merged->metadata[key] = std::move(value);
 }
 
+// The GPU records of the windows in which torch.profiler held CUPTI went to
+// torch.profiler's trace (Tracer::LendCupti): data lost to this one.
+void CountTorchProfilerWindows(const Trace& part, ImportStats* stats) {
+  const int64_t windows = MetaInt(part, "cupti_kineto_window_count");
+  if (windows == 0) return;
+  stats->Add("cupti_lent_to_torch_profiler", "data_loss",
+             "windows in which torch.profiler held CUPTI: the GPU records between their start "
+             "and end (meta cupti_kineto_windows, ns) are in torch.profiler's trace, not here",
+             windows);
+  stats->Add("operators_in_torch_profiler_windows", "data_loss",
+             "operators launched while torch.profiler held CUPTI: their GPU work is not linked "
+             "here",
+             MetaInt(part, "cupti_kineto_operators"));
+}
+
 }  // namespace
 
 bool IsPart(const fs::path& p) {
@@ -84,6 +99,7 @@ PartsSummary MergeParts(const std::string& parts_dir, Trace* merged) {
     if (auto signal = part.metadata.find("exit_signal"); signal != part.metadata.end()) {
       summary.crashes.push_back(path.stem().string() + " died of " + signal->second);
     }
+    CountTorchProfilerWindows(part, &merged->stats);
     const auto rank = static_cast<int32_t>(MetaInt(part, "rank"));
     if (!part.gpu.empty()) ++gpu_processes[rank];
     KeepAsProcessMetadata(&part);

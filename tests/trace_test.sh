@@ -307,6 +307,20 @@ PY
   check "beside torch.profiler: every step's operators" test \
     "$(q "$work/profiled.db" "$relu_count")" = "$(q "$work/unprofiled.db" "$relu_count")"
   check "beside torch.profiler: ten steps" test "$(q "$work/profiled.db" "$relu_count")" = 10
+  # The bootstrap lent CUPTI to each of the schedule's two windows (steps 2-5,
+  # 8-9) and took it back; without CUDA no GPU record was lost to it.
+  meta() { q "$1" "SELECT value FROM meta WHERE key = '$2'"; }
+  check "beside torch.profiler: two windows" \
+    test "$(meta "$work/profiled.db" torch_profiler_windows)" = 2
+  check "beside torch.profiler: nothing lent without CUPTI" \
+    test -z "$(meta "$work/profiled.db" cupti_kineto_window_count)"
+  check "without torch.profiler: no window" \
+    test -z "$(meta "$work/unprofiled.db" torch_profiler_windows)"
+  # With --ops off the tracer still records GPU activity: the watch stays.
+  expect_code "trace --ops off beside torch.profiler" 0 "$bin" trace --ops off \
+    -o "$work/profiled_off.db" -- "$py" "$work/profiled.py" on
+  check "ops off beside torch.profiler: two windows" \
+    test "$(meta "$work/profiled_off.db" torch_profiler_windows)" = 2
 
   # Operator ids unique across processes: DataLoader workers forked from the
   # main process once shared its ids (they continued its counter).

@@ -387,6 +387,9 @@ void ActivityConverter::AddGpu(GpuActivity g, uint32_t correlation) {
   }
   g.correlation = OptionalId(correlation);
   g.pid = options_.pid;
+  if (g.graph_node >= 0 && options_.graph_node_operator) {
+    g.external_id = options_.graph_node_operator(static_cast<uint64_t>(g.graph_node));
+  }
   const CorrelationTable::Link* link = links_.Find(correlation);
   const bool linked = link != nullptr && ApplyLink(*link, &g);
   batch_.gpu.push_back(g);

@@ -30,6 +30,10 @@ struct ConverterOptions {
   // (rounded up to a power of two): a program that creates events as it runs
   // gets new event ids, so the table keeps the most recent ones only.
   size_t event_slots = size_t{1} << 16;
+  // The operator that captured CUDA graph node `id`, -1 when unknown
+  // (GraphAttribution::OperatorOf): a replayed kernel, memcpy or memset links
+  // to it instead of the operator of its cudaGraphLaunch. Unset: none.
+  std::function<int64_t(uint64_t id)> graph_node_operator;
 };
 
 // What other records tell about one CUDA correlation id. CUDA hands out

@@ -53,6 +53,19 @@ class CuptiApi {
   virtual CUptiResult GetResultString(CUptiResult result, const char** text) = 0;
   // CUPTI's API version (CUPTI_API_VERSION of the loaded library).
   virtual CUptiResult GetVersion(uint32_t* version) = 0;
+  // The callback API, for the resource callbacks of CUDA graph nodes. CUPTI
+  // allows one subscriber per process: Subscribe returns
+  // CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED while another tool
+  // (torch.profiler's Kineto) holds it. CUPTI_ERROR_NOT_SUPPORTED when this
+  // CUPTI lacks a call.
+  virtual CUptiResult Subscribe(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc callback,
+                                void* userdata) = 0;
+  virtual CUptiResult Unsubscribe(CUpti_SubscriberHandle subscriber) = 0;
+  virtual CUptiResult EnableCallback(uint32_t enable, CUpti_SubscriberHandle subscriber,
+                                     CUpti_CallbackDomain domain, CUpti_CallbackId cbid) = 0;
+  // The id CUPTI gives a graph node: CUpti_ActivityKernel10::graphNodeId of
+  // the kernels it launches.
+  virtual CUptiResult GetGraphNodeId(CUgraphNode node, uint64_t* id) = 0;
   // The one CUDA driver call, which CUPTI has no equivalent of:
   // cuDriverGetVersion of the libcuda already loaded in the process (the
   // tracer starts CUPTI once CUDA initialises; it never loads a driver

@@ -48,6 +48,10 @@ class DlCuptiApi final : public CuptiApi {
     Resolve(result_string_);
     Resolve(version_);
     Resolve(nvtx_init_);
+    Resolve(subscribe_);
+    Resolve(unsubscribe_);
+    Resolve(enable_callback_);
+    Resolve(graph_node_id_);
   }
 
   // The first required entry point the library lacks, or nullptr. The
@@ -122,6 +126,26 @@ class DlCuptiApi final : public CuptiApi {
     dlclose(cuda);  // drops only the reference NOLOAD took
     return result;
   }
+  CUptiResult Subscribe(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc callback,
+                        void* userdata) override {
+    if (subscribe_.fn == nullptr) return CUPTI_ERROR_NOT_SUPPORTED;
+    // Another tool's subscription is expected, and said in the metadata.
+    return DF_CUPTI_CALL_EXPECTING(CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, subscribe_,
+                                   subscriber, callback, userdata);
+  }
+  CUptiResult Unsubscribe(CUpti_SubscriberHandle subscriber) override {
+    if (unsubscribe_.fn == nullptr) return CUPTI_ERROR_NOT_SUPPORTED;
+    return DF_CUPTI_CALL(unsubscribe_, subscriber);
+  }
+  CUptiResult EnableCallback(uint32_t enable, CUpti_SubscriberHandle subscriber,
+                             CUpti_CallbackDomain domain, CUpti_CallbackId cbid) override {
+    if (enable_callback_.fn == nullptr) return CUPTI_ERROR_NOT_SUPPORTED;
+    return DF_CUPTI_CALL(enable_callback_, enable, subscriber, domain, cbid);
+  }
+  CUptiResult GetGraphNodeId(CUgraphNode node, uint64_t* id) override {
+    if (graph_node_id_.fn == nullptr) return CUPTI_ERROR_NOT_SUPPORTED;
+    return DF_CUPTI_CALL(graph_node_id_, node, id);
+  }
   int InitializeInjectionNvtx2(NvtxGetExportTable get_export_table) override {
     return nvtx_init_.fn == nullptr ? 0 : nvtx_init_.fn(get_export_table);
   }
@@ -178,6 +202,11 @@ class DlCuptiApi final : public CuptiApi {
   Entry<decltype(&cuptiGetResultString)> result_string_{"cuptiGetResultString"};
   Entry<decltype(&cuptiGetVersion)> version_{"cuptiGetVersion"};
   Entry<int (*)(NvtxGetExportTable)> nvtx_init_{"InitializeInjectionNvtx2"};
+  // Optional: without them CUDA graph nodes are not attributed.
+  Entry<decltype(&cuptiSubscribe)> subscribe_{"cuptiSubscribe"};
+  Entry<decltype(&cuptiUnsubscribe)> unsubscribe_{"cuptiUnsubscribe"};
+  Entry<decltype(&cuptiEnableCallback)> enable_callback_{"cuptiEnableCallback"};
+  Entry<decltype(&cuptiGetGraphNodeId)> graph_node_id_{"cuptiGetGraphNodeId"};
 };
 
 // The API over `handle`, or nullptr with *why set when an entry is missing.

@@ -104,9 +104,14 @@ Status CuptiSession::Start() {
   if (!g_session.compare_exchange_strong(current, this) && current != this) {
     return Status::Failure("another CUPTI session is active in this process");
   }
+  Status registered = RegisterCallbacks();
+  if (!registered.ok()) g_session.store(nullptr);
+  return registered;
+}
+
+Status CuptiSession::RegisterCallbacks() {
   const CUptiResult result = cupti_.ActivityRegisterCallbacks(&RequestBuffer, &CompleteBuffer);
   if (result != CUPTI_SUCCESS) {
-    g_session.store(nullptr);
     return Status::Failure("cuptiActivityRegisterCallbacks: " + Describe(cupti_, result));
   }
   // CLOCK_REALTIME is CUPTI's default clock on Linux except under WSL;
@@ -118,6 +123,12 @@ Status CuptiSession::Start() {
 }
 
 Status CuptiSession::Enable() {
+  Status enabled = EnableKinds();
+  if (enabled.ok()) enabled_.store(true);
+  return enabled;
+}
+
+Status CuptiSession::EnableKinds() {
   const CUptiResult result = cupti_.ActivityEnable(kRequiredKind);
   if (result != CUPTI_SUCCESS) {
     return Status::Failure("cuptiActivityEnable(CONCURRENT_KERNEL): " + Describe(cupti_, result));
@@ -129,8 +140,14 @@ Status CuptiSession::Enable() {
     }
   }
   SkipHotApis();
-  enabled_.store(true);
   return Status::Ok();
+}
+
+Status CuptiSession::Reclaim() {
+  Status reclaimed = RegisterCallbacks();
+  if (reclaimed.ok() && enabled()) reclaimed = EnableKinds();
+  if (!reclaimed.ok()) enabled_.store(false);
+  return reclaimed;
 }
 
 void CuptiSession::SkipHotApis() {

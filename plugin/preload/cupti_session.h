@@ -48,6 +48,15 @@ class CuptiSession {
   Status Enable();
   // Disables what Enable() enabled and flushes what CUPTI still holds.
   void Disable();
+
+  // Takes CUPTI back from another client of this process (torch.profiler's
+  // Kineto), which registers its own buffer callbacks and clock when it
+  // starts and disables its kinds, ours among them, when it stops: registers
+  // this session's callbacks, clock and thread id type again and, when
+  // enabled, enables its kinds and switches the hot APIs off again.
+  // Precondition: Start() succeeded. Failure, with CUPTI's reason, when CUPTI
+  // refuses the callbacks or the kernel kind; the session is then disabled.
+  Status Reclaim();
   bool enabled() const { return enabled_.load(); }
   // In a forked child, which inherits a copy of the parent's CUPTI state but
   // has no CUDA of its own yet: forgets being enabled, without calling CUPTI,
@@ -72,6 +81,10 @@ class CuptiSession {
   static void CUPTIAPI CompleteBuffer(CUcontext context, uint32_t stream_id, uint8_t* buffer,
                                       size_t size, size_t valid_size);
   static uint64_t CUPTIAPI RealtimeClock();
+  // The callbacks, clock and thread id type of Start() and Reclaim().
+  Status RegisterCallbacks();
+  // The kinds of Enable() and Reclaim(); does not change enabled().
+  Status EnableKinds();
   // Switches off the records of the driver and runtime calls that run around
   // every launch and matter to no analysis (cupti_session.cc).
   void SkipHotApis();

@@ -90,6 +90,18 @@ void dynaflow_record_process_group_rank(int32_t rank);
  * it up by name and does without it. */
 void dynaflow_record_module_fingerprint(const char* root_class, const char* fingerprint);
 
+/* torch.profiler (Kineto) in the same process takes CUPTI's buffer
+ * callbacks, clock and activity kinds: the Python side calls lend right
+ * before the profiler prepares or starts (after a device synchronize) and
+ * reclaim right after it stops. Lend flushes the tracer's buffers and leaves
+ * CUPTI alone; reclaim registers the tracer's callbacks and clock and enables
+ * its kinds again. GPU records in between go to torch.profiler; the trace's
+ * metadata says when (cupti_kineto_windows) and for how many operators.
+ * Idempotent. Added within ABI version 2: the Python side looks them up by
+ * name and does without them. */
+void dynaflow_tracer_lend_cupti(void);
+void dynaflow_tracer_reclaim_cupti(void);
+
 #ifdef __cplusplus
 }
 #endif

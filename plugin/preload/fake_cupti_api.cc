@@ -70,6 +70,11 @@ bool FakeCuptiApi::timestamp_callback_registered() const {
   return clock_ != nullptr;
 }
 
+CUpti_TimestampCallbackFunc FakeCuptiApi::timestamp_callback() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return clock_;
+}
+
 int FakeCuptiApi::flush_count() const {
   std::lock_guard<std::mutex> lock(mu_);
   return flushes_;
@@ -224,6 +229,81 @@ int FakeCuptiApi::InitializeInjectionNvtx2(NvtxGetExportTable) {
   std::lock_guard<std::mutex> lock(mu_);
   ++nvtx_initializations_;
   return 1;
+}
+
+void FakeCuptiApi::HoldSubscriptionElsewhere(bool held) {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_elsewhere_ = held;
+}
+
+bool FakeCuptiApi::subscribed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return subscriber_ != nullptr;
+}
+
+bool FakeCuptiApi::callback_enabled(CUpti_CallbackDomain domain, CUpti_CallbackId cbid) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return enabled_callbacks_.count({domain, cbid}) > 0;
+}
+
+bool FakeCuptiApi::EmitGraphCallback(CUpti_CallbackIdResource cbid, CUpti_GraphData data) {
+  CUpti_CallbackFunc callback;
+  void* userdata;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (subscriber_ == nullptr || !enabled_callbacks_.count({CUPTI_CB_DOMAIN_RESOURCE, cbid})) {
+      return false;
+    }
+    callback = subscriber_;
+    userdata = subscriber_data_;
+  }
+  CUpti_ResourceData resource = {};
+  resource.resourceDescriptor = &data;
+  callback(userdata, CUPTI_CB_DOMAIN_RESOURCE, cbid, &resource);
+  return true;
+}
+
+CUptiResult FakeCuptiApi::Subscribe(CUpti_SubscriberHandle* subscriber,
+                                    CUpti_CallbackFunc callback, void* userdata) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (held_elsewhere_ || subscriber_ != nullptr) {
+    return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+  }
+  subscriber_ = callback;
+  subscriber_data_ = userdata;
+  *subscriber = reinterpret_cast<CUpti_SubscriberHandle>(this);
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::Unsubscribe(CUpti_SubscriberHandle subscriber) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (subscriber != reinterpret_cast<CUpti_SubscriberHandle>(this) || subscriber_ == nullptr) {
+    return CUPTI_ERROR_INVALID_PARAMETER;
+  }
+  subscriber_ = nullptr;
+  subscriber_data_ = nullptr;
+  enabled_callbacks_.clear();
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::EnableCallback(uint32_t enable, CUpti_SubscriberHandle subscriber,
+                                         CUpti_CallbackDomain domain, CUpti_CallbackId cbid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (subscriber != reinterpret_cast<CUpti_SubscriberHandle>(this) || subscriber_ == nullptr) {
+    return CUPTI_ERROR_INVALID_PARAMETER;
+  }
+  if (enable != 0) {
+    enabled_callbacks_.insert({domain, cbid});
+  } else {
+    enabled_callbacks_.erase({domain, cbid});
+  }
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult FakeCuptiApi::GetGraphNodeId(CUgraphNode node, uint64_t* id) {
+  if (node == nullptr) return CUPTI_ERROR_INVALID_PARAMETER;
+  *id = reinterpret_cast<uint64_t>(node);
+  return CUPTI_SUCCESS;
 }
 
 }  // namespace dynaflow

@@ -55,7 +55,21 @@ class FakeCuptiApi : public CuptiApi {
   // Makes ActivityEnable{Driver,Runtime}Api fail as a CUPTI without them does.
   void LackPerApiControl() { per_api_control_ = false; }
   bool callbacks_registered() const;
+
+  // The callback API. Another tool holding CUPTI's one subscription makes
+  // Subscribe fail with CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED.
+  void HoldSubscriptionElsewhere(bool held);
+  bool subscribed() const;
+  bool callback_enabled(CUpti_CallbackDomain domain, CUpti_CallbackId cbid) const;
+  // Simulates CUDA issuing resource callback `cbid` about graph objects, on
+  // the calling thread: the subscriber gets a CUpti_ResourceData whose
+  // descriptor is `data`. False when nobody subscribed it. Graph node
+  // handles stand for their ids: GetGraphNodeId(node) is the handle's value.
+  bool EmitGraphCallback(CUpti_CallbackIdResource cbid, CUpti_GraphData data);
+  static CUgraphNode Node(uint64_t id) { return reinterpret_cast<CUgraphNode>(id); }
   bool timestamp_callback_registered() const;
+  // The clock registered last (nullptr: none), to tell whose it is.
+  CUpti_TimestampCallbackFunc timestamp_callback() const;
   int flush_count() const;
   int nvtx_initializations() const;
   // Every push (+id) and pop (-id) so far, in order.
@@ -86,6 +100,12 @@ class FakeCuptiApi : public CuptiApi {
   CUresult DriverGetVersion(int* version) override;
   static constexpr int kFakeDriverVersion = 13020;
   int InitializeInjectionNvtx2(NvtxGetExportTable get_export_table) override;
+  CUptiResult Subscribe(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc callback,
+                        void* userdata) override;
+  CUptiResult Unsubscribe(CUpti_SubscriberHandle subscriber) override;
+  CUptiResult EnableCallback(uint32_t enable, CUpti_SubscriberHandle subscriber,
+                             CUpti_CallbackDomain domain, CUpti_CallbackId cbid) override;
+  CUptiResult GetGraphNodeId(CUgraphNode node, uint64_t* id) override;
 
  private:
   mutable std::mutex mu_;
@@ -104,6 +124,10 @@ class FakeCuptiApi : public CuptiApi {
   size_t dropped_ = 0;
   int flushes_ = 0;
   int nvtx_initializations_ = 0;
+  bool held_elsewhere_ = false;
+  CUpti_CallbackFunc subscriber_ = nullptr;
+  void* subscriber_data_ = nullptr;
+  std::set<std::pair<int, uint32_t>> enabled_callbacks_;
 };
 
 }  // namespace dynaflow

@@ -278,6 +278,22 @@ DYNAFLOW_EXPORT void dynaflow_record_module_fingerprint(const char* root_class,
   }
 }
 
+DYNAFLOW_EXPORT void dynaflow_tracer_lend_cupti(void) {
+  try {
+    if (g_tracer != nullptr && g_tracer->OwnsProcess()) g_tracer->LendCupti();
+  } catch (...) {
+    // Out of memory: the window goes unrecorded; the profiler runs regardless.
+  }
+}
+
+DYNAFLOW_EXPORT void dynaflow_tracer_reclaim_cupti(void) {
+  try {
+    if (g_tracer != nullptr && g_tracer->OwnsProcess()) g_tracer->ReclaimCupti();
+  } catch (...) {
+    // Out of memory: CUPTI stays with the profiler; the trace says "-" for the window's end.
+  }
+}
+
 DYNAFLOW_EXPORT void _exit(int status) noexcept { dynaflow::FinishAndExit(status); }
 DYNAFLOW_EXPORT void _Exit(int status) noexcept { dynaflow::FinishAndExit(status); }
 

@@ -39,9 +39,14 @@ std::string ProcessName() {
   return comm;
 }
 
-// Which of this thread's open pushes reached CUPTI: CUPTI may be enabled (or
-// disabled) between a push and its pop, and a pop must match a push.
-thread_local std::vector<bool> t_pushed_to_cupti;
+// This thread's open operators and which of their pushes reached CUPTI:
+// CUPTI may be enabled (or disabled) between a push and its pop, and a pop
+// must match a push.
+struct OpenOperator {
+  uint64_t id;
+  bool to_cupti;
+};
+thread_local std::vector<OpenOperator> t_open_operators;
 
 }  // namespace
 
@@ -92,17 +97,24 @@ void Tracer::RecordModuleFingerprint(const std::string& root_class,
 
 void Tracer::PushOperator(uint64_t id) {
   CuptiSession* session = session_for_abi_.load();
-  const bool to_cupti = session != nullptr && session->enabled();
-  t_pushed_to_cupti.push_back(to_cupti);
+  const bool enabled = session != nullptr && session->enabled();
+  const bool lent = lent_for_abi_.load(std::memory_order_relaxed);
+  if (enabled && lent) lent_operators_.fetch_add(1, std::memory_order_relaxed);
+  const bool to_cupti = enabled && !lent;
+  t_open_operators.push_back({id, to_cupti});
   if (to_cupti) session->PushExternalId(id);
 }
 
 void Tracer::PopOperator() {
-  if (t_pushed_to_cupti.empty()) return;  // unbalanced pop: nothing to undo
-  const bool to_cupti = t_pushed_to_cupti.back();
-  t_pushed_to_cupti.pop_back();
+  if (t_open_operators.empty()) return;  // unbalanced pop: nothing to undo
+  const bool to_cupti = t_open_operators.back().to_cupti;
+  t_open_operators.pop_back();
   CuptiSession* session = session_for_abi_.load();
   if (to_cupti && session != nullptr) session->PopExternalId();
+}
+
+uint64_t Tracer::CurrentOperator() {
+  return t_open_operators.empty() ? 0 : t_open_operators.back().id;
 }
 
 void Tracer::OnCudaInit() {
@@ -112,10 +124,104 @@ void Tracer::OnCudaInit() {
   (void)EnsureWriter();
   {
     std::lock_guard<std::mutex> lock(cupti_mu_);
-    StartCuptiLocked();
-    SyncCuptiLocked();
+    if (cupti_lent_) {
+      start_deferred_ = true;  // registering now would take torch.profiler's callbacks
+    } else {
+      StartCuptiLocked();
+      SyncCuptiLocked();
+    }
   }
   PublishCuptiStatus();
+}
+
+void Tracer::LendCupti() {
+  {
+    std::lock_guard<std::mutex> lock(cupti_mu_);
+    if (cupti_lent_ || shut_down_.load()) return;
+    cupti_lent_ = true;
+    lent_for_abi_.store(true);
+    ++profiler_windows_;
+    lent_enabled_ = cupti_started_ && session_->enabled();
+    lent_since_ns_ = RealtimeNs();
+    // While the callbacks are still ours: what CUPTI holds comes back here,
+    // not to the profiler, which would drop our buffers as unknown.
+    if (lent_enabled_) session_->Flush(/*forced=*/true);
+    // Kineto subscribes once, when it first prepares a trace: torch.profiler
+    // gets CUPTI's one subscription (graph_attribution.h).
+    if (graph_ != nullptr) graph_->Unsubscribe();
+    windows_dirty_ = true;
+  }
+  PublishProfilerWindows();
+}
+
+void Tracer::ReclaimCupti() {
+  {
+    std::lock_guard<std::mutex> lock(cupti_mu_);
+    if (!cupti_lent_) return;
+    cupti_lent_ = false;
+    lent_for_abi_.store(false);
+    if (lent_enabled_) CloseLentWindowLocked();
+    if (cupti_started_ && !shut_down_.load()) {
+      const Status reclaimed = session_->Reclaim();
+      if (!reclaimed.ok()) {
+        SetCuptiUnavailableLocked("after torch.profiler: " + reclaimed.message());
+      }
+      if (graph_ != nullptr && !graph_->subscribed()) {
+        StartGraphAttributionLocked("after torch.profiler: ");
+      }
+    }
+    if (start_deferred_) {
+      start_deferred_ = false;
+      StartCuptiLocked();
+    }
+    SyncCuptiLocked();
+    windows_dirty_ = true;
+  }
+  PublishCuptiStatus();
+  PublishProfilerWindows();
+}
+
+void Tracer::CloseLentWindowLocked() {
+  ++lent_windows_;
+  if (lent_windows_ > kMaxListedWindows) return;
+  if (!lent_window_times_.empty()) lent_window_times_ += ',';
+  lent_window_times_ += std::to_string(lent_since_ns_) + "-" + std::to_string(RealtimeNs());
+}
+
+void Tracer::PublishForgottenGraphNodes() {
+  GraphAttribution* graph = graph_for_writer_.load();
+  const size_t forgotten = graph != nullptr ? graph->forgotten_nodes() : 0;
+  if (forgotten == 0 || forgotten == graph_nodes_forgotten_) return;
+  graph_nodes_forgotten_ = forgotten;
+  if (WriterThread* writer = writer_.load()) {
+    writer->SetMeta("cupti_graph_nodes_forgotten", std::to_string(forgotten));
+  }
+}
+
+void Tracer::PublishProfilerWindows() {
+  int windows;
+  int lost_windows;
+  std::string times;
+  {
+    std::lock_guard<std::mutex> lock(cupti_mu_);
+    if (!windows_dirty_ || profiler_windows_ == 0) return;
+    windows_dirty_ = false;
+    windows = profiler_windows_;
+    lost_windows = lent_windows_;
+    times = lent_window_times_;
+    if (cupti_lent_ && lent_enabled_ && ++lost_windows <= kMaxListedWindows) {
+      if (!times.empty()) times += ',';
+      times += std::to_string(lent_since_ns_);
+      times += '-';  // still open
+    }
+  }
+  WriterThread* writer = EnsureWriter();
+  if (writer == nullptr) return;
+  writer->SetMeta("torch_profiler_windows", std::to_string(windows));
+  if (lost_windows == 0) return;
+  writer->SetMeta("cupti_kineto_window_count", std::to_string(lost_windows));
+  writer->SetMeta("cupti_kineto_windows", std::move(times));
+  writer->SetMeta("cupti_kineto_operators", std::to_string(lent_operators_.load()));
 }
 
 int Tracer::OnNvtxInit(NvtxGetExportTable get_export_table) {
@@ -153,10 +259,13 @@ void Tracer::Shutdown() {
   if (shut_down_.load()) return;
   WriterThread* writer = EnsureWriter();
   {
-    // Disabling flushes CUPTI, whose buffers still reach the writer.
+    // Disabling flushes CUPTI, whose buffers still reach the writer; lent to
+    // torch.profiler, CUPTI is the profiler's to disable.
     std::lock_guard<std::mutex> lock(cupti_mu_);
-    if (session_ != nullptr) session_->Disable();
+    if (session_ != nullptr && !cupti_lent_) session_->Disable();
+    windows_dirty_ = true;  // the operators of a window still open
   }
+  PublishProfilerWindows();
   shut_down_.store(true);
   if (writer != nullptr) (void)writer->Stop();
 }
@@ -184,6 +293,17 @@ void Tracer::ChildAfterFork() {
   cupti_start_attempted_ = false;
   cupti_started_ = false;
   enable_attempted_ = false;
+  if (graph_ != nullptr) {  // its lock may be held: never touched again
+    graph_for_writer_.store(nullptr);
+    (void)graph_.release();
+  }
+  graph_nodes_forgotten_ = 0;
+  // The child's CUPTI is its own: the parent's profiler windows are not its.
+  cupti_lent_ = lent_enabled_ = start_deferred_ = windows_dirty_ = false;
+  profiler_windows_ = lent_windows_ = 0;
+  lent_window_times_.clear();
+  lent_for_abi_.store(false);
+  lent_operators_.store(0);
   if (session_ != nullptr) session_->ForgetAfterFork();
   if (cupti_ != nullptr) {  // loaded, so the child may start it again
     cupti_status_ = kCuptiNotStarted;
@@ -208,6 +328,10 @@ WriterThread* Tracer::EnsureWriter() {
   options.meta = ProcessMeta(pid);
   options.flush_interval = config_.flush_interval;
   options.before_flush = [this](bool forced) { BeforeFlush(forced); };
+  options.graph_node_operator = [this](uint64_t node) -> int64_t {
+    GraphAttribution* graph = graph_for_writer_.load();
+    return graph != nullptr ? graph->OperatorOf(node) : -1;
+  };
   own_writer_ = std::make_unique<WriterThread>(std::move(options));
   writer = own_writer_.get();
   writer_.store(writer);
@@ -240,11 +364,18 @@ void Tracer::BeforeFlush(bool forced) {
   CuptiSession* session = nullptr;
   {
     std::lock_guard<std::mutex> lock(cupti_mu_);
-    if (cupti_start_ == CuptiStart::kAtWindowOpen && Active()) StartCuptiLocked();
-    SyncCuptiLocked();
-    if (cupti_started_) session = session_.get();
+    // Lent to torch.profiler, CUPTI's callbacks and kinds are left alone.
+    if (!cupti_lent_) {
+      if (cupti_start_ == CuptiStart::kAtWindowOpen && Active()) StartCuptiLocked();
+      SyncCuptiLocked();
+      if (cupti_started_) session = session_.get();
+    } else {
+      windows_dirty_ = true;  // the operator count of the open window
+    }
   }
   PublishCuptiStatus();
+  PublishProfilerWindows();
+  PublishForgottenGraphNodes();
   if (session != nullptr) session->Flush(forced);
 }
 
@@ -283,6 +414,11 @@ void Tracer::StartCuptiLocked() {
   }
   cupti_started_ = true;
   session_for_abi_.store(session_.get());
+  if (graph_ == nullptr) {
+    graph_ = std::make_unique<GraphAttribution>(*cupti_, &Tracer::CurrentOperator);
+    graph_for_writer_.store(graph_.get());
+  }
+  StartGraphAttributionLocked("");
   uint32_t version = 0;
   if (cupti_->GetVersion(&version) == CUPTI_SUCCESS) {
     cupti_version_ = std::to_string(version);
@@ -314,6 +450,13 @@ void Tracer::SyncCuptiLocked() {
   }
 }
 
+void Tracer::StartGraphAttributionLocked(const char* when) {
+  const Status subscribed = graph_->Subscribe();
+  graph_status_ = subscribed.ok() ? "enabled" : "unavailable: " + std::string(when) +
+                                                    subscribed.message();
+  cupti_status_dirty_ = true;
+}
+
 void Tracer::SetCuptiUnavailableLocked(const std::string& reason) {
   cupti_status_ = "unavailable: " + reason;
   cupti_status_dirty_ = true;
@@ -326,9 +469,11 @@ void Tracer::PublishCuptiStatus() {
   std::string version;
   std::string driver;
   std::string skipped;
+  std::string graph;
   {
     std::lock_guard<std::mutex> lock(cupti_mu_);
     if (!cupti_status_dirty_) return;
+    graph = graph_status_;
     cupti_status_dirty_ = false;
     status = cupti_status_;
     version = cupti_version_;
@@ -347,6 +492,8 @@ void Tracer::PublishCuptiStatus() {
   if (!driver.empty()) writer->SetMeta("cuda_driver_version", std::move(driver));
   // Driver and runtime APIs whose records are switched off (cupti_session.cc).
   if (!skipped.empty()) writer->SetMeta("cupti_skipped_apis", std::move(skipped));
+  // Whether replayed CUDA graph kernels link to their capturing operators.
+  if (!graph.empty()) writer->SetMeta("cupti_graph_attribution", std::move(graph));
 }
 
 }  // namespace dynaflow

@@ -18,6 +18,7 @@
 #include "plugin/preload/cupti_api.h"
 #include "plugin/preload/cupti_session.h"
 #include "plugin/preload/dynaflow_tracer.h"
+#include "plugin/preload/graph_attribution.h"
 #include "plugin/preload/realtime_clock.h"
 #include "plugin/preload/tracer_config.h"
 #include "plugin/preload/writer_thread.h"
@@ -65,6 +66,9 @@ class Tracer {
   void RecordOperator(const DynaflowOperatorRecord& record);
   void PushOperator(uint64_t id);
   void PopOperator();
+  // The innermost operator pushed and not popped on the calling thread; 0
+  // when none. What CUDA graph nodes created now are attributed to.
+  static uint64_t CurrentOperator();
   // Metadata "rank": the torch.distributed rank, which replaces the
   // environment's (TracerConfig::rank) for the whole process at the merge.
   void RecordProcessGroupRank(int32_t rank);
@@ -77,6 +81,26 @@ class Tracer {
   void OnCudaInit();
   // The NVTX loader's NVTX_INJECTION64_PATH entry point, forwarded to CUPTI's.
   int OnNvtxInit(NvtxGetExportTable get_export_table);
+
+  // torch.profiler in the same process (dynaflow_tracer_lend_cupti and
+  // dynaflow_tracer_reclaim_cupti, called by the Python side around the
+  // profiler's start and stop). Its Kineto registers its own buffer
+  // callbacks and clock when it starts and disables its kinds, which are
+  // ours too, when it stops; CUPTI has one set of callbacks per process.
+  // LendCupti flushes what CUPTI holds for the tracer (the caller has
+  // synchronised the device), then leaves CUPTI's callbacks, clock and kinds
+  // alone and pushes no operator ids (Kineto warns about each foreign one)
+  // until ReclaimCupti, which registers and enables them again
+  // (CuptiSession::Reclaim) and records the window in the metadata:
+  // "torch_profiler_windows" counts every window; where CUPTI was enabled,
+  // its GPU records went to torch.profiler: "cupti_kineto_window_count",
+  // "cupti_kineto_windows" (start-end in dynaflow_now_ns, the first
+  // kMaxListedWindows; an open window ends in '-') and
+  // "cupti_kineto_operators" (operators launched meanwhile). A second lend
+  // and a reclaim without lend do nothing.
+  void LendCupti();
+  void ReclaimCupti();
+  static constexpr int kMaxListedWindows = 64;
 
   // Whether this tracer belongs to the calling process: false in the child
   // of vfork(), which shares the parent's memory but runs no fork handlers
@@ -117,6 +141,16 @@ class Tracer {
   void SetCuptiUnavailableLocked(const std::string& reason);
   // Hands the current CUPTI status to the writer as metadata.
   void PublishCuptiStatus();
+  // Hands the torch.profiler windows (LendCupti) to the writer as metadata.
+  void PublishProfilerWindows();
+  // "cupti_graph_nodes_forgotten": graph nodes beyond GraphAttribution's
+  // bound, whose replayed kernels link to their launch. Writer thread only.
+  void PublishForgottenGraphNodes();
+  // Ends the lent window that began at lent_since_ns_. Caller holds cupti_mu_.
+  void CloseLentWindowLocked();
+  // Subscribes to CUDA graph node callbacks (graph_attribution.h) and says
+  // the outcome in "cupti_graph_attribution". Caller holds cupti_mu_.
+  void StartGraphAttributionLocked(const char* when);
 
   const TracerConfig config_;
   const CuptiLoader load_cupti_;
@@ -151,6 +185,25 @@ class Tracer {
   std::atomic<bool> cupti_problem_reported_{false};
   // The started session, for the C ABI's lock-free push and pop.
   std::atomic<CuptiSession*> session_for_abi_{nullptr};
+
+  // torch.profiler's windows (LendCupti), under cupti_mu_ but the atomics.
+  bool cupti_lent_ = false;
+  bool lent_enabled_ = false;   // the session was enabled when lent: its records were lost
+  bool start_deferred_ = false;  // CUDA initialised while lent: CUPTI starts at the reclaim
+  int profiler_windows_ = 0;     // every window
+  int lent_windows_ = 0;         // closed windows that lost records
+  std::string lent_window_times_;
+  int64_t lent_since_ns_ = 0;
+  bool windows_dirty_ = false;
+  std::atomic<bool> lent_for_abi_{false};
+  std::atomic<uint64_t> lent_operators_{0};  // pushed while lent with CUPTI enabled
+
+  // Replayed CUDA graph nodes' operators, once CUPTI is started. A forked
+  // child abandons its parent's (its lock may be held) and makes its own.
+  std::unique_ptr<GraphAttribution> graph_;
+  std::atomic<GraphAttribution*> graph_for_writer_{nullptr};
+  std::string graph_status_;  // "cupti_graph_attribution"
+  size_t graph_nodes_forgotten_ = 0;  // last published; writer thread only
 };
 
 }  // namespace dynaflow

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -47,6 +48,40 @@ DynaflowOperatorRecord Op(uint64_t id) {
   return op;
 }
 
+// torch.profiler's Kineto as CUPTI sees it: its own buffer callbacks and
+// clock, and the buffers it was handed.
+struct FakeKineto {
+  static inline std::atomic<int> buffers{0};
+  static void CUPTIAPI Request(uint8_t** buffer, size_t* size, size_t* max_records) {
+    *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, 1 << 16));
+    *size = 1 << 16;
+    *max_records = 0;
+  }
+  static void CUPTIAPI Complete(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t) {
+    ++buffers;
+    std::free(buffer);
+  }
+  static uint64_t CUPTIAPI Clock() { return 7; }
+
+  // What Kineto calls when torch.profiler prepares its trace.
+  static void Start(FakeCuptiApi& cupti) {
+    buffers = 0;
+    cupti.ActivityRegisterTimestampCallback(&Clock);
+    cupti.ActivityRegisterCallbacks(&Request, &Complete);
+    cupti.ActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  }
+  // What Kineto disables when it stops (CuptiActivityApi::disableCuptiActivities).
+  static void Stop(FakeCuptiApi& cupti) {
+    for (CUpti_ActivityKind kind :
+         {CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+          CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
+          CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, CUPTI_ACTIVITY_KIND_RUNTIME,
+          CUPTI_ACTIVITY_KIND_DRIVER}) {
+      cupti.ActivityDisable(kind);
+    }
+  }
+};
+
 class TracerTest : public ::testing::Test {
  protected:
   TracerTest()
@@ -59,6 +94,8 @@ class TracerTest : public ::testing::Test {
     config_.flush_interval = milliseconds(20);
   }
   ~TracerTest() override { std::filesystem::remove_all(dir_); }
+  // Open operators are per thread, and every test runs on the same one.
+  void TearDown() override { EXPECT_EQ(Tracer::CurrentOperator(), 0u); }
 
   // A loader that hands out a FakeCuptiApi and keeps a pointer to it.
   CuptiLoader FakeLoader() {
@@ -282,6 +319,248 @@ TEST_F(TracerTest, FlushAndFinishAreAnsweredWithoutAWriter) {
   tracer.RecordOperator(Op(1));
   EXPECT_TRUE(tracer.Finish(milliseconds(10000)));
   EXPECT_EQ(ReadStore().ops.size(), 1u);
+}
+
+TEST_F(TracerTest, TakesCuptiBackAfterTorchProfilerAndSaysWhatWentToIt) {
+  config_.flush_interval = std::chrono::hours(1);  // only the tracer's own calls flush
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  FakeActivityBuffer before;
+  before.Add(External(1, 7)).Add(Kernel(1));
+  fake()->CompleteAtNextFlush(std::move(before));
+  const int64_t lent_at = RealtimeNs();
+  tracer.LendCupti();  // flushes while the callbacks are still the tracer's
+  EXPECT_EQ(fake()->flush_count(), 1);
+  FakeKineto::Start(*fake());
+
+  tracer.PushOperator(8);  // lent: not pushed, but counted
+  tracer.PopOperator();
+  FakeActivityBuffer during;
+  during.Add(Kernel(2));
+  ASSERT_TRUE(fake()->CompleteBuffer(during));
+  EXPECT_EQ(FakeKineto::buffers.load(), 1);
+  tracer.OnCudaInit();  // a second context: CUPTI stays the profiler's
+  EXPECT_EQ(fake()->timestamp_callback(), &FakeKineto::Clock);
+  FakeKineto::Stop(*fake());
+  EXPECT_FALSE(fake()->enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+
+  tracer.ReclaimCupti();
+  const int64_t reclaimed_at = RealtimeNs();
+  EXPECT_NE(fake()->timestamp_callback(), &FakeKineto::Clock);
+  for (CUpti_ActivityKind kind :
+       {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+        CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
+        CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, CUPTI_ACTIVITY_KIND_RUNTIME,
+        CUPTI_ACTIVITY_KIND_DRIVER}) {
+    EXPECT_TRUE(fake()->enabled(kind)) << kind;
+  }
+  tracer.PushOperator(9);
+  FakeActivityBuffer after;
+  after.Add(External(3, 9)).Add(Kernel(3));
+  ASSERT_TRUE(fake()->CompleteBuffer(after));
+  tracer.PopOperator();
+  EXPECT_EQ(FakeKineto::buffers.load(), 1);  // the tracer's callbacks again
+  EXPECT_EQ(fake()->external_id_log(), (std::vector<int64_t>{9, -9}));
+  tracer.ReclaimCupti();  // a stop without a start (emit_nvtx, say): nothing
+  tracer.Shutdown();
+
+  Trace t = ReadStore();
+  ASSERT_EQ(t.gpu.size(), 2u);
+  EXPECT_EQ(t.gpu[0].external_id, 7);
+  EXPECT_EQ(t.gpu[1].external_id, 9);
+  EXPECT_EQ(t.metadata["cupti"], "enabled");
+  EXPECT_EQ(t.metadata["torch_profiler_windows"], "1");
+  EXPECT_EQ(t.metadata["cupti_kineto_window_count"], "1");
+  EXPECT_EQ(t.metadata["cupti_kineto_operators"], "1");
+  const std::string window = t.metadata["cupti_kineto_windows"];
+  const size_t dash = window.find('-');
+  ASSERT_NE(dash, std::string::npos) << window;
+  const int64_t start = std::stoll(window.substr(0, dash));
+  const int64_t end = std::stoll(window.substr(dash + 1));
+  EXPECT_LE(lent_at, start);
+  EXPECT_LE(start, end);
+  EXPECT_LE(end, reclaimed_at);
+}
+
+TEST_F(TracerTest, CudaInitialisedWhileTorchProfilerHoldsCuptiStartsItAtTheReclaim) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.LendCupti();
+  tracer.OnCudaInit();
+  EXPECT_EQ(fake(), nullptr);  // not even loaded: starting would register callbacks
+  tracer.ReclaimCupti();
+  ASSERT_NE(fake(), nullptr);
+  EXPECT_TRUE(fake()->callbacks_registered());
+  EXPECT_TRUE(fake()->enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  tracer.Shutdown();
+  Trace t = ReadStore();
+  EXPECT_EQ(t.metadata["cupti"], "enabled");
+  EXPECT_EQ(t.metadata["torch_profiler_windows"], "1");
+  EXPECT_EQ(t.metadata.count("cupti_kineto_window_count"), 0u);  // no CUPTI, nothing lost
+}
+
+TEST_F(TracerTest, ExitWhileTorchProfilerHoldsCuptiLeavesItToTheProfiler) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  tracer.LendCupti();
+  tracer.LendCupti();  // a prepare, then a start: one window
+  FakeKineto::Start(*fake());
+  tracer.PushOperator(1);
+  tracer.PushOperator(2);
+  tracer.PopOperator();
+  tracer.PopOperator();
+  tracer.Shutdown();
+  EXPECT_TRUE(fake()->enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  FakeActivityBuffer records;
+  records.Add(Kernel(1));
+  ASSERT_TRUE(fake()->CompleteBuffer(records));
+  EXPECT_EQ(FakeKineto::buffers.load(), 1);
+  Trace t = ReadStore();
+  EXPECT_EQ(t.metadata["torch_profiler_windows"], "1");
+  EXPECT_EQ(t.metadata["cupti_kineto_window_count"], "1");
+  EXPECT_EQ(t.metadata["cupti_kineto_operators"], "2");
+  const std::string window = t.metadata["cupti_kineto_windows"];
+  ASSERT_FALSE(window.empty());
+  EXPECT_EQ(window.back(), '-');  // still open
+}
+
+TEST_F(TracerTest, CuptiRefusingTheReclaimIsUnavailableFromThenOn) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  tracer.LendCupti();
+  FakeKineto::Start(*fake());
+  FakeKineto::Stop(*fake());
+  fake()->FailEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ERROR_NOT_INITIALIZED);
+  tracer.ReclaimCupti();
+  tracer.PushOperator(5);  // the session is disabled: nothing pushed
+  tracer.PopOperator();
+  tracer.Shutdown();
+  EXPECT_TRUE(fake()->external_id_log().empty());
+  EXPECT_EQ(ReadStore().metadata["cupti"],
+            "unavailable: after torch.profiler: cuptiActivityEnable(CONCURRENT_KERNEL): "
+            "CUPTI_ERROR_FAKE");
+}
+
+// A kernel of a CUDA graph replay: the cudaGraphLaunch's correlation, the
+// node of the executable graph that launched it.
+CUpti_ActivityKernel10 ReplayedKernel(uint32_t launch_correlation, uint64_t node) {
+  CUpti_ActivityKernel10 k = Kernel(launch_correlation);
+  k.graphId = 3;
+  k.graphNodeId = node;
+  return k;
+}
+
+CUpti_GraphData NodeCreated(uint64_t node) {
+  CUpti_GraphData g = {};
+  g.node = FakeCuptiApi::Node(node);
+  return g;
+}
+
+CUpti_GraphData NodeCloned(uint64_t original, uint64_t clone) {
+  CUpti_GraphData g = {};
+  g.originalNode = FakeCuptiApi::Node(original);
+  g.node = FakeCuptiApi::Node(clone);
+  return g;
+}
+
+TEST_F(TracerTest, ReplayedGraphKernelsLinkToTheOperatorsThatCapturedThem) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  ASSERT_TRUE(fake()->subscribed());
+  EXPECT_TRUE(fake()->callback_enabled(CUPTI_CB_DOMAIN_RESOURCE,
+                                       CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED));
+  EXPECT_TRUE(fake()->callback_enabled(CUPTI_CB_DOMAIN_RESOURCE,
+                                       CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED));
+  // Capture: operator 11 (nested in 10) launches node 101, operator 12 node
+  // 102; node 103 is created outside any operator.
+  tracer.PushOperator(10);
+  tracer.PushOperator(11);
+  ASSERT_TRUE(fake()->EmitGraphCallback(CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, NodeCreated(101)));
+  tracer.PopOperator();
+  tracer.PushOperator(12);
+  ASSERT_TRUE(fake()->EmitGraphCallback(CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, NodeCreated(102)));
+  tracer.PopOperator();
+  tracer.PopOperator();
+  ASSERT_TRUE(fake()->EmitGraphCallback(CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, NodeCreated(103)));
+  // Instantiation clones every node into the executable graph (201, 202, 203).
+  for (uint64_t node : {101, 102, 103}) {
+    ASSERT_TRUE(fake()->EmitGraphCallback(CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED,
+                                          NodeCloned(node, node + 100)));
+  }
+  // Two replays launched by operator 50: every kernel has its launch's correlation.
+  tracer.PushOperator(50);
+  FakeActivityBuffer replays;
+  replays.Add(External(7, 50)).Add(ReplayedKernel(7, 201)).Add(ReplayedKernel(7, 202));
+  replays.Add(ReplayedKernel(7, 203));
+  replays.Add(External(8, 50)).Add(ReplayedKernel(8, 201)).Add(ReplayedKernel(8, 202));
+  ASSERT_TRUE(fake()->CompleteBuffer(replays));
+  tracer.PopOperator();
+  tracer.Shutdown();
+
+  Trace t = ReadStore();
+  ASSERT_EQ(t.gpu.size(), 5u);
+  std::vector<int64_t> linked;
+  for (const GpuActivity& g : t.gpu) linked.push_back(g.external_id);
+  // The captured operators; node 103 had none and keeps its launch's.
+  EXPECT_EQ(linked, (std::vector<int64_t>{11, 12, 50, 11, 12}));
+  EXPECT_EQ(t.metadata["cupti_graph_attribution"], "enabled");
+}
+
+TEST_F(TracerTest, AnotherCuptiSubscriberLeavesGraphKernelsToTheirLaunch) {
+  CuptiLoader held = [this](std::string*) {
+    auto fake = std::make_unique<FakeCuptiApi>();
+    fake->HoldSubscriptionElsewhere(true);
+    fake_ = fake.get();
+    return std::unique_ptr<CuptiApi>(std::move(fake));
+  };
+  Tracer tracer(config_, held, CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  EXPECT_FALSE(fake()->subscribed());
+  tracer.PushOperator(11);
+  EXPECT_FALSE(fake()->EmitGraphCallback(CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, NodeCreated(101)));
+  tracer.PopOperator();
+  FakeActivityBuffer replay;
+  replay.Add(External(7, 50)).Add(ReplayedKernel(7, 101));
+  ASSERT_TRUE(fake()->CompleteBuffer(replay));
+  tracer.Shutdown();
+  Trace t = ReadStore();
+  ASSERT_EQ(t.gpu.size(), 1u);
+  EXPECT_EQ(t.gpu[0].external_id, 50);
+  EXPECT_EQ(t.metadata["cupti"], "enabled");  // the tracer goes on
+  EXPECT_EQ(t.metadata["cupti_graph_attribution"], "unavailable: another CUPTI subscriber");
+}
+
+TEST_F(TracerTest, TorchProfilerGetsTheSubscriptionDuringItsWindow) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  ASSERT_TRUE(fake()->subscribed());
+  tracer.LendCupti();
+  EXPECT_FALSE(fake()->subscribed());  // free for Kineto
+  fake()->HoldSubscriptionElsewhere(true);  // Kineto subscribed, for good
+  tracer.ReclaimCupti();
+  EXPECT_FALSE(fake()->subscribed());
+  tracer.Shutdown();
+  EXPECT_EQ(ReadStore().metadata["cupti_graph_attribution"],
+            "unavailable: after torch.profiler: another CUPTI subscriber");
+}
+
+TEST_F(TracerTest, TheSubscriptionComesBackAfterAWindowWhereNobodyTookIt) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  tracer.LendCupti();
+  tracer.ReclaimCupti();
+  EXPECT_TRUE(fake()->subscribed());
+  EXPECT_TRUE(fake()->callback_enabled(CUPTI_CB_DOMAIN_RESOURCE,
+                                       CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED));
+  tracer.Shutdown();
+  EXPECT_EQ(ReadStore().metadata["cupti_graph_attribution"], "enabled");
 }
 
 }  // namespace

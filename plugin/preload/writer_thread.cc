@@ -70,7 +70,9 @@ DynaflowOperatorRecord WriterThread::OperatorWork::View() const {
 
 WriterThread::WriterThread(WriterOptions options)
     : options_(std::move(options)),
-      converter_(ConverterOptions{.rank = options_.rank, .pid = options_.pid}) {
+      converter_(ConverterOptions{.rank = options_.rank,
+                                  .pid = options_.pid,
+                                  .graph_node_operator = options_.graph_node_operator}) {
   sem_init(&wake_, 0, 0);
   sem_init(&flushed_, 0, 0);
 }

@@ -45,6 +45,8 @@ struct WriterOptions {
   // Runs on the writer thread before each flush; `forced` for a requested or
   // final flush. The tracer makes CUPTI complete its buffers here.
   std::function<void(bool forced)> before_flush;
+  // ConverterOptions::graph_node_operator; called on the writer thread.
+  std::function<int64_t(uint64_t graph_node)> graph_node_operator;
 };
 
 // Totals since the writer started.

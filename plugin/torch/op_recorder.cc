@@ -28,17 +28,38 @@ int64_t g_sample_every = 1;
 // but not its parent's thread id.
 std::atomic<uint32_t> g_fork_generation{0};
 
-void OnForkChild() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
+// In a forked child only the forking thread lives on.
+void OnForkChild();
 
 int32_t OsThreadId() { return static_cast<int32_t>(syscall(SYS_gettid)); }
+
+// Sampling (sample_every = N > 1) is decided before an operator starts, so
+// that a skipped operator boxes no inputs: torch fixes an operator's
+// callbacks, and whether it boxes inputs for them, when it creates its
+// RecordFunction, before any start callback runs. So a thread announces at
+// the end of a top-level operator that its next one is sampled (after N - 1
+// skipped ones), and the recording callback is on while the tracer is active
+// and some thread has announced. A thread's first top-level operator is
+// skipped: nothing announced it. Where another thread's sampled operator runs
+// at the same time, a skipped one boxes its inputs all the same, and
+// OnRecordingStart ignores it.
+std::atomic<int64_t> g_announced{0};  // threads whose next or current top-level op is sampled
 
 struct ThreadState {
   uint32_t fork_generation = g_fork_generation.load(std::memory_order_relaxed);
   int32_t tid = OsThreadId();
   int64_t depth = 0;           // operators in flight on this thread
   int64_t backward_depth = 0;  // of which autograd nodes
-  uint64_t top_level_seen = 0;
   bool sampled = true;  // the sampling decision of the current top-level operator
+  bool announced = false;  // counted in g_announced
+  int64_t skips_left = 0;  // top-level operators to skip before announcing
+
+  ThreadState() = default;
+  ThreadState(const ThreadState&) = delete;
+  ThreadState& operator=(const ThreadState&) = delete;
+  ~ThreadState() {
+    if (announced) g_announced.fetch_sub(1);
+  }
 };
 
 ThreadState& State() {
@@ -113,31 +134,59 @@ void EndOperator(const at::RecordFunction& fn, const OpContext& ctx, const Threa
 //   nesting    (no inputs) keeps each thread's depth, autograd depth and
 //              sampling decision, always on; at the end of each top-level
 //              operator it switches `recording` on or off with the tracer's
-//              active state;
+//              active state and the threads' sampling announcements;
 //   recording  (inputs) records the operator. Off while the tracer is
-//              inactive, so torch then boxes no inputs for it: an operator
-//              costs the tracer only the nesting callback. It follows the
-//              tracer's state within one top-level operator of any thread.
+//              inactive and while no thread's next operator is sampled, so
+//              torch then boxes no inputs for it: an operator costs the
+//              tracer only the nesting callback. It follows the tracer's
+//              state within one top-level operator of any thread.
 // torch runs an operator's end callbacks from the set its start saw, so a
 // switch never splits an operator's start from its end.
 at::CallbackHandle g_recording = 0;
 std::atomic<bool> g_recording_on{true};
 
+std::mutex g_switch_mu;  // switching `recording` and g_recording_on
+
+bool WantRecording() {
+  return g_abi.active() != 0 && (g_sample_every == 1 || g_announced.load() > 0);
+}
+
+// Switches `recording` to what WantRecording says. Re-read under the lock
+// after each switch: a thread that announced after the re-read sees the new
+// g_recording_on and comes here itself (both sequentially consistent).
 void FollowTracerState() {
-  const bool want = g_abi.active() != 0;
-  bool on = g_recording_on.load(std::memory_order_relaxed);
-  if (on == want || !g_recording_on.compare_exchange_strong(on, want)) return;
-  if (want) {
-    at::reenableCallback(g_recording);
-  } else {
-    at::disableCallback(g_recording);
+  if (WantRecording() == g_recording_on.load()) return;
+  std::lock_guard<std::mutex> lock(g_switch_mu);
+  for (bool want = WantRecording(); want != g_recording_on.load(); want = WantRecording()) {
+    if (want) {
+      at::reenableCallback(g_recording);
+    } else {
+      at::disableCallback(g_recording);
+    }
+    g_recording_on.store(want);
+  }
+}
+
+// At the end of a top-level operator under sampling: announces the thread's
+// next top-level operator as sampled after N - 1 skipped ones.
+void PlanNextTopLevel(ThreadState& t) {
+  if (t.announced) {  // the sampled operator ended
+    t.announced = false;
+    g_announced.fetch_sub(1);
+    t.skips_left = g_sample_every - 1;
+  } else if (t.skips_left > 0) {
+    --t.skips_left;
+  }
+  if (t.skips_left == 0 && !t.announced) {
+    t.announced = true;
+    g_announced.fetch_add(1);
   }
 }
 
 std::unique_ptr<at::ObserverContext> OnNestingStart(const at::RecordFunction& fn) {
   if (fn.isAsync()) return nullptr;  // it may end on another thread
   ThreadState& t = State();
-  if (t.depth++ == 0) t.sampled = t.top_level_seen++ % g_sample_every == 0;
+  if (t.depth++ == 0) t.sampled = g_sample_every == 1 || t.announced;
   if (IsAutogradNode(fn)) ++t.backward_depth;
   return nullptr;
 }
@@ -149,6 +198,7 @@ void OnNestingEnd(const at::RecordFunction& fn, at::ObserverContext*) {
   // without having started here.
   if (IsAutogradNode(fn) && t.backward_depth > 0) --t.backward_depth;
   if (t.depth > 0 && --t.depth == 0) {
+    if (g_sample_every > 1) PlanNextTopLevel(t);
     try {
       FollowTracerState();
     } catch (...) {  // torch refused the switch: the callback stays as it was
@@ -171,6 +221,11 @@ void OnRecordingEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (ctx != nullptr) EndOperator(fn, static_cast<const OpContext&>(*ctx), State());
 }
 
+void OnForkChild() {
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+  g_announced.store(State().announced ? 1 : 0);
+}
+
 }  // namespace
 
 bool InstallOpRecorder(const TracerAbi& abi, const OpRecorderOptions& options) {
@@ -189,7 +244,7 @@ bool InstallOpRecorder(const TracerAbi& abi, const OpRecorderOptions& options) {
           at::RecordFunctionCallback(&OnRecordingStart, &OnRecordingEnd)
               .needsInputs(true)
               .scopes(scopes));
-      if (g_abi.active() == 0) {
+      if (!WantRecording()) {
         g_recording_on.store(false);
         at::disableCallback(g_recording);
       }

@@ -15,7 +15,10 @@
 // forward; unknown otherwise (an optimizer step, say).
 //
 // Sampling: with sample_every = N, one top-level operator in N is recorded
-// per thread, with everything it calls, so recorded call trees stay whole.
+// per thread (the 2nd, the N+2nd, ...), with everything it calls, so
+// recorded call trees stay whole. The decision is made before an operator
+// starts, so a skipped one boxes no inputs (unless another thread records an
+// operator at the same time).
 //
 // Cost while the tracer is inactive (--delay, after --duration): only a
 // callback without inputs runs, which keeps the per-thread nesting count;

@@ -17,74 +17,13 @@
 
 #include "plugin/torch/module_stack.h"
 
-// A tracer that keeps records in memory. This executable exports these
-// symbols (ENABLE_EXPORTS), so FindTracerAbi resolves them as it resolves
-// libdynaflow_preload.so's in a traced process.
-namespace {
-
-struct Recorded {
-  uint64_t id;
-  int64_t start_ns, end_ns, sequence;
-  int32_t tid, pass;
-  std::string name, shapes, types, module_path, collective;
-};
-
-struct FakeTracer {
-  std::atomic<int> active{1};
-  std::atomic<int> active_queries{0};
-  std::atomic<uint64_t> next_id{1};
-  std::atomic<int64_t> clock{0};
-  std::atomic<int64_t> unbalanced{0};  // records whose id was not the last popped one
-  std::mutex mutex;
-  std::vector<Recorded> records;
-};
-FakeTracer g_tracer;
-
-thread_local std::vector<uint64_t> t_pushed;
-thread_local uint64_t t_last_popped = 0;
-
-std::string Str(const char* s) { return s == nullptr ? std::string() : std::string(s); }
-
-}  // namespace
-
-extern "C" {
-__attribute__((visibility("default"))) int dynaflow_tracer_abi_version(void) {
-  return DYNAFLOW_TRACER_ABI_VERSION;
-}
-__attribute__((visibility("default"))) int dynaflow_tracer_active(void) {
-  ++g_tracer.active_queries;
-  return g_tracer.active.load();
-}
-__attribute__((visibility("default"))) int dynaflow_tracer_record_ops(void) { return 1; }
-__attribute__((visibility("default"))) int64_t dynaflow_now_ns(void) {
-  return g_tracer.clock.fetch_add(10) + 10;
-}
-__attribute__((visibility("default"))) uint64_t dynaflow_next_operator_id(void) {
-  return g_tracer.next_id.fetch_add(1);
-}
-__attribute__((visibility("default"))) void dynaflow_push_operator(uint64_t id) {
-  t_pushed.push_back(id);
-}
-__attribute__((visibility("default"))) void dynaflow_pop_operator(void) {
-  if (t_pushed.empty()) {
-    ++g_tracer.unbalanced;
-    return;
-  }
-  t_last_popped = t_pushed.back();
-  t_pushed.pop_back();
-}
-__attribute__((visibility("default"))) void dynaflow_record_operator(
-    const DynaflowOperatorRecord* r) {
-  if (r->id != t_last_popped) ++g_tracer.unbalanced;
-  std::lock_guard<std::mutex> lock(g_tracer.mutex);
-  g_tracer.records.push_back({r->id, r->start_ns, r->end_ns, r->sequence, r->tid, r->pass,
-                              Str(r->name), Str(r->input_shapes), Str(r->input_types),
-                              Str(r->module_path), Str(r->collective)});
-}
-}  // extern "C"
+#include "plugin/torch/fake_tracer_abi_testing.h"
 
 namespace dynaflow {
 namespace {
+
+using testing_abi::g_tracer;
+using testing_abi::Recorded;
 
 class OpRecorderTest : public testing::Test {
  protected:
@@ -102,7 +41,7 @@ class OpRecorderTest : public testing::Test {
 
   void TearDown() override {
     EXPECT_EQ(g_tracer.unbalanced.load(), 0);
-    EXPECT_TRUE(t_pushed.empty());
+    EXPECT_EQ(testing_abi::PushedOnThisThread(), 0u);
   }
 
   static std::vector<Recorded> Records() {

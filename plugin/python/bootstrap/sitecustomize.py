@@ -11,7 +11,8 @@ It does three things and never stops the program (unless `dynaflow apply
    torch or the extension;
 3. right after torch is imported, installs the plan of `dynaflow apply` (env
    DYNAFLOW_PLAN, see dynaflow/_apply.py), and, when tracing, has the tracer
-   told the torch.distributed rank once the program initialises it and its
+   told the torch.distributed rank once the program initialises it, CUPTI
+   lent to torch.profiler for its windows and taken back after, and its
    trace finished at interpreter exit after a device synchronize, loads the
    dynaflow torch extension (env DYNAFLOW_TORCH_EXT) and installs the module
    path hooks on every nn.Module.
@@ -19,7 +20,8 @@ Any failure prints one "dynaflow: ..." line on stderr; the program then runs
 as it would untraced (with operators not recorded).
 
 Environment: DYNAFLOW_TORCH_EXT (the extension), DYNAFLOW_OPS=off (skip the
-recorder), set by `dynaflow trace`; DYNAFLOW_PLAN and DYNAFLOW_APPLY_*, set by
+recorder; the torch.profiler watch stays, for the tracer's GPU activity),
+DYNAFLOW_OUTPUT_DIR (the tracer's), set by `dynaflow trace`; DYNAFLOW_PLAN and DYNAFLOW_APPLY_*, set by
 `dynaflow apply` (which runs without the recorder unless DYNAFLOW_TORCH_EXT is
 set, as when `dynaflow trace` runs `dynaflow apply`).
 """
@@ -56,9 +58,16 @@ def _tracing():
         os.environ.get("DYNAFLOW_PLAN") and not os.environ.get("DYNAFLOW_TORCH_EXT"))
 
 
+def _under_tracer():
+    """Under `dynaflow trace`, --ops off included: the tracer records GPU
+    activity, which torch.profiler would take from it."""
+    return bool(os.environ.get("DYNAFLOW_OUTPUT_DIR"))
+
+
 def _on_torch_imported():
-    """Installs the plan (under `dynaflow apply`) and the operator recorder
-    (under `dynaflow trace`); one line on any failure."""
+    """Installs the plan (under `dynaflow apply`), the torch.profiler watch
+    and the operator recorder (under `dynaflow trace`); one line on any
+    failure."""
     # The dynaflow package sits beside this directory. Appended, so it
     # shadows none of the program's modules.
     sys.path.append(os.path.dirname(_HERE))
@@ -69,6 +78,13 @@ def _on_torch_imported():
             _apply.install_from_env()
         except Exception as e:  # noqa: BLE001 - the program must run on
             _warn(f"{e!r}; the plan is not applied")
+    if _under_tracer() or _tracing():
+        try:
+            from dynaflow import _torch_profiler
+
+            _torch_profiler.watch_torch_profiler()
+        except Exception as e:  # noqa: BLE001 - the program must run on
+            _warn(f"{e!r}; GPU activity after a torch.profiler window is not recorded")
     if not _tracing():
         return
     try:
@@ -121,7 +137,7 @@ class _TorchImportWatcher(importlib.abc.MetaPathFinder):
 
 def _install():
     _run_shadowed_sitecustomize()
-    if not _tracing() and not os.environ.get("DYNAFLOW_PLAN"):
+    if not _tracing() and not os.environ.get("DYNAFLOW_PLAN") and not _under_tracer():
         return
     if "torch" in sys.modules:  # imported by the shadowed sitecustomize
         _on_torch_imported()
