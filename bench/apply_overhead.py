@@ -7,8 +7,12 @@ the arguments a Hugging Face decoder layer gets (a (cos, sin) tuple, a mask,
 a DynamicCache, cache_position: what the split and merge walk), when
 transformers is installed; a 4-block stack split in 2 as one unit, its
 micro-batches side by side and staggered (8 segments each: the sequencer's
-turns at every attention and MLP call); and the runtime alone, running no-op
-Python tasks (ctypes, worker threads, the GIL) per call.
+turns at every attention and MLP call); a module with a 1 MiB output split in
+2, merged by one concatenation at the end (the CPU default) against merged
+into preallocated slices as each micro-batch finishes (`_split.SliceMerge`,
+CUDA's way);
+and the runtime alone, running no-op Python tasks (ctypes, worker threads, the
+GIL) per call.
 
     .venv/bin/python bench/apply_overhead.py build/plugin/apply/libdynaflow_apply.so
 """
@@ -36,6 +40,32 @@ class Net(nn.Module):
 
     def forward(self, x):
         return self.blocks[0](x)
+
+
+class WideNet(nn.Module):
+    """64 rows in, a 64 x 4096 float32 output (1 MiB): a merge worth measuring."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(64, 4096)])
+
+    def forward(self, x):
+        return self.blocks[0](x)
+
+
+class Slices:
+    """Runs a planned call with its outputs merged into slices on the CPU too
+    (`_apply.SLICES_ON_CPU`; by default only CUDA does)."""
+
+    def __init__(self, net):
+        self.net = net
+
+    def __call__(self, x):
+        _apply.SLICES_ON_CPU = True
+        try:
+            return self.net(x)
+        finally:
+            _apply.SLICES_ON_CPU = False
 
 
 class HfLikeNet(nn.Module):
@@ -126,6 +156,7 @@ def main():
     torch.set_num_threads(1)
     lib = sys.argv[1]
     x = torch.randn(8, 8)
+    wide_x = torch.randn(64, 64)
     nets = {"original": Net()}
     for name, p in [("sequential bucket", plan(2, True)), ("split 2", plan(2, False)),
                     ("split 4", plan(4, False))]:
@@ -133,6 +164,11 @@ def main():
     nets["stack, original"] = Stack()
     nets["stack, split 2"] = _apply.apply(Stack(), stack_plan(False), runtime_lib=lib)
     nets["stack, staggered 2"] = _apply.apply(Stack(), stack_plan(True), runtime_lib=lib)
+    wide_plan = plan(2, False)
+    wide_plan["partition_rules"][0]["modules"] = ["WideNet.blocks.*"]
+    nets["wide, original"] = WideNet()
+    nets["wide, split 2 cat"] = _apply.apply(WideNet(), wide_plan, runtime_lib=lib)
+    nets["wide, split 2 slices"] = Slices(_apply.apply(WideNet(), wide_plan, runtime_lib=lib))
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -145,7 +181,7 @@ def main():
     samples = {name: [] for name in nets}
     for _ in range(RUNS):  # alternating, so load changes hit every variant alike
         for name, net in nets.items():
-            samples[name].append(per_call_us(net, x))
+            samples[name].append(per_call_us(net, wide_x if name.startswith("wide") else x))
     print(f"{CALLS} calls x {RUNS} runs, median us per module call (added over its original):")
     for name, s in samples.items():
         base = statistics.median(samples[name.split(",")[0] + ", original" if "," in name

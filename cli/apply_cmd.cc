@@ -106,6 +106,13 @@ struct ApplySummary {
   };
   std::map<std::string, Region> regions;
   int64_t overlapped_collectives = 0;  // comm_overlap: launched asynchronously
+  // A plan with a tiling per phase: per phase (by name), the unit calls of
+  // that phase and those no tiling was for (run unplanned).
+  struct PhaseCalls {
+    int64_t calls = 0;
+    int64_t unplanned = 0;
+  };
+  std::map<std::string, PhaseCalls> phases;
 };
 
 ApplySummary MergeReports(const std::string& dir) {
@@ -136,6 +143,12 @@ ApplySummary MergeReports(const std::string& dir) {
     if (!v.value("worst", "").empty() && s.worst.empty()) s.worst = v.value("worst", "");
     if (!v.value("ok", false)) s.verify_ok = false;
     s.overlapped_collectives += r.value("overlapped_collectives", int64_t{0});
+    const nlohmann::json phases = r.value("phase_calls", nlohmann::json::object());
+    for (auto it = phases.begin(); phases.is_object() && it != phases.end(); ++it) {
+      if (!it.value().is_object()) continue;
+      s.phases[it.key()].calls += it.value().value("calls", int64_t{0});
+      s.phases[it.key()].unplanned += it.value().value("unplanned", int64_t{0});
+    }
     const nlohmann::json regions = r.value("regions", nlohmann::json::object());
     if (!regions.is_object()) continue;
     for (auto it = regions.begin(); it != regions.end(); ++it) {
@@ -189,6 +202,16 @@ int Summarize(const ApplyArgs& args, const std::string& report_dir, int exit_cod
       std::cerr << "dynaflow apply: " << r.overlapped_collectives
                 << " collectives launched asynchronously, each waited for just before the first "
                    "operator that uses its tensors\n";
+    }
+    if (!r.phases.empty()) {
+      std::cerr << "dynaflow apply: calls by phase:";
+      const char* sep = " ";
+      for (const auto& [phase, c] : r.phases) {
+        std::cerr << sep << Shorten(phase, 40) << " " << c.calls;
+        if (c.unplanned > 0) std::cerr << " (" << c.unplanned << " unplanned: the plan has no buckets for them)";
+        sep = ", ";
+      }
+      std::cerr << "\n";
     }
     // Whether the calls ran the schedule the prediction simulated.
     for (const auto& [path, g] : r.regions) {

@@ -248,12 +248,13 @@ void AdviceHtml(std::ostringstream& out, const AdviceResult& a, const Trace& tra
   }
   out << "</table>";
   if (a.has_graph) {
-    out << "<h3>Plan by tokens per step</h3><table><tr><th>tokens</th><th>strategy</th>"
+    out << "<h3>Plan by tokens per step</h3><table><tr><th>phase</th><th>tokens</th><th>strategy</th>"
            "<th>speedup</th></tr>";
     for (const PlanBucket& b : a.plan.buckets) {
       char speed[32];
       std::snprintf(speed, sizeof speed, "%.2fx", b.predicted_speedup);
-      out << "<tr><td>" << static_cast<long long>(b.min_tokens) << " &ndash; "
+      out << "<tr><td>" << Escape(b.phase.empty() ? a.plan.phase : b.phase) << "</td><td>"
+          << static_cast<long long>(b.min_tokens) << " &ndash; "
           << (b.max_tokens ? std::to_string(static_cast<long long>(*b.max_tokens)) : std::string("&infin;"))
           << "</td><td>" << StrategyName(b.strategy) << (b.splits > 1 ? " x" + std::to_string(b.splits) : "")
           << "</td><td>" << speed << "</td></tr>";

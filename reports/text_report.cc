@@ -160,12 +160,16 @@ void Recommendations(std::ostringstream& out, const AdviceResult& a) {
     out << buf << "        " << Printable(r.rationale) << "\n";
   }
   if (a.has_graph) {
-    out << "\n  Plan by tokens per step";
-    // The buckets scale one simulated step: they hold for steps of its phase.
-    if (!a.plan.phase.empty()) out << " of " << a.plan.phase << " steps";
-    if (a.plan.tokens_per_step <= 0) out << " (token count unknown: one bucket)";
-    out << "\n";
-    for (const PlanBucket& b : a.plan.buckets) {
+    for (size_t i = 0; i < a.plan.buckets.size(); ++i) {
+      const PlanBucket& b = a.plan.buckets[i];
+      if (i == 0 || b.phase != a.plan.buckets[i - 1].phase) {
+        // Each tiling scales one simulated step: it holds for steps of its phase.
+        const std::string& phase = b.phase.empty() ? a.plan.phase : b.phase;
+        out << "\n  Plan by tokens per step";
+        if (!phase.empty()) out << " of " << phase << " steps";
+        if (a.plan.tokens_per_step <= 0) out << " (token count unknown: one bucket)";
+        out << "\n";
+      }
       std::string range = std::to_string(static_cast<long long>(b.min_tokens)) + " .. " +
                           (b.max_tokens ? std::to_string(static_cast<long long>(*b.max_tokens)) : "");
       std::string name = StrategyName(b.strategy);
@@ -173,6 +177,9 @@ void Recommendations(std::ostringstream& out, const AdviceResult& a) {
       std::snprintf(buf, sizeof buf, "    %-18s %-22s %5.2fx\n", range.c_str(), name.c_str(),
                     b.predicted_speedup);
       out << buf;
+    }
+    for (const std::string& why : a.unplanned_phases) {
+      out << "\n  No buckets for " << Printable(why) << "; apply runs those calls unplanned\n";
     }
   }
   out << "\n";

@@ -216,6 +216,43 @@ class HfApplyTest(unittest.TestCase):
                       "such modules", r.stderr)
         self.assertNotIn("tokens", r.stdout)  # the program never ran a forward
 
+    def test_llama_a_tiling_per_phase(self):
+        # A plan with prefill and decode tilings (as advise writes for a trace
+        # with steps of both): prefill calls take the split buckets, decode
+        # calls (a cache holding tokens, one new token per row) the
+        # sequential one. Of STACK_CALLS: 5 prefills (the forward, the
+        # loop's first step, each generate's first) and 9 decode steps.
+        with open(self.plan_for("llama")) as f:
+            p = json.load(f)
+        prefill = [dict(b, phase="prefill") for b in p["buckets"]]
+        decode = [dict(p["buckets"][0], phase="decode", min_tokens=0, max_tokens=None,
+                       strategy="sequential", splits=1, rules=[],
+                       streams=[{"id": 0, "role": "compute"}])]
+        del decode[0]["segments"]
+        p["buckets"] = decode + prefill  # any order of the phases
+        phased = self.path("llama_phased.json")
+        with open(phased, "w") as f:
+            json.dump(p, f)
+        out = self.path("llama_phased.pt")
+        r = run(BIN, "apply", "--verify", "--strict", phased, "--", PY, MODELS, "--family",
+                "llama", "--out", out, *DEVICE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("dynaflow apply: 5 planned and 9 original calls of 1 modules", r.stderr)
+        self.assertIn("dynaflow apply: calls by phase: decode 9, prefill 5\n", r.stderr)
+        compare(self, self.base_for("llama"), out)
+        # Only decode buckets (the split ones): prefill calls have none and
+        # run unplanned.
+        p["buckets"] = [dict(b, phase="decode") for b in prefill]
+        with open(phased, "w") as f:
+            json.dump(p, f)
+        r = run(BIN, "apply", "--strict", phased, "--", PY, MODELS, "--family", "llama",
+                "--out", out, *DEVICE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("dynaflow apply: 9 planned and 5 original calls of 1 modules", r.stderr)
+        self.assertIn("dynaflow apply: calls by phase: decode 9, prefill 5 (5 unplanned: the "
+                      "plan has no buckets for them)\n", r.stderr)
+        compare(self, self.base_for("llama"), out)
+
     def test_llama_under_inference_mode(self):
         # Inference tensors have no version counters: shared inputs are
         # checked by their bytes instead.

@@ -63,6 +63,14 @@ def tiled(n):
     return f
 
 
+def phased(*phases):
+    """The two base buckets once per phase (None: no phase), in this order."""
+    def f(p):
+        two = p["buckets"]
+        p["buckets"] = [dict(b, phase=ph) if ph else dict(b) for ph in phases for b in two]
+    return f
+
+
 def many_rules(n):
     def f(p):
         r = p["partition_rules"][0]
@@ -118,6 +126,9 @@ CASES = [
     ("traces at the bound", setter("source", "traces", ["t"] * ITEMS), True, True),
     ("partition rules at the bound", many_rules(RULES), True, True),
     ("buckets at the bound", tiled(BUCKETS), True, True),
+    ("a tiling per phase", phased("prefill", "decode"), True, True),
+    ("a tiling per phase and one for the rest", phased("decode", None, "training"), True, True),
+    ("one phase's tiling", phased("mixed"), True, True),
     ("streams at the bound", setter("buckets", 1, "streams",
                                     [{"id": i, "role": "compute"} for i in range(STREAMS)]),
      True, True),
@@ -175,11 +186,18 @@ CASES = [
     ("module name not a string", setter("partition_rules", 1, "modules", [7]), False, False),
     ("module_fingerprint a number", setter("model", "module_fingerprint", 7), False, False),
     ("phase not a phase", setter("model", "phase", "warmup"), False, False),
+    ("bucket phase not a phase", setter("buckets", 0, "phase", "warmup"), False, False),
     # What only dynaflow checks (the schema's description says so).
     ("first bucket not at 0", setter("buckets", 0, "min_tokens", 5.0), True, False),
     ("buckets with a gap", setter("buckets", 1, "min_tokens", 200.0), True, False),
     ("last bucket closed", setter("buckets", 1, "max_tokens", 4096.0), True, False),
     ("bucket names no rule", setter("buckets", 1, "rules", ["nope"]), True, False),
+    ("a phase's buckets apart", phased("prefill", "decode", "prefill"), True, False),
+    ("a phase's tiling without its first bucket",
+     lambda p: (phased("prefill", "decode")(p), p["buckets"].pop(2)), True, False),
+    ("a phase's tiling closed", lambda p: (phased("prefill", "decode")(p),
+                                           p["buckets"][1].update(max_tokens=4096.0)), True, False),
+    ("half a bucket's phase", setter("buckets", 1, "phase", "decode"), True, False),
 ]
 
 

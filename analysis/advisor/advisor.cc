@@ -472,7 +472,7 @@ std::vector<BoundCheck> BoundChecks(const std::vector<std::vector<Eval>>& evals,
   std::vector<BoundCheck> out;
   for (size_t i = 0; i < evals.size(); ++i) {
     for (const Eval& e : evals[i]) {
-      out.push_back({tokens[i], e.cand.strategy, e.cand.splits, e.makespan_us * to_step,
+      out.push_back({"", tokens[i], e.cand.strategy, e.cand.splits, e.makespan_us * to_step,
                      e.result.makespan_us * to_step, e.bound.bound_us * to_step, e.bound.binding,
                      e.clamped});
     }
@@ -496,6 +496,192 @@ StepPicture Picture(const Trace& trace, const StepGraph& g, const Schedule& s, c
   pic.span_us = r.makespan_us;
   (void)trace;
   return pic;
+}
+
+// The token grid one step graph is simulated at (token counts around the
+// step's own), with every candidate's evaluation at each point.
+struct Grid {
+  std::vector<std::vector<Eval>> evals;
+  std::vector<double> tokens;
+  size_t observed = 0;  // the step's own token count
+};
+
+// Fills `grid` for `ctx`'s step; false, with `unfinished` saying why, when a
+// replay could not finish.
+bool EvaluateGrid(const CandidateContext& ctx, const AdviseOptions& opt, Grid* grid, std::string* unfinished) {
+  const StepGraph& graph = *ctx.graph;
+  // Big steps (no step structure found, a whole trace) get a coarser grid:
+  // the simulations cost in proportion to tasks x points.
+  std::vector<double> scales = graph.tokens > 0 ? opt.scales : std::vector<double>{1.0};
+  if (graph.tokens > 0 && graph.tasks.size() > 5000 && scales.size() > 4) {
+    scales = {1.0 / 16, 1.0 / 4, 1, 4};
+  }
+  if (std::find(scales.begin(), scales.end(), 1.0) == scales.end()) scales.push_back(1.0);
+  std::sort(scales.begin(), scales.end());
+  std::vector<std::vector<Eval>>& evals = grid->evals;
+  std::vector<double>& tokens = grid->tokens;
+  for (double s : scales) {
+    const double t = graph.tokens > 0 ? std::max(1.0, std::round(graph.tokens * s)) : 0;
+    if (s == 1.0) {
+      // The observed point, replacing a neighbour that rounded to the same count.
+      if (!tokens.empty() && t == tokens.back()) {
+        tokens.pop_back();
+        evals.pop_back();
+      }
+      grid->observed = tokens.size();
+    } else if (!tokens.empty() && t == tokens.back()) {
+      continue;
+    }
+    std::string stall;
+    evals.push_back(EvaluateAt(ctx, s == 1.0 || graph.tokens <= 0 ? 1.0 : t / graph.tokens, opt, &stall));
+    tokens.push_back(t);
+    if (evals.back().empty()) {
+      *unfinished = stall.empty() ? "the sequential replay took no time" : stall;
+      return false;
+    }
+  }
+  return true;
+}
+
+// A bucket's strategy and split count from its chosen candidate: a forced
+// strategy holds in every bucket, predicted as sequential where it does not
+// apply.
+Strategy ChosenStrategy(const Eval& e, const AdviseOptions& opt) {
+  return opt.force ? *opt.force : e.cand.strategy;
+}
+
+int ChosenSplits(const Eval& e, const AdviseOptions& opt) {
+  if (!opt.force || e.cand.strategy == *opt.force) return e.cand.splits;
+  const bool split = *opt.force == Strategy::kNanobatchOverlap || *opt.force == Strategy::kDualBatchOverlap;
+  return split ? (*opt.force == Strategy::kNanobatchOverlap && opt.splits > 0 ? opt.splits : 2) : 1;
+}
+
+std::vector<const Eval*> Choices(const Grid& grid, const AdviseOptions& opt) {
+  std::vector<const Eval*> choice;
+  for (const auto& e : grid.evals) choice.push_back(Choose(e, opt));
+  return choice;
+}
+
+// The per-point choices of `grid` merged into buckets of `phase` (empty: for
+// every call), appended to plan->buckets and their rules to
+// plan->partition_rules. `baseline_us` is the measured step the observed
+// point's sequential replay stands for. Returns the index of the bucket that
+// holds the observed point.
+size_t AppendTiling(const Grid& grid, const std::vector<const Eval*>& choice, double baseline_us,
+                    const std::string& phase, const AdviseOptions& opt, Plan* plan) {
+  const std::vector<double>& tokens = grid.tokens;
+  const double seq_observed = grid.evals[grid.observed].front().makespan_us;
+  size_t observed_bucket = 0;
+  for (size_t i = 0; i < choice.size();) {
+    size_t j = i;
+    while (j + 1 < choice.size() && ChosenStrategy(*choice[j + 1], opt) == ChosenStrategy(*choice[i], opt) &&
+           ChosenSplits(*choice[j + 1], opt) == ChosenSplits(*choice[i], opt)) {
+      ++j;
+    }
+    const size_t rep = grid.observed >= i && grid.observed <= j ? grid.observed : i;
+    if (rep == grid.observed) observed_bucket = plan->buckets.size();
+    const Eval& e = *choice[rep];
+    PlanBucket b;
+    b.phase = phase;
+    b.min_tokens = i == 0 ? 0 : std::round(std::sqrt(tokens[i - 1] * tokens[i]));
+    if (j + 1 < choice.size()) b.max_tokens = std::round(std::sqrt(tokens[j] * tokens[j + 1]));
+    if (b.max_tokens && *b.max_tokens <= b.min_tokens) b.max_tokens = b.min_tokens + 1;
+    b.strategy = ChosenStrategy(e, opt);
+    b.splits = ChosenSplits(e, opt);
+    b.streams = StreamsFor(b.strategy);
+    if (e.cand.strategy == b.strategy) b.segments = e.cand.partition.segments;
+    b.predicted_speedup = e.speedup;
+    b.baseline_step_us = baseline_us * grid.evals[rep].front().makespan_us / seq_observed;
+    b.predicted_step_us = b.baseline_step_us / e.speedup;
+    b.extra_memory_bytes = e.cand.extra_memory_bytes;
+    for (PlanRule& r : RulesFor(e.cand)) {
+      b.rules.push_back(r.name);
+      if (std::none_of(plan->partition_rules.begin(), plan->partition_rules.end(),
+                       [&r](const PlanRule& x) { return x.name == r.name; })) {
+        plan->partition_rules.push_back(std::move(r));
+      }
+    }
+    plan->buckets.push_back(std::move(b));
+    i = j + 1;
+  }
+  return observed_bucket;
+}
+
+// The known phases of `steps` other than `observed`, in order of first
+// appearance; none when the observed step's phase is unknown.
+std::vector<StepPhase> OtherPhases(const DeviceSteps& steps, StepPhase observed) {
+  std::vector<StepPhase> out;
+  if (observed == StepPhase::kUnknown) return out;
+  for (const Step& s : steps.steps) {
+    if (s.phase != StepPhase::kUnknown && s.phase != observed &&
+        std::find(out.begin(), out.end(), s.phase) == out.end()) {
+      out.push_back(s.phase);
+    }
+  }
+  return out;
+}
+
+// The indices of the steps of `phase`, by start.
+std::vector<size_t> StepsOf(const DeviceSteps& steps, StepPhase phase) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < steps.steps.size(); ++i) {
+    if (steps.steps[i].phase == phase) out.push_back(i);
+  }
+  return out;
+}
+
+double PhaseMeanUs(const DeviceSteps& steps, StepPhase phase) {
+  const std::vector<size_t> of = StepsOf(steps, phase);
+  double sum = 0;
+  for (size_t i : of) sum += steps.steps[i].duration_us();
+  return of.empty() ? 0 : sum / static_cast<double>(of.size());
+}
+
+// The step of `phase` of median duration (the lower median), as
+// FindSteps picks the representative of all steps.
+size_t PhaseRepresentative(const DeviceSteps& steps, StepPhase phase) {
+  std::vector<size_t> of = StepsOf(steps, phase);
+  std::sort(of.begin(), of.end(), [&steps](size_t a, size_t b) {
+    return steps.steps[a].duration_us() < steps.steps[b].duration_us();
+  });
+  return of[(of.size() - 1) / 2];
+}
+
+// Appends the buckets of `phase`, simulated on a step of that phase, with
+// their bound checks. A phase whose step has no graph or whose replay does
+// not finish gets no buckets: `dynaflow apply` runs its calls unplanned, and
+// out->unplanned_phases says why.
+void AppendPhaseTiling(const Trace& trace, const OperatorLinks& links, const DeviceResources& dr,
+                       const DeviceSteps& steps, StepPhase phase, const AdviseOptions& opt,
+                       AdviceResult* out, Plan* plan) {
+  CostCache costs(trace, &links);
+  const StepGraph graph =
+      BuildStepGraph(trace, links, dr, steps, PhaseRepresentative(steps, phase), &costs, opt.graph);
+  const std::string name = PhaseName(phase);
+  if (graph.tasks.empty()) {
+    out->unplanned_phases.push_back(name + ": its step has no GPU work to simulate");
+    return;
+  }
+  CandidateContext ctx;
+  ctx.trace = &trace;
+  ctx.graph = &graph;
+  const std::optional<SplitRegion> region = FindSplitRegion(trace, graph);
+  ctx.region = region ? &*region : nullptr;
+  ctx.peaks = dr.peaks;
+  ctx.params = opt.sim;
+  Grid grid;
+  std::string unfinished;
+  if (!EvaluateGrid(ctx, opt, &grid, &unfinished)) {
+    out->unplanned_phases.push_back(name + ": " + unfinished);
+    return;
+  }
+  const double baseline = PhaseMeanUs(steps, phase);
+  const double seq_observed = grid.evals[grid.observed].front().makespan_us;
+  for (BoundCheck c : BoundChecks(grid.evals, grid.tokens, baseline / seq_observed)) {
+    c.phase = name;
+    out->bound_checks.push_back(c);
+  }
+  AppendTiling(grid, Choices(grid, opt), baseline, name, opt, plan);
 }
 
 // The structure fingerprint `dynaflow trace` recorded for the root module
@@ -624,93 +810,32 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
   ctx.peaks = dr.peaks;
   ctx.params = opt.sim;
 
-  // Workload grid: token counts around the observed one.
-  // Big steps (no step structure found, a whole trace) get a coarser grid:
-  // the simulations cost in proportion to tasks x points.
-  std::vector<double> scales = graph.tokens > 0 ? opt.scales : std::vector<double>{1.0};
-  if (graph.tokens > 0 && graph.tasks.size() > 5000 && scales.size() > 4) {
-    scales = {1.0 / 16, 1.0 / 4, 1, 4};
-  }
-  if (std::find(scales.begin(), scales.end(), 1.0) == scales.end()) scales.push_back(1.0);
-  std::sort(scales.begin(), scales.end());
-  std::vector<std::vector<Eval>> evals;
-  std::vector<double> tokens;
-  size_t observed = 0;
-  for (double s : scales) {
-    const double t = graph.tokens > 0 ? std::max(1.0, std::round(graph.tokens * s)) : 0;
-    if (s == 1.0) {
-      // The observed point, replacing a neighbour that rounded to the same count.
-      if (!tokens.empty() && t == tokens.back()) {
-        tokens.pop_back();
-        evals.pop_back();
-      }
-      observed = tokens.size();
-    } else if (!tokens.empty() && t == tokens.back()) {
-      continue;
-    }
-    std::string stall;
-    evals.push_back(EvaluateAt(ctx, s == 1.0 || graph.tokens <= 0 ? 1.0 : t / graph.tokens, opt, &stall));
-    tokens.push_back(t);
-    if (evals.back().empty()) {
-      out.replay_unfinished = stall.empty() ? "the sequential replay took no time" : stall;
-      return out;
-    }
-  }
-  const double seq_observed = evals[observed].front().makespan_us;
+  Grid grid;
+  if (!EvaluateGrid(ctx, opt, &grid, &out.replay_unfinished)) return out;
+  const double seq_observed = grid.evals[grid.observed].front().makespan_us;
   out.replay_error_pct = graph.measured_us > 0 ? 100.0 * (seq_observed - graph.measured_us) / graph.measured_us : 0;
   out.replay_error_without_gaps_pct = ReplayErrorWithoutGaps(ctx, graph);
-  const double baseline = dev.step_mean_us;
-  out.bound_checks = BoundChecks(evals, tokens, baseline / seq_observed);
+  const std::vector<StepPhase> other_phases = OtherPhases(steps[crit], graph.phase);
+  // With steps of several phases, each phase's buckets are simulated on a
+  // step of its own and measured against its own steps' mean.
+  const double baseline = other_phases.empty()
+                              ? dev.step_mean_us
+                              : PhaseMeanUs(steps[crit], graph.phase);
+  out.bound_checks = BoundChecks(grid.evals, grid.tokens, baseline / seq_observed);
 
-  // Per-point choice, merged into buckets. A forced strategy holds in every
-  // bucket, predicted as sequential where it does not apply.
-  std::vector<const Eval*> choice;
-  for (const auto& e : evals) choice.push_back(Choose(e, opt));
-  auto strategy_at = [&](size_t i) {
-    return opt.force ? *opt.force : choice[i]->cand.strategy;
-  };
-  auto splits_at = [&](size_t i) {
-    if (!opt.force || choice[i]->cand.strategy == *opt.force) return choice[i]->cand.splits;
-    const bool split = *opt.force == Strategy::kNanobatchOverlap || *opt.force == Strategy::kDualBatchOverlap;
-    return split ? (*opt.force == Strategy::kNanobatchOverlap && opt.splits > 0 ? opt.splits : 2) : 1;
-  };
   plan.buckets.clear();
   plan.partition_rules.clear();
-  size_t observed_bucket = 0;
-  for (size_t i = 0; i < choice.size();) {
-    size_t j = i;
-    while (j + 1 < choice.size() && strategy_at(j + 1) == strategy_at(i) &&
-           splits_at(j + 1) == splits_at(i)) {
-      ++j;
-    }
-    const size_t rep = observed >= i && observed <= j ? observed : i;
-    if (rep == observed) observed_bucket = plan.buckets.size();
-    const Eval& e = *choice[rep];
-    PlanBucket b;
-    b.min_tokens = i == 0 ? 0 : std::round(std::sqrt(tokens[i - 1] * tokens[i]));
-    if (j + 1 < choice.size()) b.max_tokens = std::round(std::sqrt(tokens[j] * tokens[j + 1]));
-    if (b.max_tokens && *b.max_tokens <= b.min_tokens) b.max_tokens = b.min_tokens + 1;
-    b.strategy = strategy_at(rep);
-    b.splits = splits_at(rep);
-    b.streams = StreamsFor(b.strategy);
-    if (e.cand.strategy == b.strategy) b.segments = e.cand.partition.segments;
-    b.predicted_speedup = e.speedup;
-    b.baseline_step_us = baseline * evals[rep].front().makespan_us / seq_observed;
-    b.predicted_step_us = b.baseline_step_us / e.speedup;
-    b.extra_memory_bytes = e.cand.extra_memory_bytes;
-    for (PlanRule& r : RulesFor(e.cand)) {
-      b.rules.push_back(r.name);
-      if (std::none_of(plan.partition_rules.begin(), plan.partition_rules.end(),
-                       [&r](const PlanRule& x) { return x.name == r.name; })) {
-        plan.partition_rules.push_back(std::move(r));
-      }
-    }
-    plan.buckets.push_back(std::move(b));
-    i = j + 1;
+  const std::vector<const Eval*> choice = Choices(grid, opt);
+  const size_t observed_bucket =
+      AppendTiling(grid, choice, baseline, other_phases.empty() ? "" : PhaseName(graph.phase), opt, &plan);
+  for (StepPhase phase : other_phases) {
+    AppendPhaseTiling(trace, links, dr, steps[crit], phase, opt, &out, &plan);
   }
+  const std::vector<std::vector<Eval>>& evals = grid.evals;
+  const size_t observed = grid.observed;
   const Eval& chosen = *choice[observed];
-  plan.strategy = strategy_at(observed);
-  plan.splits = splits_at(observed);
+  plan.strategy = ChosenStrategy(chosen, opt);
+  plan.splits = ChosenSplits(chosen, opt);
   plan.baseline_step_us = baseline;
   plan.predicted_speedup = chosen.speedup;
   plan.predicted_step_us = baseline / chosen.speedup;

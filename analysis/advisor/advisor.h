@@ -112,6 +112,7 @@ struct StepPicture {
 // One candidate at one workload point against its physical bound, both in
 // microseconds of the reported step (the measured mean step's scale).
 struct BoundCheck {
+  std::string phase;  // the phase whose step was simulated; empty: the observed step
   double tokens = 0;  // the workload point (0: no token count)
   Strategy strategy = Strategy::kSequential;
   int splits = 1;
@@ -140,6 +141,9 @@ struct AdviceResult {
   StepPhase phase = StepPhase::kUnknown;
   TokenSource tokens_source = TokenSource::kNone;
   std::vector<BoundCheck> bound_checks;  // every candidate at every workload point
+  // Phases of the trace's steps that got no buckets, each with the reason
+  // ("decode: ..."); `dynaflow apply` runs their calls unplanned.
+  std::vector<std::string> unplanned_phases;
   StepPicture measured;
   StepPicture predicted;
 };

@@ -164,6 +164,55 @@ TEST(AdvisorTest, ServingDecodeForwardIsOneDecodeStepOfItsBatch) {
   EXPECT_DOUBLE_EQ(n.plan.tokens_per_step, 32);
 }
 
+// A serving session, prefill then decode: one tiling of buckets per phase,
+// each simulated on a step of its phase and measured against its own steps
+// (a prefill's 2048 tokens are not a decode batch of 2048).
+TEST(AdvisorTest, PrefillAndDecodeStepsGetATilingEach) {
+  const AdviceResult a = Advise(testing::ServingSession(2048, 32, 1024, 4, 5), {"serve.json"}, AdviseOptions{});
+  ASSERT_EQ(a.devices.size(), 1u);
+  const DeviceAdvice& d = a.devices[0];
+  ASSERT_EQ(d.steps.size(), 6u);
+  EXPECT_EQ(d.steps[0].phase, StepPhase::kPrefill);
+  EXPECT_EQ(d.steps[0].tokens, 2048);
+  double decode_sum = 0;
+  for (size_t i = 1; i < 6; ++i) {
+    EXPECT_EQ(d.steps[i].phase, StepPhase::kDecode);
+    decode_sum += d.steps[i].duration_us();
+  }
+  ASSERT_TRUE(a.has_graph);
+  EXPECT_EQ(a.plan.phase, "decode");  // the median step's
+  EXPECT_DOUBLE_EQ(a.plan.tokens_per_step, 32);
+  EXPECT_TRUE(a.unplanned_phases.empty());
+  ASSERT_TRUE(ValidatePlanJson(PlanToJson(a.plan)).ok()) << ValidatePlanJson(PlanToJson(a.plan)).message();
+
+  // Decode buckets first, then prefill; each phase's bucket holding its own
+  // step's tokens is measured against that phase's mean step.
+  const PlanBucket* decode = nullptr;
+  const PlanBucket* prefill = nullptr;
+  std::string last;
+  for (const PlanBucket& b : a.plan.buckets) {
+    ASSERT_TRUE(b.phase == "decode" || b.phase == "prefill") << b.phase;
+    if (last == "prefill") EXPECT_EQ(b.phase, "prefill");
+    last = b.phase;
+    const bool holds = [&b](double t) { return b.min_tokens <= t && (!b.max_tokens || t < *b.max_tokens); }(
+        b.phase == "decode" ? 32 : 2048);
+    if (holds) (b.phase == "decode" ? decode : prefill) = &b;
+  }
+  ASSERT_NE(decode, nullptr);
+  ASSERT_NE(prefill, nullptr);
+  EXPECT_NEAR(decode->baseline_step_us, decode_sum / 5, 1e-6);
+  EXPECT_NEAR(prefill->baseline_step_us, d.steps[0].duration_us(), 1e-6);
+  EXPECT_DOUBLE_EQ(a.plan.baseline_step_us, decode_sum / 5);
+  // The prefill step was simulated too, within its physical bound.
+  size_t prefill_checks = 0;
+  for (const BoundCheck& c : a.bound_checks) {
+    EXPECT_GE(c.predicted_step_us, c.bound_step_us * (1 - 1e-9)) << c.phase << " " << StrategyName(c.strategy);
+    prefill_checks += c.phase == "prefill";
+  }
+  EXPECT_GT(prefill_checks, 0u);
+  EXPECT_LT(prefill_checks, a.bound_checks.size());
+}
+
 // A small batch: sequential.
 TEST(AdvisorTest, SmallBatchStaysSequential) {
   const Trace trace = testing::LlamaDecode(8, 1024, 4, 3);

@@ -12,7 +12,8 @@ using nlohmann::json;
 const std::vector<std::string> kRoles = {"split", "stage",       "compute", "memory",
                                          "communication", "copy", "side_stream", "fused"};
 const std::vector<std::string> kStreamRoles = {"compute", "memory", "communication"};
-// model.phase: the step phases of analysis/steps/steps.h, less "unknown" (absent).
+// model.phase and buckets[].phase: the step phases of analysis/steps/steps.h,
+// less "unknown" (absent).
 const std::vector<std::string> kPhases = {"prefill", "decode", "mixed", "training"};
 
 json Strings(const std::vector<std::string>& v) { return json(v); }
@@ -212,6 +213,7 @@ json PlanToJson(const Plan& p) {
                        {"predicted_step_us", b.predicted_step_us},
                        {"extra_memory_bytes", b.extra_memory_bytes}});
     if (b.segments > 0) buckets.back()["segments"] = b.segments;
+    if (!b.phase.empty()) buckets.back()["phase"] = b.phase;
   }
   json out = {{"schema", p.schema},
               {"generator", p.generator},
@@ -295,10 +297,11 @@ Status ValidatePlanJson(const json& j) {
   const json& buckets = j["buckets"];
   DF_RETURN_IF_ERROR(Array(buckets, "buckets", PlanLimits::kMaxBuckets));
   DF_RETURN_IF_ERROR(Expect(!buckets.empty(), "buckets", "must be a non-empty array"));
+  std::set<std::string> phases_seen;
   for (size_t i = 0; i < buckets.size(); ++i) {
     const json& b = buckets[i];
     const std::string w = "buckets[" + std::to_string(i) + "]";
-    DF_RETURN_IF_ERROR(Object(b, w, PlanBucketRequiredKeys(), {"segments"}));
+    DF_RETURN_IF_ERROR(Object(b, w, PlanBucketRequiredKeys(), {"segments", "phase"}));
     DF_RETURN_IF_ERROR(Number(b["min_tokens"], w + ".min_tokens", 0, PlanLimits::kMaxCount));
     if (!b["max_tokens"].is_null()) {
       DF_RETURN_IF_ERROR(Number(b["max_tokens"], w + ".max_tokens", 0, PlanLimits::kMaxCount));
@@ -320,17 +323,27 @@ Status ValidatePlanJson(const json& j) {
     DF_RETURN_IF_ERROR(Number(b["baseline_step_us"], w + ".baseline_step_us", 0));
     DF_RETURN_IF_ERROR(Number(b["predicted_step_us"], w + ".predicted_step_us", 0));
     DF_RETURN_IF_ERROR(Number(b["extra_memory_bytes"], w + ".extra_memory_bytes", 0));
-    // Buckets tile [0, inf) in order (beyond what JSON Schema can say).
+    if (b.contains("phase")) DF_RETURN_IF_ERROR(Enum(b["phase"], w + ".phase", kPhases));
+    // The buckets of each phase (absent: of every call no other group is
+    // for) are consecutive and tile [0, inf) in order (beyond what JSON
+    // Schema can say).
+    const std::string phase = b.value("phase", "");
+    const bool group_starts = i == 0 || buckets[i - 1].value("phase", "") != phase;
+    const bool group_ends = i + 1 == buckets.size() || buckets[i + 1].value("phase", "") != phase;
+    const std::string group = phase.empty() ? "bucket" : phase + " bucket";
     const double lo = b["min_tokens"].get<double>();
-    if (i == 0) {
-      DF_RETURN_IF_ERROR(Expect(lo == 0, w + ".min_tokens", "the first bucket must start at 0"));
+    if (group_starts) {
+      DF_RETURN_IF_ERROR(Expect(phases_seen.insert(phase).second, w + ".phase",
+                                "the " + group + "s must be consecutive"));
+      DF_RETURN_IF_ERROR(Expect(lo == 0, w + ".min_tokens", "the first " + group + " must start at 0"));
     } else {
       const json& prev_hi = buckets[i - 1]["max_tokens"];
       DF_RETURN_IF_ERROR(Expect(prev_hi.is_number() && prev_hi.get<double>() == lo, w + ".min_tokens",
                                 "must equal the previous bucket's max_tokens"));
     }
-    if (i + 1 == buckets.size()) {
-      DF_RETURN_IF_ERROR(Expect(b["max_tokens"].is_null(), w + ".max_tokens", "the last bucket must be open (null)"));
+    if (group_ends) {
+      DF_RETURN_IF_ERROR(Expect(b["max_tokens"].is_null(), w + ".max_tokens",
+                                "the last " + group + " must be open (null)"));
     }
   }
   const json& pred = j["predicted"];
@@ -380,6 +393,7 @@ StatusOr<Plan> PlanFromJson(const json& j) {
     ParseStrategy(b["strategy"].get<std::string>(), &pb.strategy);
     pb.splits = b["splits"].get<int>();
     pb.segments = b.value("segments", 0);
+    pb.phase = b.value("phase", "");
     pb.rules = b["rules"].get<std::vector<std::string>>();
     for (const json& s : b["streams"]) pb.streams.push_back({s["id"].get<int>(), s["role"].get<std::string>()});
     pb.predicted_speedup = b["predicted_speedup"].get<double>();

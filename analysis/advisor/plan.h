@@ -71,6 +71,11 @@ struct PlanBucket {
   // runtime::BuildDualBatchRegion(segments) (segments = collective calls).
   // 0: absent (each unit call runs its micro-batches side by side).
   int segments = 0;
+  // The phase of the calls this bucket is for ("prefill", "decode", "mixed",
+  // "training"), simulated on a step of that phase; empty: every call that no
+  // phase's buckets are for. The buckets of one phase are consecutive and
+  // tile [0, inf) by tokens, each phase its own tiling.
+  std::string phase;
   std::vector<std::string> rules;  // PlanRule names
   std::vector<PlanStream> streams;
   double predicted_speedup = 1;
@@ -101,10 +106,12 @@ struct Plan {
   // `dynaflow apply` compares it with the program's model.
   std::string module_fingerprint;
   double tokens_per_step = 0;  // 0: unknown
-  // The phase of the step the buckets were simulated on: "prefill", "decode",
-  // "mixed" or "training" (analysis/steps/steps.h PhaseName); empty when
-  // unknown (absent from the JSON). Buckets of one plan never mix phases: a
-  // prefill's tokens are not a decode batch's.
+  // The phase of the observed step, the one `strategy`, `splits` and the
+  // top-level prediction are for: "prefill", "decode", "mixed" or "training"
+  // (analysis/steps/steps.h PhaseName); empty when unknown (absent from the
+  // JSON). A trace with steps of several phases gets one tiling of buckets
+  // per phase (PlanBucket::phase): a prefill's tokens are not a decode
+  // batch's.
   std::string phase;
   int64_t kernels_per_step = 0;
   // Decision.
@@ -112,7 +119,7 @@ struct Plan {
   Strategy strategy = Strategy::kSequential;  // at the observed workload
   int splits = 1;
   std::vector<PlanRule> partition_rules;
-  std::vector<PlanBucket> buckets;  // by min_tokens, covering [0, inf)
+  std::vector<PlanBucket> buckets;  // per phase, by min_tokens, covering [0, inf)
   // Prediction at the observed workload.
   double baseline_step_us = 0;
   double predicted_step_us = 0;

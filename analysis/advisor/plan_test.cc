@@ -79,6 +79,31 @@ TEST(PlanTest, RoundTripsThroughJson) {
   StatusOr<Plan> r_back = PlanFromJson(l);
   ASSERT_TRUE(r_back.ok()) << r_back.status().message();
   EXPECT_EQ(r_back.value().phase, "decode");
+  EXPECT_FALSE(l["buckets"][0].contains("phase"));  // for every call: absent
+}
+
+// A tiling per phase: each phase's buckets consecutive, from 0 to an open end.
+TEST(PlanTest, BucketsOfEachPhaseTileTheirOwnTokens) {
+  Plan p = Sample();
+  std::vector<PlanBucket> decode = p.buckets;
+  for (PlanBucket& b : p.buckets) b.phase = "prefill";
+  for (PlanBucket& b : decode) b.phase = "decode";
+  p.buckets.insert(p.buckets.end(), decode.begin(), decode.end());
+  const nlohmann::json j = PlanToJson(p);
+  EXPECT_EQ(j["buckets"][2]["phase"], "decode");
+  StatusOr<Plan> back = PlanFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back.value(), p);
+
+  nlohmann::json apart = j;  // prefill, decode, prefill
+  apart["buckets"].push_back(j["buckets"][0]);
+  apart["buckets"].push_back(j["buckets"][1]);
+  EXPECT_EQ(ValidatePlanJson(apart).message(),
+            "plan: buckets[4].phase: the prefill buckets must be consecutive");
+  nlohmann::json closed = j;
+  closed["buckets"][1]["max_tokens"] = 4096;
+  EXPECT_EQ(ValidatePlanJson(closed).message(),
+            "plan: buckets[1].max_tokens: the last prefill bucket must be open (null)");
 }
 
 TEST(PlanTest, SplitsModulesOnlyThroughASplitBucketsSplitRule) {

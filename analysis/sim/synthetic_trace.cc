@@ -168,8 +168,9 @@ Trace DdpSerializedAllReduce(int layers, double allreduce_us, int steps) {
 namespace {
 
 // One Llama-3-8B-shaped decode layer (LlamaDecode) of `batch` sequences with
-// `context` tokens of KV cache each.
-void LlamaDecodeLayer(SyntheticTrace& t, long b, int context, int l) {
+// `context` tokens of KV cache each; with `prefill`, the layer of one prompt
+// of `b` tokens instead (causal flash attention over the prompt).
+void LlamaDecodeLayer(SyntheticTrace& t, long b, int context, int l, bool prefill = false) {
   const char* bf16 = R"("c10::BFloat16")";
   auto types = [bf16](int n) {
     std::string s = "[";
@@ -216,6 +217,11 @@ void LlamaDecodeLayer(SyntheticTrace& t, long b, int context, int l) {
   a.types = types(3);
   a.kernel = "void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4> >(Flash_fwd_params)";
   a.dur_us = MemoryUs(2.0 * b * 8 * context * 256 + 4.0 * b * 4096);
+  if (prefill) {
+    a.shapes = Dims({{1, 32, b, 128}, {1, 8, b, 128}, {1, 8, b, 128}});
+    a.kernel = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >(Flash_fwd_params)";
+    a.dur_us = 2.0 * 32 * static_cast<double>(b) * b * 256 * 0.5 / (989.4e12 * 0.55) * 1e6 + 4;
+  }
   t.Launch(a);
   gemm(4096, 4096, "o_proj");
   t.Close();
@@ -269,6 +275,26 @@ Trace ServingDecodeForward(int batch, int context, int layers, bool annotated) {
   OncePerForward(t, "aten::argmax", Dims({{b, 128256}}),
                  "void at::native::reduce_kernel<512, 1, ArgMaxOps>(...)", MemoryUs(2.0 * b * 128256));
   if (annotated) t.RangeEnd();
+  return std::move(t.trace());
+}
+
+Trace ServingSession(int prompt_tokens, int batch, int context, int layers, int decode_steps) {
+  SyntheticTrace t;
+  auto forward = [&t, layers](const std::string& annotation, long rows, int context, bool prefill) {
+    t.RangeBegin(annotation);
+    OncePerForward(t, "aten::embedding", Dims({{128256, 4096}, {rows}}),
+                   "void at::native::indexSelectLargeIndex<c10::BFloat16>(...)", MemoryUs(2.0 * rows * 4096));
+    for (int l = 0; l < layers; ++l) LlamaDecodeLayer(t, rows, context, l, prefill);
+    OncePerForward(t, "aten::mm", Dims({{rows, 4096}, {4096, 128256}}), "nvjet_tst_192x8_64x8_4x1_v_bz_TNT",
+                   GemmUs(static_cast<double>(rows), 128256, 4096));
+    t.RangeEnd();
+    t.HostIdle(50);
+  };
+  const std::string p = std::to_string(prompt_tokens), b = std::to_string(batch);
+  forward("execute_context_1(" + p + ")_generation_0(0)", prompt_tokens, prompt_tokens, true);
+  for (int s = 0; s < decode_steps; ++s) {
+    forward("execute_context_0(0)_generation_" + b + "(" + b + ")", batch, context + s, false);
+  }
   return std::move(t.trace());
 }
 

@@ -89,6 +89,12 @@ Trace LlamaDecode(int batch, int context, int layers = 4, int steps = 3);
 // device).
 Trace ServingDecodeForward(int batch, int context, int layers, bool annotated);
 
+// A serving session of the LlamaDecode decoder, each forward under vLLM's
+// step annotation: one prefill of a `prompt_tokens`-token prompt, then
+// `decode_steps` decode forwards of `batch` sequences at `context` tokens of
+// KV cache (growing by one per step).
+Trace ServingSession(int prompt_tokens, int batch, int context, int layers, int decode_steps);
+
 // The forward pass of a Llama-3-8B-shaped decoder with tensor parallelism over
 // two GPUs (rank 0's view), prefilling `tokens` tokens: after the attention
 // output and the MLP down projection, an all-reduce on the NCCL stream that

@@ -12,7 +12,7 @@ from contextlib import redirect_stderr
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from dynaflow import _apply  # noqa: E402 - after the path is set
+from dynaflow import _apply, _split  # noqa: E402 - after the path is set
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 RUNTIME = os.environ.get("DYNAFLOW_APPLY_LIB_BUILT", "")
@@ -243,7 +243,7 @@ class PureFunctionsTest(unittest.TestCase):
 
     def test_bucket_table_gives_one_schedule_per_split_count(self):
         p = plan(["M.b.*"], splits=4, min_split_tokens=256)
-        self.assertEqual(_apply.bucket_table(p), ([256, _apply.INT64_MAX], [-1, 0], [4]))
+        self.assertEqual(_apply.bucket_table(p), ({"": ([256, _apply.INT64_MAX], [-1, 0])}, [4]))
         self.assertEqual(_apply.split_units(p), ["M.b.*"])
         self.assertEqual(_apply.root_class(p), "M")
 
@@ -263,7 +263,7 @@ class PureFunctionsTest(unittest.TestCase):
         self.assertEqual(len(units), 1002)
 
     def test_bucket_table_refuses_more_splits_than_the_schema_allows(self):
-        self.assertEqual(_apply.bucket_table(plan(["M.b.*"], splits=16))[2], [16])
+        self.assertEqual(_apply.bucket_table(plan(["M.b.*"], splits=16))[1], [16])
         with self.assertRaisesRegex(_apply.PlanMismatch, "splits 100000 ways; at most 16"):
             _apply.bucket_table(plan(["M.b.*"], splits=100000))
 
@@ -357,6 +357,33 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual(applier.report.verified_calls, 3)
         self.assertTrue(applier.report.verify_ok)
         self.assertLess(applier.report.max_abs_diff, 1e-5)
+
+    def test_outputs_merged_into_slices_equal_the_original(self):
+        # CUDA's merge (each micro-batch copies its rows into one output as it
+        # finishes), run here on the CPU workers; with grad off, or it would
+        # leave outputs that require grad to the concatenation.
+        from unittest import mock
+
+        expected = self.net(self.x)
+        _apply.apply(self.net, plan(["Net.blocks.*"], splits=3), runtime_lib=RUNTIME)
+        merges = []
+        block_outputs = []
+        self.net.blocks[2].register_forward_hook(lambda _m, _a, out: block_outputs.append(out))
+        put = _split.SliceMerge.put
+
+        def recorded(merge, mb, result):
+            merges.append(merge)
+            put(merge, mb, result)
+
+        with mock.patch.object(_apply, "SLICES_ON_CPU", True), \
+                mock.patch.object(_split.SliceMerge, "put", recorded), torch.no_grad():
+            actual = self.net(self.x)
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+        self.assertEqual(len(merges), 9)  # 3 blocks x 3 micro-batches
+        # The last block's merged output is the one its micro-batches wrote.
+        last = merges[-1]
+        self.assertEqual(sorted(last.taken), [("output", 0), ("output", 1), ("output", 2)])
+        self.assertIs(block_outputs[-1], last.outputs["output"])
 
     def test_tensor_keyword_arguments_are_split_and_written_in_place(self):
         cache = torch.zeros(6, 1, 16)

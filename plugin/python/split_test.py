@@ -114,6 +114,44 @@ class SplitTest(unittest.TestCase):
         with self.assertRaisesRegex(_split.MergeError, "micro-batch 0 returns \\(\\), not 2 rows"):
             _split.merge_outputs(s, [torch.tensor(1.0), torch.tensor(2.0)], [])
 
+    def test_outputs_put_as_micro_batches_finish_are_merged_without_concatenation(self):
+        s = split((torch.randn(4, 3),), parts=2)
+        s.slices = _split.SliceMerge(s)
+        parts = [Inputs(hidden=(torch.full((2, 3), float(i)), torch.arange(2) + 2 * i),
+                        mask={"m": torch.ones(2, 1) * i}) for i in range(2)]
+        for i in (1, 0):  # in any order
+            s.slices.put(i, parts[i])
+        whole = s.slices.outputs["output.hidden[0]"]
+        out = _split.merge_outputs(s, parts, [])
+        self.assertIs(out.hidden[0], whole)
+        self.assertEqual(whole.tolist(), [[0.0] * 3] * 2 + [[1.0] * 3] * 2)
+        self.assertIs(out.hidden[1], s.slices.outputs["output.hidden[1]"])
+        self.assertEqual(out.hidden[1].tolist(), [0, 1, 2, 3])
+        self.assertEqual(out.mask["m"].tolist(), [[0.0]] * 2 + [[1.0]] * 2)
+
+    def test_what_was_not_put_whole_is_concatenated(self):
+        s = split((torch.randn(4, 3),), parts=2)
+        s.slices = _split.SliceMerge(s)
+        a, b = torch.ones(2, 3), torch.zeros(2, 3)
+        s.slices.put(0, (a,))  # micro-batch 1 put nothing
+        out = _split.merge_outputs(s, [(a,), (b,)], [])
+        self.assertIsNot(out[0], s.slices.outputs["output[0]"])
+        self.assertEqual(out[0].tolist(), [[1.0] * 3] * 2 + [[0.0] * 3] * 2)
+        # A tensor other than the one put, a transposed one, one of another
+        # dtype, one that requires grad: concatenated.
+        t = torch.ones(3, 2).t()
+        g = torch.ones(2, 3, requires_grad=True)
+        s.slices.put(0, (t, torch.ones(2, 3, dtype=torch.float64), g))
+        s.slices.put(1, (t.contiguous(), torch.ones(2, 3), g.detach().clone().requires_grad_()))
+        self.assertEqual(sorted(s.slices.taken), [("output[0]", 0), ("output[0]", 1),
+                                                  ("output[1]", 0)])
+        out = _split.merge_outputs(s, [(t, torch.ones(2, 3, dtype=torch.float64), g),
+                                       (torch.ones(2, 3), torch.ones(2, 3), g)], [])
+        self.assertIsNot(out[0], s.slices.outputs["output[0]"])
+        self.assertEqual(out[0].tolist(), [[1.0] * 3] * 4)
+        self.assertEqual(out[1].dtype, torch.float64)
+        self.assertTrue(out[2].requires_grad)
+
 
 @unittest.skipUnless(HAS_TORCH, "needs torch")
 class ModuleTest(unittest.TestCase):

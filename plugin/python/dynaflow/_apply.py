@@ -22,7 +22,12 @@ whose token count falls in a bucket that splits the batch:
   - merges the micro-batches' outputs by rows and their state into the
     caller's state objects, so both equal the unsplit call's.
 Calls in a sequential bucket, or with fewer rows than splits, run the original
-forward after one policy lookup.
+forward after one policy lookup. A plan whose buckets name phases (a trace with
+prefill and decode steps gets a tiling for each) picks the tiling by the
+call's phase (`call_phase`): decode when it passes a cache that already holds
+tokens and one new token per row, training when autograd records and the
+module trains, prefill otherwise; a phase without a tiling takes the buckets
+without a phase, and, when there are none, runs the original forward.
 
 Strategies that split the batch (nanobatch_overlap, dual_batch_overlap) are
 applied, and comm_overlap (a unit's collectives launched asynchronously, each
@@ -48,12 +53,13 @@ import copy
 import ctypes
 import functools
 import inspect
+import itertools
 import json
 import os
 import sys
 import threading
 
-from ._split import (MergeError, Refusal, Unchanged, check_rows_independent,
+from ._split import (MergeError, Refusal, SliceMerge, Unchanged, check_rows_independent,
                      default_state_refusal, merge_outputs, split_call)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
@@ -411,10 +417,12 @@ class _Runtime:
 
 
 def bucket_table(plan):
-    """(max_tokens list, schedule index list, splits per schedule) for the
-    runtime's policy: one schedule per distinct split count; -1 sequential."""
-    max_tokens, schedules, splits_of = [], [], []
+    """({phase: (max_tokens list, schedule index list)}, splits per schedule)
+    for the runtime's policies, one per phase's tiling ("": the buckets
+    without a phase): one schedule per distinct split count; -1 sequential."""
+    tilings, splits_of = {}, []
     for bucket in plan.get("buckets", []):
+        max_tokens, schedules = tilings.setdefault(bucket.get("phase", ""), ([], []))
         top = bucket.get("max_tokens")
         max_tokens.append(INT64_MAX if top is None else int(top))
         splits = int(bucket.get("splits", 1))
@@ -430,7 +438,25 @@ def bucket_table(plan):
             schedules.append(splits_of.index(OVERLAP))
         else:
             schedules.append(-1)
-    return max_tokens, schedules, splits_of
+    return tilings, splits_of
+
+
+def call_phase(module, kwargs, args, x):
+    """The phase of a call whose batch tensor is `x`, as the advisor tells
+    steps apart: "training" when autograd records and the module trains;
+    "decode" when it passes a cache that already holds tokens
+    (`get_seq_length() > 0`, the Hugging Face Cache protocol) and one new
+    token per row; "prefill" otherwise (a forward over new prompts)."""
+    import torch
+
+    if torch.is_grad_enabled() and module.training:
+        return "training"
+    if x.dim() >= 2 and x.shape[1] == 1:
+        for value in itertools.chain(args, kwargs.values()):
+            length = getattr(value, "get_seq_length", None)
+            if callable(length) and not isinstance(value, torch.Tensor) and length() > 0:
+                return "decode"
+    return "prefill"
 
 
 def even_bounds(rows, parts):
@@ -494,6 +520,9 @@ class Report:
         self.worst = ""
         self.regions = {}  # unit path -> what its staggered calls ran
         self.overlapped_collectives = 0  # launched asynchronously by comm_overlap calls
+        # A plan with phases: per phase, the unit calls of that phase and how
+        # many of them no tiling was for.
+        self.phase_calls = {}
 
     def region_call(self, region, executed, skipped, extra):
         """One call of a staggered region: the tasks in the order their turns
@@ -565,6 +594,8 @@ class Report:
             "regions": self.regions,
             "overlapped_collectives": self.overlapped_collectives,
         }
+        if self.phase_calls:
+            out["phase_calls"] = self.phase_calls
         if verify:
             out["verify"] = {
                 "calls": self.verified_calls,
@@ -575,6 +606,14 @@ class Report:
             }
         return out
 
+
+# Whether planned calls on the CPU backend also merge their outputs into
+# preallocated slices as each micro-batch finishes (_split.SliceMerge). On
+# CUDA they do: each micro-batch's copy runs on its own stream, beside the
+# others' work, instead of one concatenation on the caller's stream after the
+# last. On the CPU there is nothing to overlap it with, and it measured slower
+# than the concatenation (bench/apply_overhead.py, docs/performance.md).
+SLICES_ON_CPU = False
 
 # The staggered region (and micro-batch) the current thread runs, if any:
 # the stage modules' pre-hooks cut segments only there.
@@ -866,7 +905,8 @@ class _PlannedForward:
     def __call__(self, *args, **kwargs):
         a = self.applier
         x = first_tensor(args, kwargs)
-        index = -1 if x is None or a.policy is None else a.runtime.pick(a.policy, tokens_of(x))
+        policy = a.policy_for(self.module, args, kwargs, x)
+        index = -1 if policy is None else a.runtime.pick(policy, tokens_of(x))
         if index < 0 or x.shape[0] < a.splits_of[index]:
             a.report.original_calls += 1
             return self.original(*args, **kwargs)
@@ -937,6 +977,8 @@ class _PlannedForward:
         # micro-batch's stream).
         region = self.regions.get(split.parts)
         state["region"] = region
+        if a.cuda or SLICES_ON_CPU:
+            split.slices = SliceMerge(split, state["caller"])
         ordered = region is None and not a.cuda and _distributed()
         handle, _, shared = self._schedule(split.parts, ordered)
         shared.update(state)  # what the schedule's task function reads
@@ -998,6 +1040,8 @@ class _PlannedForward:
                 region = state["region"]
                 if region is None:
                     state["results"][mb] = self.original(*split.args[mb], **split.kwargs[mb])
+                    if split.slices is not None:
+                        split.slices.put(mb, state["results"][mb])
                     return 0
                 if region.cuda:  # restores this thread's stream after the turns switched it
                     modes.enter_context(torch.cuda.stream(torch.cuda.current_stream()))
@@ -1005,6 +1049,8 @@ class _PlannedForward:
                 try:
                     region.begin(mb)
                     state["results"][mb] = self.original(*split.args[mb], **split.kwargs[mb])
+                    if split.slices is not None:  # in its last turn
+                        split.slices.put(mb, state["results"][mb])
                 finally:
                     _ON_THREAD.at = None
                     region.end(mb)
@@ -1136,8 +1182,10 @@ class Applier:
         self.on_refuse = lambda message: _say(f"plan refused: {message}; "
                                               f"the program runs unmodified")
         self.runtime = _Runtime(runtime_lib)
-        max_tokens, schedules, self.splits_of = bucket_table(plan)
-        self.policy = self.runtime.policy(max_tokens, schedules, len(self.splits_of))
+        tilings, self.splits_of = bucket_table(plan)
+        self.policies = {phase: self.runtime.policy(max_tokens, schedules, len(self.splits_of))
+                         for phase, (max_tokens, schedules) in tilings.items()}
+        self.phased = any(self.policies)  # some tiling names a phase
         self.cuda = False
         self.executor = None
         self.host_executor = None  # CPU threads of regions on CUDA
@@ -1203,9 +1251,26 @@ class Applier:
             if getattr(self, name):
                 lib.dynaflow_apply_executor_free(getattr(self, name))
                 setattr(self, name, None)
-        if self.policy:
-            lib.dynaflow_apply_policy_free(self.policy)
-            self.policy = None
+        for policy in self.policies.values():
+            lib.dynaflow_apply_policy_free(policy)
+        self.policies = {}
+
+    def policy_for(self, module, args, kwargs, x):
+        """The policy of the call's phase's tiling, else of the buckets
+        without a phase; None (the call runs unplanned) when there is neither
+        or the call has no batch tensor. Counts the calls per phase in a
+        plan with phases."""
+        if x is None:
+            return None
+        if not self.phased:
+            return self.policies.get("")
+        phase = call_phase(module, kwargs, args, x)
+        policy = self.policies.get(phase, self.policies.get(""))
+        with self.report.lock:
+            counts = self.report.phase_calls.setdefault(phase, {"calls": 0, "unplanned": 0})
+            counts["calls"] += 1
+            counts["unplanned"] += policy is None
+        return policy
 
     def refuse(self, message):
         self.detach()

@@ -31,6 +31,7 @@ import copy
 import dataclasses
 import enum
 import inspect
+import threading
 
 # Tensor arguments that are never per row, whatever their shape: positions in
 # the sequence shared by every row (Hugging Face's `cache_position`).
@@ -64,6 +65,7 @@ class CallSplit:
         self.shared = []  # (name, tensor, Unchanged)
         self.args = None  # [tuple] per micro-batch
         self.kwargs = None  # [dict] per micro-batch
+        self.slices = None  # SliceMerge of the call's run, where it has one
 
     def rows(self, i):
         return self.bounds[i], self.bounds[i + 1] - self.bounds[i]
@@ -295,7 +297,100 @@ def _merge_tensors(split, parts, where):
             raise MergeError(f"{where}: micro-batch {i} returns "
                              f"{tuple(p.shape) if isinstance(p, torch.Tensor) else type(p)}, "
                              f"not {count} rows")
-    return torch.cat(parts, 0)
+    whole = split.slices.whole(where, parts) if split.slices is not None else None
+    return whole if whole is not None else torch.cat(parts, 0)
+
+
+class SliceMerge:
+    """Merges the micro-batches' tensor outputs as each micro-batch finishes,
+    not by one concatenation after the last: the first micro-batch to return
+    an output allocates it once at the whole batch's size, and each copies its
+    rows into its slice, on its own thread and (on CUDA) its own stream,
+    beside the micro-batches still running. So when the region ends the
+    output is whole, and each micro-batch's result can be freed as soon as it
+    is copied. `dynaflow apply` uses it on CUDA (`_apply.SLICES_ON_CPU`).
+
+    Contract: `put(mb, result)` takes the tensors `merge_outputs` would
+    concatenate, found by the same paths (`_tensor_leaves` walks what `_merge`
+    walks); `whole(where, parts)` returns the merged tensor only when every
+    micro-batch put exactly the tensor `_merge` is given for that path, else
+    None and the merge concatenates, as without this. Left to the
+    concatenation: non-contiguous tensors (so the layout is torch.cat's), and,
+    under autograd, tensors that require grad (in-place writes into one base
+    from several threads would race on its autograd history)."""
+
+    def __init__(self, split, caller_stream=None):
+        self.split = split
+        self.caller_stream = caller_stream  # CUDA: the stream the output is used on
+        self.skip = {id(v) for _, _, views in split.states for v in views}
+        self.lock = threading.Lock()
+        self.outputs = {}  # where -> the whole output
+        self.taken = {}    # (where, micro-batch) -> the tensor it put
+
+    def put(self, mb, result):
+        import torch
+
+        begin, count = self.split.rows(mb)
+        grad = torch.is_grad_enabled()
+        for where, t in _tensor_leaves(result, "output", self.skip):
+            if t.dim() < 1 or t.shape[0] != count or not t.is_contiguous() or \
+                    (grad and t.requires_grad):
+                continue
+            whole = self._whole_for(where, t)
+            if whole is None:
+                continue
+            whole.narrow(0, begin, count).copy_(t)
+            if t.is_cuda:  # written on this micro-batch's stream (torch's rule)
+                whole.record_stream(torch.cuda.current_stream(t.device))
+            self.taken[(where, mb)] = t
+
+    def _whole_for(self, where, t):
+        """The output at `where`, allocated by the first micro-batch that
+        returns it; None when `t` does not fit it (merged by concatenation)."""
+        import torch
+
+        with self.lock:
+            whole = self.outputs.get(where)
+            if whole is None:
+                shape = (self.split.bounds[-1],) + tuple(t.shape[1:])
+                if t.is_cuda and self.caller_stream is not None:
+                    with torch.cuda.stream(self.caller_stream):
+                        whole = torch.empty(shape, dtype=t.dtype, device=t.device)
+                else:
+                    whole = torch.empty(shape, dtype=t.dtype, device=t.device)
+                self.outputs[where] = whole
+        if whole.dtype != t.dtype or whole.device != t.device or whole.shape[1:] != t.shape[1:]:
+            return None
+        return whole
+
+    def whole(self, where, parts):
+        if all(self.taken.get((where, i)) is p for i, p in enumerate(parts)):
+            return self.outputs.get(where)
+        return None
+
+
+def _tensor_leaves(value, where, skip):
+    """(path, tensor) of each tensor `_merge` would reach in `value`, with
+    `_merge`'s path names; state (views in `skip`, adapted objects) is not
+    walked."""
+    import torch
+
+    if id(value) in skip or _is_immutable(value):
+        return
+    if isinstance(value, torch.Tensor):
+        yield where, value
+    elif state_adapter(value) is not None:
+        return
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            if f.init:
+                yield from _tensor_leaves(getattr(value, f.name), f"{where}.{f.name}", skip)
+    elif isinstance(value, (tuple, list)):
+        for k, item in enumerate(value):
+            yield from _tensor_leaves(item, f"{where}[{k}]", skip)
+    elif type(value) is dict:
+        for k, item in value.items():
+            yield from _tensor_leaves(item, f"{where}[{k!r}]", skip)
 
 
 # --- state adapters -----------------------------------------------------------
