@@ -383,24 +383,28 @@ StepPhase ServingAnnotation::phase() const {
 
 namespace {
 
+// Reads a decimal count at the front of `s` (at most kMaxCountDigits digits).
+bool ReadNumber(std::string_view* s, int64_t* v) {
+  size_t i = 0;
+  *v = 0;
+  for (; i < s->size() && (*s)[i] >= '0' && (*s)[i] <= '9'; ++i) {
+    if (i == kMaxCountDigits) return false;
+    *v = *v * 10 + ((*s)[i] - '0');
+  }
+  s->remove_prefix(i);
+  return i > 0;
+}
+
+bool Skip(std::string_view* s, std::string_view word) {
+  if (s->substr(0, word.size()) != word) return false;
+  s->remove_prefix(word.size());
+  return true;
+}
+
 // Reads `<word>_<digits>(<digits>` at the front of `s` and skips to the
 // closing parenthesis; false on any other text.
 bool ReadCount(std::string_view* s, std::string_view word, int64_t* requests, int64_t* tokens) {
-  auto digits = [s](int64_t* v) {
-    size_t i = 0;
-    *v = 0;
-    for (; i < s->size() && (*s)[i] >= '0' && (*s)[i] <= '9'; ++i) {
-      if (i == kMaxCountDigits) return false;
-      *v = *v * 10 + ((*s)[i] - '0');
-    }
-    s->remove_prefix(i);
-    return i > 0;
-  };
-  if (s->substr(0, word.size()) != word) return false;
-  s->remove_prefix(word.size());
-  if (!digits(requests) || s->empty() || s->front() != '(') return false;
-  s->remove_prefix(1);
-  if (!digits(tokens)) return false;
+  if (!Skip(s, word) || !ReadNumber(s, requests) || !Skip(s, "(") || !ReadNumber(s, tokens)) return false;
   const size_t close = s->find(')');
   if (close == std::string_view::npos) return false;
   s->remove_prefix(close + 1);
@@ -409,12 +413,34 @@ bool ReadCount(std::string_view* s, std::string_view word, int64_t* requests, in
 
 }  // namespace
 
+namespace {
+
+// vLLM: execute_context_C(T[_S])_generation_G(U).
+bool ParseVllm(std::string_view name, ServingAnnotation* a) {
+  return ReadCount(&name, "execute_context_", &a->context_requests, &a->context_tokens) &&
+         ReadCount(&name, "_generation_", &a->generation_requests, &a->generation_tokens);
+}
+
+// TensorRT-LLM's PyTorch backend (PyExecutor._forward_step's nvtx_range):
+// `[Executor] _forward_step N: C ctx reqs, G gen reqs`, in older versions
+// without the iteration N or the `[Executor] ` prefix. Requests, not tokens.
+bool ParseTrtLlm(std::string_view name, ServingAnnotation* a) {
+  int64_t iteration = 0;
+  Skip(&name, "[Executor] ");
+  if (!Skip(&name, "_forward_step")) return false;
+  if (Skip(&name, " ") && !ReadNumber(&name, &iteration)) return false;
+  return Skip(&name, ": ") && ReadNumber(&name, &a->context_requests) && Skip(&name, " ctx reqs, ") &&
+         ReadNumber(&name, &a->generation_requests) && name == " gen reqs";
+}
+
+}  // namespace
+
 bool ParseServingAnnotation(std::string_view name, ServingAnnotation* out) {
   ServingAnnotation a;
-  if (!ReadCount(&name, "execute_context_", &a.context_requests, &a.context_tokens) ||
-      !ReadCount(&name, "_generation_", &a.generation_requests, &a.generation_tokens)) {
-    return false;
-  }
+  // SGLang's scheduler (SGLANG_SCHEDULER_ENABLE_NVTX=1: an NVTX range and a
+  // record_function) runs one batch, one forward, per `scheduler.run_batch`;
+  // the name says neither its phase nor its tokens.
+  if (name != "scheduler.run_batch" && !ParseVllm(name, &a) && !ParseTrtLlm(name, &a)) return false;
   *out = a;
   return true;
 }

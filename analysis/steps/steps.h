@@ -63,10 +63,18 @@ enum class TokenSource : uint8_t {
 // "none", "annotation", "attention_shapes", "gemm_rows", "batch_rows".
 const char* TokenSourceName(TokenSource s);
 
-// A serving framework's per-forward annotation, parsed. vLLM (v1 model runner)
-// names each forward `execute_context_C(T)_generation_G(U)`: C prefill
-// requests of T tokens in all (newer versions append `_S`, the sum of the
-// squared prompt lengths: `(888_788544)`) and G decode requests of U tokens.
+// A serving framework's per-forward annotation, parsed, from what each
+// framework's own source writes:
+//   * vLLM (v1 model runner) names each forward
+//     `execute_context_C(T)_generation_G(U)`: C prefill requests of T tokens
+//     in all (newer versions append `_S`, the sum of the squared prompt
+//     lengths: `(888_788544)`) and G decode requests of U tokens;
+//   * TensorRT-LLM's PyTorch backend, `[Executor] _forward_step N: C ctx
+//     reqs, G gen reqs` (older: without N or the prefix): C context (prefill)
+//     and G generation requests, no token counts (0: inferred from shapes);
+//   * SGLang's scheduler, `scheduler.run_batch` (with
+//     SGLANG_SCHEDULER_ENABLE_NVTX=1): one forward, nothing more (phase and
+//     tokens inferred).
 struct ServingAnnotation {
   int64_t context_requests = 0;
   int64_t context_tokens = 0;

@@ -149,12 +149,29 @@ TEST(StepsTest, ParsesServingAnnotations) {
   ASSERT_TRUE(ParseServingAnnotation("execute_context_2(300)_generation_30(30)", &a));
   EXPECT_EQ(a.phase(), StepPhase::kMixed);
   EXPECT_EQ(a.tokens(), 330);
+  // TensorRT-LLM's PyTorch backend: requests only, tokens left to the shapes.
+  ASSERT_TRUE(ParseServingAnnotation("[Executor] _forward_step 17: 0 ctx reqs, 64 gen reqs", &a));
+  EXPECT_EQ(a.generation_requests, 64);
+  EXPECT_EQ(a.phase(), StepPhase::kDecode);
+  EXPECT_EQ(a.tokens(), 0);
+  ASSERT_TRUE(ParseServingAnnotation("[Executor] _forward_step: 3 ctx reqs, 0 gen reqs", &a));
+  EXPECT_EQ(a.phase(), StepPhase::kPrefill);
+  ASSERT_TRUE(ParseServingAnnotation("_forward_step: 2 ctx reqs, 5 gen reqs", &a));
+  EXPECT_EQ(a.phase(), StepPhase::kMixed);
+  // SGLang's scheduler: one forward, phase and tokens unknown.
+  ASSERT_TRUE(ParseServingAnnotation("scheduler.run_batch", &a));
+  EXPECT_EQ(a.phase(), StepPhase::kUnknown);
+  EXPECT_EQ(a.tokens(), 0);
   ServingAnnotation untouched;
   untouched.context_tokens = 7;
   for (const char* bad : {"ProfilerStep#1", "execute_context_", "execute_context_1(", "execute_context_1(5",
                           "execute_context_1(5)", "execute_context_1(5)_generation_x(1)",
                           "execute_context_(5)_generation_1(1)", "",
-                          "execute_context_1(12345678901234567890)_generation_0(0)"}) {
+                          "execute_context_1(12345678901234567890)_generation_0(0)",
+                          "[Executor] _forward_step 17: 0 ctx reqs, 64 gen reqs extra",
+                          "[Executor] _forward_step x: 0 ctx reqs, 64 gen reqs",
+                          "_forward_step: ctx reqs, 1 gen reqs", "scheduler.run_batch_x",
+                          "scheduler.recv_requests"}) {
     EXPECT_FALSE(ParseServingAnnotation(bad, &untouched)) << bad;
   }
   EXPECT_EQ(untouched.context_tokens, 7);
@@ -177,6 +194,26 @@ TEST(StepsTest, ServingAnnotationsAreOneStepPerForwardWithPhaseAndTokens) {
   EXPECT_EQ(s.steps[1].phase, StepPhase::kDecode);
   EXPECT_EQ(s.steps[1].tokens, 32);
   EXPECT_DOUBLE_EQ(s.steps[0].duration_us(), 1100);
+}
+
+// TensorRT-LLM's and SGLang's host ranges: one step per forward; TensorRT-LLM's
+// says the phase, neither says the tokens.
+TEST(StepsTest, TrtLlmAndSglangForwardsAreOneStepEach) {
+  Builder b;
+  b.Range("[Executor] _forward_step 0: 4 ctx reqs, 0 gen reqs", 0, 1000000, false);
+  b.Range("[Executor] _forward_step 1: 0 ctx reqs, 4 gen reqs", 1000000, 1400000, false);
+  b.Range("scheduler.run_batch", 1400000, 1800000, false);
+  for (TimeNs t = 0; t < 1800000; t += 100000) b.Kernel("layer", t + 10000, t + 60000);
+  DeviceSteps s = b.Find();
+  EXPECT_EQ(s.source, StepSource::kServingHost);
+  ASSERT_EQ(s.steps.size(), 3u);
+  EXPECT_EQ(s.steps[0].activities, 10);
+  EXPECT_EQ(s.steps[0].phase, StepPhase::kPrefill);
+  EXPECT_EQ(s.steps[1].activities, 4);
+  EXPECT_EQ(s.steps[1].phase, StepPhase::kDecode);
+  EXPECT_EQ(s.steps[2].activities, 4);
+  EXPECT_EQ(s.steps[2].phase, StepPhase::kUnknown);
+  for (const Step& step : s.steps) EXPECT_EQ(step.tokens, 0);
 }
 
 TEST(StepsTest, ProfilerStepsKeepTheirWindowsAndTakeTheServingPhase) {
