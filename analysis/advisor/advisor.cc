@@ -498,6 +498,20 @@ StepPicture Picture(const Trace& trace, const StepGraph& g, const Schedule& s, c
   return pic;
 }
 
+// The candidates' context for `graph`, whose split region (FindSplitRegion's)
+// is `region`: both must outlive it.
+CandidateContext ContextFor(const Trace& trace, const StepGraph& graph,
+                            const std::optional<SplitRegion>& region, const DeviceResources& dr,
+                            const AdviseOptions& opt) {
+  CandidateContext ctx;
+  ctx.trace = &trace;
+  ctx.graph = &graph;
+  ctx.region = region ? &*region : nullptr;
+  ctx.peaks = dr.peaks;
+  ctx.params = opt.sim;
+  return ctx;
+}
+
 // The token grid one step graph is simulated at (token counts around the
 // step's own), with every candidate's evaluation at each point.
 struct Grid {
@@ -662,13 +676,8 @@ void AppendPhaseTiling(const Trace& trace, const OperatorLinks& links, const Dev
     out->unplanned_phases.push_back(name + ": its step has no GPU work to simulate");
     return;
   }
-  CandidateContext ctx;
-  ctx.trace = &trace;
-  ctx.graph = &graph;
   const std::optional<SplitRegion> region = FindSplitRegion(trace, graph);
-  ctx.region = region ? &*region : nullptr;
-  ctx.peaks = dr.peaks;
-  ctx.params = opt.sim;
+  const CandidateContext ctx = ContextFor(trace, graph, region, dr, opt);
   Grid grid;
   std::string unfinished;
   if (!EvaluateGrid(ctx, opt, &grid, &unfinished)) {
@@ -802,13 +811,8 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
     plan.model_fingerprint = f.Hex();
   }
 
-  CandidateContext ctx;
-  ctx.trace = &trace;
-  ctx.graph = &graph;
   const std::optional<SplitRegion> region = FindSplitRegion(trace, graph);
-  ctx.region = region ? &*region : nullptr;
-  ctx.peaks = dr.peaks;
-  ctx.params = opt.sim;
+  const CandidateContext ctx = ContextFor(trace, graph, region, dr, opt);
 
   Grid grid;
   if (!EvaluateGrid(ctx, opt, &grid, &out.replay_unfinished)) return out;
