@@ -186,7 +186,10 @@ CREATE TABLE ranges (
 -- collective: c10d/NCCL metadata of record_param_comms as the members of a
 -- compact JSON object without braces, Kineto's names ("Collective name":
 -- "allreduce","Process Group Name":"0","In msg nelems":1024, ...); 0 (the
--- empty string) for other operators.
+-- empty string) for other operators. in_graph_capture: 1 when the operator
+-- began while its thread captured CUDA work into a graph (stream capture):
+-- its launches were recorded, not run, so it has no GPU time of its own; each
+-- replay of the graph, whose kernels link to it, is one execution of it.
 CREATE TABLE operators (
   rank           INTEGER NOT NULL,
   pid            INTEGER NOT NULL,
@@ -204,10 +207,7 @@ CREATE TABLE operators (
   -- Kineto's "Concrete Inputs" and "Input Strides" as compact JSON (version 3)
   concrete_inputs_id INTEGER NOT NULL DEFAULT 0 REFERENCES strings(id),
   input_strides_id   INTEGER NOT NULL DEFAULT 0 REFERENCES strings(id),
-  -- 1: the operator began while its thread captured CUDA work into a graph
-  -- (stream capture): its launches were recorded, not run, so it has no GPU
-  -- time of its own; the graph's replays, linked to it, have. Version 4.
-  in_graph_capture   INTEGER NOT NULL DEFAULT 0 CHECK (in_graph_capture IN (0, 1))
+  in_graph_capture   INTEGER NOT NULL DEFAULT 0 CHECK (in_graph_capture IN (0, 1)) -- version 4
 );
 
 -- Malformed or skipped input, counted by named category (never fatal).

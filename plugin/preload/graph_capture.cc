@@ -70,6 +70,12 @@ const CaptureCall* FindCall(CUpti_CallbackDomain domain, CUpti_CallbackId cbid) 
   return nullptr;
 }
 
+// Handles that name the calling thread's own stream: 0 in the _ptsz calls
+// (and, never capturable, the legacy default stream elsewhere) and
+// cudaStreamPerThread.
+constexpr uint64_t kDefaultStream = 0;
+constexpr uint64_t kPerThreadStream = 0x2;  // cudaStreamPerThread, CU_STREAM_PER_THREAD
+
 // cudaError_t and CUresult agree on success (0) and on this code.
 constexpr int kSuccess = 0;
 constexpr int kWrongThread = 908;  // cudaErrorStreamCaptureWrongThread
@@ -97,17 +103,22 @@ void GraphCaptureTracker::OnApiCallback(CUpti_CallbackDomain domain, CUpti_Callb
   }
 }
 
+GraphCaptureTracker::StreamKey GraphCaptureTracker::KeyOf(uint64_t stream) {
+  const bool own = stream == kDefaultStream || stream == kPerThreadStream;
+  return {stream, own ? std::this_thread::get_id() : std::thread::id()};
+}
+
 void GraphCaptureTracker::OnBeginCapture(uint64_t stream, bool succeeded) {
   if (!succeeded) return;
   std::lock_guard<std::mutex> lock(mu_);
-  capturing_[stream] = std::this_thread::get_id();
+  capturing_[KeyOf(stream)] = std::this_thread::get_id();
   count_.store(capturing_.size());
 }
 
 void GraphCaptureTracker::OnEndCapture(uint64_t stream, bool wrong_thread) {
   if (wrong_thread) return;
   std::lock_guard<std::mutex> lock(mu_);
-  capturing_.erase(stream);
+  capturing_.erase(KeyOf(stream));
   count_.store(capturing_.size());
 }
 

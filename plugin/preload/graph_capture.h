@@ -13,11 +13,16 @@
 // atomic load while nobody captures. A stream is keyed by its handle
 // (cudaStream_t and CUstream are the same), so the runtime call and the
 // driver call it makes count once, and a thread capturing several streams
-// captures until the last ends. A begin that fails captures nothing; an end
-// that fails with "wrong thread" leaves the capture on (CUDA does too), any
-// other end ends it. Work a thread launches into a stream another thread
-// captures is not seen. What CUPTI does not report (the tracer unsubscribed
-// while torch.profiler holds CUPTI) is forgotten with Forget().
+// captures until the last ends; a per-thread default stream (handle 0 of the
+// _ptsz calls, cudaStreamPerThread) is each thread's own. A begin that fails
+// captures nothing; an end that fails with "wrong thread" leaves the capture
+// on (CUDA does too), any other end ends it. Work a thread launches into a
+// stream another thread captures is not seen. Captures in progress when
+// CUPTI stops reporting them (the tracer unsubscribes while torch.profiler
+// holds CUPTI) are forgotten (Forget()): their end would go unseen.
+//
+// What the capturing thread sees is exact: CUPTI runs the callbacks on the
+// thread making the CUDA call, before the call returns.
 #pragma once
 
 #include <cupti.h>
@@ -25,10 +30,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <span>
 #include <thread>
-#include <unordered_map>
+#include <utility>
 
 namespace dynaflow {
 
@@ -66,8 +72,13 @@ class GraphCaptureTracker {
   void Forget();
 
  private:
+  // A stream: its handle, and the thread it belongs to for per-thread
+  // default streams (a default id for the others).
+  using StreamKey = std::pair<uint64_t, std::thread::id>;
+  static StreamKey KeyOf(uint64_t stream);
+
   mutable std::mutex mu_;
-  std::unordered_map<uint64_t, std::thread::id> capturing_;  // stream -> thread
+  std::map<StreamKey, std::thread::id> capturing_;  // stream -> capturing thread
   std::atomic<size_t> count_{0};  // capturing_.size(), read without the lock
 };
 

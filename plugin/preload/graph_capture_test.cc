@@ -138,6 +138,19 @@ TEST_F(GraphCaptureTest, GivingTheSubscriptionUpForgetsCaptures) {
                                        CUPTI_RUNTIME_TRACE_CBID_cudaStreamEndCapture_v10000));
 }
 
+TEST_F(GraphCaptureTest, PerThreadDefaultStreamsAreEachThreadsOwn) {
+  constexpr uintptr_t kPerThread = 0x2;  // cudaStreamPerThread
+  cuda_.BeginCapture(kPerThread);
+  std::thread([&] {
+    cuda_.BeginCapture(kPerThread);
+    cuda_.EndCapture(kPerThread);
+    EXPECT_FALSE(graph_.CallingThreadCapturing());
+  }).join();
+  EXPECT_TRUE(graph_.CallingThreadCapturing());  // not ended by the other thread's end
+  cuda_.EndCapture(kPerThread);
+  EXPECT_FALSE(graph_.CallingThreadCapturing());
+}
+
 TEST(GraphCaptureTrackerTest, CountsStreamsOfEveryThread) {
   GraphCaptureTracker tracker;
   tracker.OnBeginCapture(1, true);

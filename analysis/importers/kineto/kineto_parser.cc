@@ -277,7 +277,11 @@ void ReadArgs(od::object args, RawEvent* e) {
         }
         break;
       case 'G':
-        if (key == "Graph capture") e->graph_capture = ReadId(v) == 1;
+        if (key == "Graph capture") {
+          e->graph_capture = ReadId(v) == 1;
+        } else if (IsCollectiveKey(key)) {  // "Group size"
+          AppendMember(key, v, &e->collective);
+        }
         break;
       case 'M':
         if (key == "Module Hierarchy" && v.type() == od::json_type::string) {
