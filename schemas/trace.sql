@@ -189,7 +189,9 @@ CREATE TABLE ranges (
 -- empty string) for other operators. in_graph_capture: 1 when the operator
 -- began while its thread captured CUDA work into a graph (stream capture):
 -- its launches were recorded, not run, so it has no GPU time of its own; each
--- replay of the graph, whose kernels link to it, is one execution of it.
+-- replay of the graph, whose kernels link to it, is one execution of it. 0
+-- where the source cannot tell (a tracer without CUPTI's callback
+-- subscription, other tools' files).
 CREATE TABLE operators (
   rank           INTEGER NOT NULL,
   pid            INTEGER NOT NULL,
