@@ -351,7 +351,8 @@ void NestOperators(const Trace& trace, const ThreadOrder& order, OperatorLinks* 
 
 }  // namespace
 
-OperatorGpuTime::OperatorGpuTime(const Trace& trace) : trace_(trace), once_ns_(trace.ops.size(), 0.0) {}
+OperatorGpuTime::OperatorGpuTime(const Trace& trace)
+    : trace_(trace), once_ns_(trace.ops.size(), 0.0) {}
 
 int64_t OperatorGpuTime::Replay(int32_t op, const GpuActivity& g) const {
   return trace_.ops[static_cast<size_t>(op)].in_graph_capture ? g.correlation : -1;

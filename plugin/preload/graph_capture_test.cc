@@ -42,9 +42,9 @@ class Cuda {
 
  private:
   void Driver(CUpti_CallbackId cbid, const void* params) {
-    EXPECT_TRUE(cupti_.EmitApiCallback(CUPTI_CB_DOMAIN_DRIVER_API, cbid, CUPTI_API_ENTER, params, 0));
-    EXPECT_TRUE(
-        cupti_.EmitApiCallback(CUPTI_CB_DOMAIN_DRIVER_API, cbid, CUPTI_API_EXIT, params, kSuccess));
+    constexpr CUpti_CallbackDomain kDriver = CUPTI_CB_DOMAIN_DRIVER_API;
+    EXPECT_TRUE(cupti_.EmitApiCallback(kDriver, cbid, CUPTI_API_ENTER, params, 0));
+    EXPECT_TRUE(cupti_.EmitApiCallback(kDriver, cbid, CUPTI_API_EXIT, params, kSuccess));
   }
   FakeCuptiApi& cupti_;
 };
