@@ -306,6 +306,7 @@ void WriteOperators(EventWriter& w, const RankView& v) {
     WriteJsonArg(w, "Input Strides", v.S(o.input_strides));
     WriteJsonArg(w, "Concrete Inputs", v.S(o.concrete_inputs));
     if (o.module_path != 0) w.Field("Module Hierarchy", v.S(o.module_path));
+    if (o.in_graph_capture) w.Field("Graph capture", 1);
     WriteCollectiveArgs(w, v.S(o.collective));
     w.CloseArgs();
     w.Close();

@@ -109,6 +109,7 @@ void FillRank(Trace* t, int32_t rank) {
   b.Op("aten::mm", 150, 1900, Pass::kForward, 13, "Llama.layers.0.mlp.up", 2);
   b.Op("autograd::engine::evaluate_function: MmBackward0", 3000, 5000, Pass::kBackward, 13, "", 3);
   b.Op("aten::add_", 6000, 6500, Pass::kUnknown, -1, "", 4);
+  t->ops[1].in_graph_capture = true;  // aten::mm, captured into a CUDA graph
   b.Api(ApiKind::kRuntime, "cudaLaunchKernel", 200, 260, 901, 2);
   b.Api(ApiKind::kDriver, "cuLaunchKernelEx", 3100, 3160, 902, 3);
   b.Api(ApiKind::kRuntime, "cudaMemcpyAsync", 6100, 6150, 903, 4);
@@ -161,7 +162,9 @@ TEST(PerfettoExportTest, KinetoImporterGetsEveryEventBack) {
     EXPECT_EQ(S(back, b.input_types), S(t, a.input_types));
     EXPECT_EQ(S(back, b.module_path), S(t, a.module_path));
     EXPECT_EQ(b.pass, a.pass) << S(t, a.name);
+    EXPECT_EQ(b.in_graph_capture, a.in_graph_capture) << S(t, a.name);
   }
+  EXPECT_TRUE(back.ops[1].in_graph_capture);
 
   ASSERT_EQ(back.api.size(), t.api.size());
   for (size_t i = 0; i < t.api.size(); ++i) {

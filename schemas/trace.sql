@@ -1,4 +1,4 @@
--- dynaflow trace store, schema version 3 (PRAGMA user_version = 3).
+-- dynaflow trace store, schema version 4 (PRAGMA user_version = 4).
 --
 -- One SQLite file holds one or more imported or captured traces. Times are
 -- integer nanoseconds on the trace's clock; names are interned in `strings`
@@ -17,11 +17,12 @@
 --              process (pid) of kernels, memcpy and memset; and process_meta,
 --              the metadata of each traced process (meta keeps what holds
 --              trace-wide)
+--   version 4  operators.in_graph_capture
 --
 -- Natural queries go through the views at the end, e.g.
 --   SELECT name, count(*), sum(dur_ns) FROM gpu_activity GROUP BY name ORDER BY 3 DESC;
 
-PRAGMA user_version = 3;
+PRAGMA user_version = 4;
 
 -- Key/value facts about the trace: format, source files, tool versions,
 -- and anything a tracer wants to record (dropped records, "no GPU", ...).
@@ -185,7 +186,12 @@ CREATE TABLE ranges (
 -- collective: c10d/NCCL metadata of record_param_comms as the members of a
 -- compact JSON object without braces, Kineto's names ("Collective name":
 -- "allreduce","Process Group Name":"0","In msg nelems":1024, ...); 0 (the
--- empty string) for other operators.
+-- empty string) for other operators. in_graph_capture: 1 when the operator
+-- began while its thread captured CUDA work into a graph (stream capture):
+-- its launches were recorded, not run, so it has no GPU time of its own; each
+-- replay of the graph, whose kernels link to it, is one execution of it. 0
+-- where the source cannot tell (a tracer without CUPTI's callback
+-- subscription, other tools' files).
 CREATE TABLE operators (
   rank           INTEGER NOT NULL,
   pid            INTEGER NOT NULL,
@@ -202,7 +208,8 @@ CREATE TABLE operators (
   collective_id  INTEGER NOT NULL DEFAULT 0 REFERENCES strings(id), -- version 2
   -- Kineto's "Concrete Inputs" and "Input Strides" as compact JSON (version 3)
   concrete_inputs_id INTEGER NOT NULL DEFAULT 0 REFERENCES strings(id),
-  input_strides_id   INTEGER NOT NULL DEFAULT 0 REFERENCES strings(id)
+  input_strides_id   INTEGER NOT NULL DEFAULT 0 REFERENCES strings(id),
+  in_graph_capture   INTEGER NOT NULL DEFAULT 0 CHECK (in_graph_capture IN (0, 1)) -- version 4
 );
 
 -- Malformed or skipped input, counted by named category (never fatal).
@@ -232,7 +239,7 @@ CREATE VIEW operators_named AS
   SELECT o.rank, o.pid, o.tid, o.start_ns, o.end_ns, o.end_ns - o.start_ns AS dur_ns,
          n.value AS name, o.sequence, o.pass, sh.value AS input_shapes,
          ty.value AS input_types, mp.value AS module_path, o.external_id,
-         co.value AS collective
+         co.value AS collective, o.in_graph_capture
     FROM operators o
     JOIN strings n ON n.id = o.name_id
     JOIN strings sh ON sh.id = o.input_shapes_id

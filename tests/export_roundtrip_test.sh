@@ -2,15 +2,13 @@
 # `dynaflow export --format perfetto` loses nothing the store keeps: for real
 # Kineto traces, import -> export -> import gives the same trace.db rows
 # (names resolved, so string ids may differ) and the same `advise --format
-# json` timeline numbers. Exit 77 (skipped) without ../shared/traces.
+# json` timeline numbers; so does a small inline trace with a capture-time
+# operator ("Graph capture": 1, operators.in_graph_capture). Exit 77
+# (skipped) without ../shared/traces, after the inline trace.
 set -u
 . "$(dirname "$0")/lib.sh"
 
 traces=${DYNAFLOW_TRACES:-$src/../shared/traces}/kineto
-if [ ! -d "$traces" ]; then
-  echo "SKIP: $traces is missing (../shared/traces)"
-  exit 77
-fi
 
 # rows DB: every stored row of the records, in a stable order.
 rows() {
@@ -94,6 +92,37 @@ roundtrip() {
   fi
   echo "$name: $(wc -l <"$dir/a.rows") rows equal; $(timeline "$dir/b.json" | head -c 300)"
 }
+
+# A CUDA graph captured by aten::mm (its launch ran nothing) and replayed
+# under aten::add.
+cat >"$work/graph_capture.json" <<'JSON'
+{"schemaVersion": 1, "traceEvents": [
+ {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
+  "args": {"External id": 1, "Graph capture": 1}},
+ {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 30, "dur": 5,
+  "args": {"External id": 2}},
+ {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 32, "dur": 20,
+  "args": {"device": 0, "stream": 7, "correlation": 5, "External id": 1}}
+]}
+JSON
+roundtrip graph_capture "$work/graph_capture.json"
+for db in a b; do
+  flagged=$(sqlite3 -batch "$work/graph_capture/$db.db" \
+    "SELECT group_concat(name || '=' || in_graph_capture) FROM
+       (SELECT name, in_graph_capture FROM operators_named ORDER BY start_ns)")
+  if [ "$flagged" = "aten::mm=1,aten::add=0" ]; then
+    pass
+  else
+    fail "graph_capture: $db.db operators: $flagged"
+  fi
+done
+
+if [ ! -d "$traces" ]; then
+  echo "SKIP: $traces is missing (../shared/traces)"
+  skipped="$traces is missing (../shared/traces)"
+  finish
+  exit
+fi
 
 roundtrip nccl_2ranks "$traces/hta_a100_nccl_2ranks.json.gz"
 roundtrip event_sync "$traces/hta_event_sync_multi_stream.json.gz"

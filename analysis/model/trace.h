@@ -144,6 +144,9 @@ struct Operator {
   StringId collective = 0;
   StringId module_path = 0;
   Pass pass = Pass::kUnknown;
+  // Began while its thread captured CUDA work into a graph: its launches
+  // were recorded, not run, and its GPU time is the graph's replays'.
+  bool in_graph_capture = false;
 };
 
 enum class RangeDomain : uint8_t { kUser = 0, kGpuUser = 1, kNvtx = 2 };

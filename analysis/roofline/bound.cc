@@ -351,6 +351,30 @@ void NestOperators(const Trace& trace, const ThreadOrder& order, OperatorLinks* 
 
 }  // namespace
 
+OperatorGpuTime::OperatorGpuTime(const Trace& trace)
+    : trace_(trace), once_ns_(trace.ops.size(), 0.0) {}
+
+int64_t OperatorGpuTime::Replay(int32_t op, const GpuActivity& g) const {
+  return trace_.ops[static_cast<size_t>(op)].in_graph_capture ? g.correlation : -1;
+}
+
+void OperatorGpuTime::Add(int32_t op, const GpuActivity& g) {
+  const double ns = static_cast<double>(g.end - g.start);
+  const int64_t replay = Replay(op, g);
+  if (replay < 0) {
+    once_ns_[static_cast<size_t>(op)] += ns;
+  } else {
+    replay_ns_[{op, replay}] += ns;
+  }
+}
+
+double OperatorGpuTime::Of(int32_t op, const GpuActivity& g) const {
+  const int64_t replay = Replay(op, g);
+  if (replay < 0) return once_ns_[static_cast<size_t>(op)];
+  auto it = replay_ns_.find({op, replay});
+  return it == replay_ns_.end() ? 0.0 : it->second;
+}
+
 OperatorLinks LinkOperators(const Trace& trace) {
   OperatorLinks links;
   links.activity_op.assign(trace.gpu.size(), -1);
@@ -488,14 +512,12 @@ class DeviceClassifier {
         options_(options),
         costs_(trace, &links),
         name_class_(trace.strings.size(), -1),
-        op_gpu_ns_(trace.ops.size(), 0.0) {
-    // GPU time of each operator over its kernels, to share its cost among them.
+        op_gpu_time_(trace) {
+    // GPU time of each operator's execution over its kernels, to share its cost among them.
     for (size_t i = 0; i < trace.gpu.size(); ++i) {
       const int32_t op = links.activity_op[i];
       const GpuActivity& g = trace.gpu[i];
-      if (op >= 0 && g.kind == GpuKind::kKernel && g.end > g.start) {
-        op_gpu_ns_[static_cast<size_t>(op)] += static_cast<double>(g.end - g.start);
-      }
+      if (op >= 0 && g.kind == GpuKind::kKernel && g.end > g.start) op_gpu_time_.Add(op, g);
     }
   }
 
@@ -540,7 +562,7 @@ class DeviceClassifier {
     if (by_name != Resource::kCommunication) w.resource = ResourceFromCost(*w.cost, dr->peaks, by_name);
     if (!w.cost->known()) return w;
     ++dr->costed_kernels;
-    const double share = static_cast<double>(g.end - g.start) / std::max(1.0, op_gpu_ns_[static_cast<size_t>(op)]);
+    const double share = static_cast<double>(g.end - g.start) / std::max(1.0, op_gpu_time_.Of(op, g));
     w.flops = w.cost->flops * share;
     w.bytes = w.cost->bytes * share;
     return w;
@@ -644,7 +666,7 @@ class DeviceClassifier {
   const BoundOptions& options_;
   CostCache costs_;
   std::vector<int8_t> name_class_;  // ClassifyKernelName per name id, -1 until asked
-  std::vector<double> op_gpu_ns_;
+  OperatorGpuTime op_gpu_time_;
 };
 
 }  // namespace

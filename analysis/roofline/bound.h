@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "analysis/model/trace.h"
@@ -90,6 +91,34 @@ OperatorLinks LinkOperators(const Trace& trace);
 // the operator's, except profiler bookkeeping (record_param_comms) which is
 // named after the collective that encloses it (c10d::allreduce_...).
 StringId DisplayOperator(const Trace& trace, const OperatorLinks& links, size_t activity);
+
+// The GPU time of each execution of the operators activities link to: an
+// operator's cost (its FLOPs and bytes, for one execution) is shared among
+// the activities of one execution in proportion to their durations. An
+// operator executes once, except a capture-time operator
+// (Operator::in_graph_capture): the kernels linked to it run at every replay
+// of its CUDA graph, and each replay (the activities of one cudaGraphLaunch
+// share its correlation id) is one execution, credited with the whole cost.
+class OperatorGpuTime {
+ public:
+  explicit OperatorGpuTime(const Trace& trace);
+  // Adds activity `g`'s duration to the execution of operator `op` it belongs to.
+  void Add(int32_t op, const GpuActivity& g);
+  // The time added for the execution `g` belongs to; 0 when none.
+  double Of(int32_t op, const GpuActivity& g) const;
+
+ private:
+  // The replay `g` belongs to when `op` is a capture-time operator; -1 otherwise.
+  int64_t Replay(int32_t op, const GpuActivity& g) const;
+  struct ReplayHash {
+    size_t operator()(const std::pair<int32_t, int64_t>& k) const {
+      return std::hash<int64_t>()(k.second) * 31 + static_cast<size_t>(k.first);
+    }
+  };
+  const Trace& trace_;
+  std::vector<double> once_ns_;  // per Trace::ops
+  std::unordered_map<std::pair<int32_t, int64_t>, double, ReplayHash> replay_ns_;
+};
 
 // The class a kernel's name suggests, for kernels without operator shapes.
 Resource ClassifyKernelName(std::string_view kernel_name);

@@ -273,3 +273,47 @@ TEST(BoundTest, GridFractionFromTheLaunchConfiguration) {
 
 }  // namespace
 }  // namespace dynaflow
+
+namespace dynaflow {
+namespace {
+
+// A GEMM captured into a CUDA graph and replayed three times: the replays'
+// kernels link to the capture-time aten::mm (the tracer's graph attribution),
+// one replay per cudaGraphLaunch correlation. Each replay executes the whole
+// GEMM, so each is credited with its FLOPs; an ordinary operator's two kernels
+// share its one execution's.
+TEST(BoundTest, EachReplayOfACaptureTimeOperatorExecutesItsWholeCost) {
+  TinyTrace tt;
+  const char* bf16 = R"(["c10::BFloat16","c10::BFloat16"])";
+  const size_t mm = tt.Op("aten::mm", "[[8192,4096],[4096,4096]]", bf16, 0, 1000);
+  tt.t.ops[mm].in_graph_capture = true;
+  const double flops = 2.0 * 8192 * 4096 * 4096;
+  for (int replay = 0; replay < 3; ++replay) {
+    const TimeNs start = 100000 + replay * 1000000;
+    for (int half = 0; half < 2; ++half) {  // split-K: two kernels per GEMM
+      tt.Kernel("sm90_xmma_gemm", tt.t.ops[mm].external_id, start + half * 200000,
+                start + (half + 1) * 200000);
+      tt.t.gpu.back().correlation = 50 + replay;
+    }
+  }
+  const size_t eager = tt.Op("aten::mm", "[[8192,4096],[4096,4096]]", bf16, 5000000, 5001000);
+  for (int half = 0; half < 2; ++half) {
+    tt.Kernel("sm90_xmma_gemm", tt.t.ops[eager].external_id, 5100000 + half * 200000,
+              5100000 + (half + 1) * 200000);
+    tt.t.gpu.back().correlation = 60 + half;  // a launch each
+  }
+  const OperatorLinks links = LinkOperators(tt.t);
+  OperatorGpuTime time(tt.t);
+  for (size_t i = 0; i < tt.t.gpu.size(); ++i) time.Add(links.activity_op[i], tt.t.gpu[i]);
+  EXPECT_DOUBLE_EQ(time.Of(static_cast<int32_t>(mm), tt.t.gpu[0]), 400000);  // one replay
+  EXPECT_DOUBLE_EQ(time.Of(static_cast<int32_t>(eager), tt.t.gpu[6]), 400000);
+
+  const DeviceResources d = ClassifyResources(tt.t, links, BoundOptions{})[0];
+  const ResourceTotals& c = d.totals[static_cast<int>(Resource::kCompute)];
+  EXPECT_DOUBLE_EQ(c.time_us, 4 * 400);
+  EXPECT_NEAR(c.flops, 4 * flops, 1e-3 * flops);  // three replays and the eager GEMM
+  EXPECT_NEAR(c.achieved_tflops, flops / 400e-6 / 1e12, 1e-6);
+}
+
+}  // namespace
+}  // namespace dynaflow

@@ -205,12 +205,12 @@ StepGraph BuildStepGraph(const Trace& trace, const OperatorLinks& links,
   const size_t n = ks.size();
   if (n == 0) return g;
 
-  // GPU time of each operator inside the step, to share its cost.
-  std::unordered_map<int32_t, double> op_time;
+  // GPU time of each operator's execution inside the step, to share its cost.
+  OperatorGpuTime op_time(trace);
   for (size_t k : ks) {
     const uint32_t i = dev.order[k];
     const int32_t op = links.activity_op[i];
-    if (op >= 0) op_time[op] += Us(trace.gpu[i].end - trace.gpu[i].start);
+    if (op >= 0) op_time.Add(op, trace.gpu[i]);
   }
 
   g.tasks.resize(n);
@@ -241,7 +241,7 @@ StepGraph BuildStepGraph(const Trace& trace, const OperatorLinks& links,
       s.top = trace.ops[static_cast<size_t>(top)].name;
       s.module = o.module_path != 0 ? o.module_path : (top != op ? s.top : 0);
       if (c.known()) {
-        const double share = s.dur_us / std::max(1e-9, op_time[op]);
+        const double share = s.dur_us / std::max(1e-9, op_time.Of(op, a) * kNsUs);
         s.flops = c.flops * share;
         s.bytes = c.bytes * share;
         s.weight_bytes = c.weight_bytes * share;

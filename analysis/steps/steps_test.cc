@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 namespace dynaflow {
 namespace {
 
@@ -290,6 +292,103 @@ TEST(StepsTest, HostServingAnnotationsUseTheLaunchTime) {
   EXPECT_EQ(s.steps[0].tokens, 8);
   EXPECT_EQ(s.steps[1].tokens, 9);
   EXPECT_EQ(s.steps[1].phase, StepPhase::kDecode);
+}
+
+}  // namespace
+}  // namespace dynaflow
+
+namespace dynaflow {
+namespace {
+
+// A program that runs its forward (gemm, add, norm, act) eagerly once, captures it
+// into a CUDA graph (capture-time operators, whose launches ran nothing), then
+// replays the graph twice: each replay's kernels carry the cudaGraphLaunch's
+// correlation and link to the capture-time operators (the tracer's graph
+// attribution), whose time is the capture's, not the replay's.
+struct CapturedForward {
+  explicit CapturedForward(bool annotated) {
+    const char* kernels[] = {"gemm", "add", "norm", "act"};
+    TimeNs host = 0;
+    auto step = [&](int64_t n) {
+      if (!annotated) return;
+      b.Range(("ProfilerStep#" + std::to_string(n)).c_str(), host, host + 1000000, false);
+    };
+    step(1);  // eager
+    for (int k = 0; k < 4; ++k) {
+      const int64_t ext = Op(host + 10000 * k, false);
+      Launch("cudaLaunchKernel", host + 10000 * k + 1000, ++corr);
+      b.Kernel(kernels[k], host + 100000 + 20000 * k, host + 110000 + 20000 * k, corr);
+      b.t.gpu.back().external_id = ext;
+    }
+    host += 1000000;
+    step(2);  // capture: launches, no kernels
+    int64_t captured[4];
+    for (int k = 0; k < 4; ++k) {
+      captured[k] = Op(host + 10000 * k, true);
+      Launch("cudaLaunchKernel", host + 10000 * k + 1000, ++corr);
+    }
+    host += 1000000;
+    for (int64_t n : {3, 4}) {  // replays
+      step(n);
+      Launch("cudaGraphLaunch", host + 1000, ++corr);
+      for (int k = 0; k < 4; ++k) {
+        b.Kernel(kernels[k], host + 100000 + 20000 * k, host + 110000 + 20000 * k, corr);
+        b.t.gpu.back().external_id = captured[k];
+      }
+      host += 1000000;
+    }
+  }
+  int64_t Op(TimeNs start, bool in_graph_capture) {
+    Operator o;
+    o.start = start;
+    o.end = start + 5000;
+    o.tid = 1;
+    o.name = b.t.strings.Intern("aten::op");
+    o.external_id = static_cast<int64_t>(b.t.ops.size()) + 1;
+    o.in_graph_capture = in_graph_capture;
+    b.t.ops.push_back(o);
+    return o.external_id;
+  }
+  void Launch(const char* name, TimeNs start, int64_t correlation) {
+    ApiCall a;
+    a.start = start;
+    a.end = start + 500;
+    a.tid = 1;
+    a.correlation = correlation;
+    a.name = b.t.strings.Intern(name);
+    b.t.api.push_back(a);
+  }
+  Builder b;
+  int64_t corr = 0;
+};
+
+TEST(StepsTest, AGraphCaptureIsNoStepAndReplaysAreStepsOfTheirLaunch) {
+  CapturedForward f(/*annotated=*/true);
+  DeviceSteps s = f.b.Find();
+  EXPECT_EQ(s.source, StepSource::kHostAnnotation);
+  ASSERT_EQ(s.steps.size(), 3u);
+  std::vector<int64_t> numbers;
+  for (const Step& step : s.steps) {
+    numbers.push_back(step.number);
+    EXPECT_EQ(step.activities, 4);
+    EXPECT_GT(step.busy_end, step.start);
+  }
+  EXPECT_EQ(numbers, (std::vector<int64_t>{1, 3, 4}));
+  // Replayed kernels link to the capture-time operators yet belong to the
+  // step that launched them.
+  EXPECT_EQ(s.step_of, (std::vector<int32_t>{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2}));
+  EXPECT_FALSE(f.b.t.ops[static_cast<size_t>(f.b.links.activity_op[0])].in_graph_capture);
+  EXPECT_TRUE(f.b.t.ops[static_cast<size_t>(f.b.links.activity_op[4])].in_graph_capture);
+}
+
+TEST(StepsTest, AGraphCaptureAddsNoIterationToTheRepeatingSequence) {
+  CapturedForward f(/*annotated=*/false);
+  DeviceSteps s = f.b.Find();
+  // The eager forward and the two replays; the capture ran no kernel.
+  EXPECT_EQ(s.source, StepSource::kRepeat);
+  ASSERT_EQ(s.steps.size(), 3u);
+  for (const Step& step : s.steps) EXPECT_EQ(step.activities, 4);
+  EXPECT_EQ(s.steps[1].start, 2000000 + 100000);  // the first replay's first kernel
 }
 
 }  // namespace

@@ -73,7 +73,7 @@ std::string OperatorsQuery(int version) {
                 {{"rank"}, {"pid"}, {"tid"}, {"start_ns"}, {"end_ns"}, {"name_id"}, {"sequence"},
                  {"pass"}, {"input_shapes_id"}, {"input_types_id"}, {"module_path_id"},
                  {"external_id"}, {"collective_id", 2, "0"}, {"concrete_inputs_id", 3, "0"},
-                 {"input_strides_id", 3, "0"}});
+                 {"input_strides_id", 3, "0"}, {"in_graph_capture", 4, "0"}});
 }
 
 std::string DevicesQuery(int version) {
@@ -291,6 +291,7 @@ void ReadAll(SQLite::Database& db, int version, Trace* t) {
       o.collective = S(q, 12);
       o.concrete_inputs = S(q, 13);
       o.input_strides = S(q, 14);
+      o.in_graph_capture = q.getColumn(15).getInt() != 0;
       t->ops.push_back(o);
     }
   }

@@ -82,8 +82,10 @@ Trace SampleTrace() {
   o.module_path = t.strings.Intern("model.layers.0.mlp");
   o.concrete_inputs = t.strings.Intern("[\"\",\"\"]");
   o.input_strides = t.strings.Intern("[[4096,1],[4096,1]]");
+  o.in_graph_capture = true;
   t.ops.push_back(o);
   Operator comms = o;
+  comms.in_graph_capture = false;
   comms.external_id = 4;
   comms.name = t.strings.Intern("record_param_comms");
   comms.collective =
@@ -236,11 +238,54 @@ void DropViews(SQLite::Database& db) {
   }
 }
 
-// A store of schema version 2, as earlier builds wrote it: today's store
-// without what version 3 added (trace.sql).
-void DowngradeToVersion2(const std::string& path) {
+TEST(StoreTest, RoundTripKeepsCaptureTimeOperators) {
+  const std::string path = TempPath("store-v4.db");
+  ASSERT_TRUE(WriteTraceDb(SampleTrace(), path).ok());
+  {
+    SQLite::Database db(path, SQLite::OPEN_READONLY);
+    EXPECT_EQ(db.execAndGet("SELECT group_concat(in_graph_capture) FROM "
+                            "(SELECT in_graph_capture FROM operators_named ORDER BY external_id)")
+                  .getString(),
+              "1,0");
+  }
+  Trace out;
+  ASSERT_TRUE(ReadTraceDb(path, &out).ok());
+  ASSERT_EQ(out.ops.size(), 2u);
+  EXPECT_TRUE(out.ops[0].in_graph_capture);
+  EXPECT_FALSE(out.ops[1].in_graph_capture);
+  std::filesystem::remove(path);
+}
+
+// A store of schema version 3, as earlier builds wrote it: today's store
+// without what version 4 added (trace.sql).
+void DowngradeToVersion3(const std::string& path) {
   SQLite::Database db(path, SQLite::OPEN_READWRITE);
   DropViews(db);
+  db.exec("ALTER TABLE operators DROP COLUMN in_graph_capture");
+  db.exec("PRAGMA user_version = 3");
+}
+
+TEST(StoreTest, ReadsVersion3StoresWithNoCaptureTimeOperators) {
+  const std::string path = TempPath("store-v3-read.db");
+  ASSERT_TRUE(WriteTraceDb(SampleTrace(), path).ok());
+  DowngradeToVersion3(path);
+  Trace out;
+  Status st = ReadTraceDb(path, &out);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(out.ops.size(), 2u);
+  EXPECT_FALSE(out.ops[0].in_graph_capture);
+  EXPECT_FALSE(out.ops[1].in_graph_capture);
+  EXPECT_EQ(out.strings.Get(out.ops[0].input_strides), "[[4096,1],[4096,1]]");  // version 3's
+  ASSERT_EQ(out.processes.size(), 1u);
+  EXPECT_EQ(out.processes[0].label, "CPU");
+  std::filesystem::remove(path);
+}
+
+// A store of schema version 2, as earlier builds wrote it: today's store
+// without what versions 3 and 4 added (trace.sql).
+void DowngradeToVersion2(const std::string& path) {
+  DowngradeToVersion3(path);
+  SQLite::Database db(path, SQLite::OPEN_READWRITE);
   db.exec("DROP TABLE process_meta");
   db.exec("DROP TABLE distributed_info");
   db.exec("ALTER TABLE devices DROP COLUMN properties_json");
@@ -271,6 +316,7 @@ TEST(StoreTest, ReadsVersion2StoresWithTheNewColumnsUnknown) {
   EXPECT_TRUE(out.distributed_info.empty());
   ASSERT_EQ(out.ops.size(), 2u);
   EXPECT_EQ(out.ops[0].input_strides, 0u);
+  EXPECT_FALSE(out.ops[0].in_graph_capture);
   EXPECT_EQ(out.strings.Get(out.ops[1].collective),
             "\"Collective name\":\"allreduce\",\"In msg nelems\":1024");
   ASSERT_EQ(out.gpu.size(), 3u);
@@ -282,7 +328,7 @@ TEST(StoreTest, ReadsVersion2StoresWithTheNewColumnsUnknown) {
 }
 
 // A store of schema version 1, as earlier builds wrote it: today's store
-// without the version 2 and 3 columns (trace.sql).
+// without the version 2, 3 and 4 columns (trace.sql).
 void DowngradeToVersion1(const std::string& path) {
   DowngradeToVersion2(path);
   SQLite::Database db(path, SQLite::OPEN_READWRITE);
@@ -315,6 +361,7 @@ TEST(StoreTest, ReadsVersion1StoresWithTheNewColumnsUnknown) {
   EXPECT_EQ(out.strings.Get(out.ops[1].name), "record_param_comms");
   EXPECT_EQ(out.ops[1].external_id, 4);
   EXPECT_EQ(out.ops[1].collective, 0u);
+  EXPECT_FALSE(out.ops[0].in_graph_capture);
   ASSERT_EQ(out.gpu.size(), 3u);
   EXPECT_EQ(out.gpu[1].bytes, 4096);
   EXPECT_EQ(out.gpu[1].graph_id, -1);

@@ -259,6 +259,7 @@ void BindOperator(Stmt& st, int b, const Operator& o) {
   st.Int(b + 13, o.collective);
   st.Int(b + 14, o.concrete_inputs);
   st.Int(b + 15, o.input_strides);
+  st.Int(b + 16, o.in_graph_capture ? 1 : 0);
 }
 
 template <typename Record>
@@ -279,7 +280,7 @@ struct TraceDbBulkWriter::Impl {
   Inserter<GpuActivity, 11, BindFn<GpuActivity>> memsets;
   Inserter<ApiCall, 14, BindFn<ApiCall>> apis;
   Inserter<Range, 8, BindFn<Range>> ranges;
-  Inserter<Operator, 15, BindFn<Operator>> ops;
+  Inserter<Operator, 16, BindFn<Operator>> ops;
 
   BoundedQueue<std::unique_ptr<Batch>> queue;
   std::thread worker;

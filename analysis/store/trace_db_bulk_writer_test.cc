@@ -79,6 +79,7 @@ void AddEvents(Trace* t, int first, int n) {
     o.pass = static_cast<Pass>(i % 3);
     o.sequence = i % 2 ? i : -1;
     o.external_id = i;
+    o.in_graph_capture = i % 4 == 1;
     if (i % 7 == 0) {
       o.collective = t->strings.Intern("\"Collective name\":\"allreduce\",\"In msg nelems\":" +
                                        std::to_string(i));

@@ -94,7 +94,7 @@ struct TraceDbWriter::Statements {
         memset(db, "INSERT INTO memset VALUES (?,?,?,?,?,?,?,?,?,?,?)"),
         api(db, "INSERT INTO api_calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"),
         range(db, "INSERT INTO ranges VALUES (?,?,?,?,?,?,?,?)"),
-        op(db, "INSERT INTO operators VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"),
+        op(db, "INSERT INTO operators VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"),
         stat(db, "INSERT INTO import_stats VALUES (?, ?, ?, ?) "
                  "ON CONFLICT (name) DO UPDATE SET count = count + excluded.count") {}
 
@@ -369,6 +369,7 @@ void TraceDbWriter::WriteRecords(const Trace& t, const std::vector<int64_t>& str
     st.op.bind(13, str[o.collective]);
     st.op.bind(14, str[o.concrete_inputs]);
     st.op.bind(15, str[o.input_strides]);
+    st.op.bind(16, o.in_graph_capture ? 1 : 0);
     Run(st.op);
   }
 

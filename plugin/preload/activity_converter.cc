@@ -156,7 +156,7 @@ void ActivityConverter::AddRecord(const CUpti_Activity& record) {
   }
 }
 
-void ActivityConverter::AddOperator(const DynaflowOperatorRecord& op) {
+void ActivityConverter::AddOperator(const DynaflowOperatorRecord& op, bool in_graph_capture) {
   Operator o;
   o.start = op.start_ns;
   o.end = op.end_ns;
@@ -171,6 +171,7 @@ void ActivityConverter::AddOperator(const DynaflowOperatorRecord& op) {
   o.module_path = batch_.strings.Intern(op.module_path != nullptr ? op.module_path : "");
   o.collective = batch_.strings.Intern(op.collective != nullptr ? op.collective : "");
   o.pass = PassOf(op.pass);
+  o.in_graph_capture = in_graph_capture;
   batch_.ops.push_back(o);
 }
 

@@ -92,7 +92,8 @@ class ActivityConverter {
   void AddBuffer(uint8_t* buffer, size_t valid_size);
   void AddRecord(const CUpti_Activity& record);
   // An operator of this process; an id of 0 means "no external id".
-  void AddOperator(const DynaflowOperatorRecord& op);
+  // `in_graph_capture`: it began during a CUDA graph capture.
+  void AddOperator(const DynaflowOperatorRecord& op, bool in_graph_capture = false);
 
   // Records (rows) in the batch being built.
   size_t batch_rows() const;

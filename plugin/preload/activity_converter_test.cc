@@ -484,7 +484,7 @@ TEST_F(ActivityConverterTest, OperatorRecordBecomesAnOperator) {
   op.input_types = nullptr;
   op.module_path = "model.layers.0.mlp";
   op.collective = R"("Collective name":"broadcast")";
-  converter_.AddOperator(op);
+  converter_.AddOperator(op, /*in_graph_capture=*/true);
   op.id = 0;  // no external id
   op.collective = nullptr;
   op.pass = 9;  // not a pass
@@ -508,6 +508,8 @@ TEST_F(ActivityConverterTest, OperatorRecordBecomesAnOperator) {
   EXPECT_EQ(Name(t, t.ops[1].collective), "");
   EXPECT_EQ(t.ops[1].external_id, -1);
   EXPECT_EQ(t.ops[1].pass, Pass::kUnknown);
+  EXPECT_TRUE(o.in_graph_capture);
+  EXPECT_FALSE(t.ops[1].in_graph_capture);
 }
 
 TEST(CorrelationTableTest, RemembersTheMostRecentIdsOfEachSlot) {

@@ -1,5 +1,7 @@
 #include "plugin/preload/fake_cupti_api.h"
 
+#include <cupti_runtime_cbid.h>
+
 #include <cstring>
 
 namespace dynaflow {
@@ -261,6 +263,40 @@ bool FakeCuptiApi::EmitGraphCallback(CUpti_CallbackIdResource cbid, CUpti_GraphD
   resource.resourceDescriptor = &data;
   callback(userdata, CUPTI_CB_DOMAIN_RESOURCE, cbid, &resource);
   return true;
+}
+
+bool FakeCuptiApi::EmitApiCallback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                                   CUpti_ApiCallbackSite site, const void* params, int result) {
+  CUpti_CallbackFunc callback;
+  void* userdata;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (subscriber_ == nullptr || !enabled_callbacks_.count({domain, cbid})) return false;
+    callback = subscriber_;
+    userdata = subscriber_data_;
+  }
+  CUpti_CallbackData data = {};
+  data.callbackSite = site;
+  data.functionParams = params;
+  data.functionReturnValue = site == CUPTI_API_EXIT ? &result : nullptr;
+  callback(userdata, domain, cbid, &data);
+  return true;
+}
+
+bool FakeCuptiApi::EmitBeginCapture(uintptr_t stream, int result) {
+  const cudaStreamBeginCapture_v10000_params p = {reinterpret_cast<cudaStream_t>(stream),
+                                                  cudaStreamCaptureModeGlobal};
+  constexpr CUpti_CallbackId kBegin = CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_v10000;
+  return EmitApiCallback(CUPTI_CB_DOMAIN_RUNTIME_API, kBegin, CUPTI_API_ENTER, &p, 0) &&
+         EmitApiCallback(CUPTI_CB_DOMAIN_RUNTIME_API, kBegin, CUPTI_API_EXIT, &p, result);
+}
+
+bool FakeCuptiApi::EmitEndCapture(uintptr_t stream, int result) {
+  cudaGraph_t graph = nullptr;
+  const cudaStreamEndCapture_v10000_params p = {reinterpret_cast<cudaStream_t>(stream), &graph};
+  constexpr CUpti_CallbackId kEnd = CUPTI_RUNTIME_TRACE_CBID_cudaStreamEndCapture_v10000;
+  return EmitApiCallback(CUPTI_CB_DOMAIN_RUNTIME_API, kEnd, CUPTI_API_ENTER, &p, 0) &&
+         EmitApiCallback(CUPTI_CB_DOMAIN_RUNTIME_API, kEnd, CUPTI_API_EXIT, &p, result);
 }
 
 CUptiResult FakeCuptiApi::Subscribe(CUpti_SubscriberHandle* subscriber,

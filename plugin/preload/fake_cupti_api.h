@@ -67,6 +67,17 @@ class FakeCuptiApi : public CuptiApi {
   // handles stand for their ids: GetGraphNodeId(node) is the handle's value.
   bool EmitGraphCallback(CUpti_CallbackIdResource cbid, CUpti_GraphData data);
   static CUgraphNode Node(uint64_t id) { return reinterpret_cast<CUgraphNode>(id); }
+  // Simulates CUDA issuing runtime or driver API callback `cbid` (domain
+  // CUPTI_CB_DOMAIN_RUNTIME_API or _DRIVER_API) at `site` on the calling
+  // thread, with the call's parameters and, at the exit, its result
+  // (cudaError_t or CUresult). False when nobody subscribed it.
+  bool EmitApiCallback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                       CUpti_ApiCallbackSite site, const void* params, int result);
+  // cudaStreamBeginCapture / cudaStreamEndCapture of stream handle `stream`
+  // returning `result`, as CUPTI reports them: a callback at the entry and
+  // one at the exit. False when nobody subscribed them.
+  bool EmitBeginCapture(uintptr_t stream, int result = 0);
+  bool EmitEndCapture(uintptr_t stream, int result = 0);
   bool timestamp_callback_registered() const;
   // The clock registered last (nullptr: none), to tell whose it is.
   CUpti_TimestampCallbackFunc timestamp_callback() const;

@@ -40,6 +40,9 @@ Status GraphAttribution::Subscribe() {
       return Status::Failure("cuptiEnableCallback: CUPTI error " + std::to_string(enabled));
     }
   }
+  for (const CaptureCallback& c : GraphCaptureTracker::Callbacks()) {
+    (void)cupti_.EnableCallback(1, subscriber_, c.domain, c.cbid);  // best effort
+  }
   return Status::Ok();
 }
 
@@ -48,6 +51,7 @@ void GraphAttribution::Unsubscribe() {
   if (subscriber_ == nullptr) return;
   (void)cupti_.Unsubscribe(subscriber_);
   subscriber_ = nullptr;
+  capture_.Forget();
 }
 
 bool GraphAttribution::subscribed() const {
@@ -95,11 +99,21 @@ void GraphAttribution::OnNodeCloned(CUgraphNode original, CUgraphNode clone) {
 
 void CUPTIAPI GraphAttribution::OnCallback(void* self, CUpti_CallbackDomain domain,
                                            CUpti_CallbackId cbid, const void* data) {
-  if (domain != CUPTI_CB_DOMAIN_RESOURCE || self == nullptr || data == nullptr) return;
+  if (self == nullptr || data == nullptr) return;
+  auto* attribution = static_cast<GraphAttribution*>(self);
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API || domain == CUPTI_CB_DOMAIN_DRIVER_API) {
+    try {
+      attribution->capture_.OnApiCallback(domain, cbid,
+                                          *static_cast<const CUpti_CallbackData*>(data));
+    } catch (...) {
+      // Out of memory inside CUDA's call: this capture goes unmarked.
+    }
+    return;
+  }
+  if (domain != CUPTI_CB_DOMAIN_RESOURCE) return;
   const auto* resource = static_cast<const CUpti_ResourceData*>(data);
   const auto* graph = static_cast<const CUpti_GraphData*>(resource->resourceDescriptor);
   if (graph == nullptr) return;
-  auto* attribution = static_cast<GraphAttribution*>(self);
   try {
     if (cbid == CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED) {
       attribution->OnNodeCreated(graph->node);

@@ -16,6 +16,9 @@
 // the tracer is refused it records "cupti_graph_attribution" = "unavailable:
 // another CUPTI subscriber" and goes on: replayed kernels then link by their
 // launch's correlation, as without this.
+//
+// The same subscription reports stream captures (graph_capture.h): the
+// operators a thread begins while it captures are capture-time operators.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +29,7 @@
 
 #include "analysis/base/status.h"
 #include "plugin/preload/cupti_api.h"
+#include "plugin/preload/graph_capture.h"
 
 namespace dynaflow {
 
@@ -46,8 +50,11 @@ class GraphAttribution {
   // Subscribes to CUPTI's callbacks and enables the graph node created and
   // cloned callbacks. Failure "another CUPTI subscriber" when another tool
   // holds the subscription, or with CUPTI's code when CUPTI lacks the calls.
+  // The stream capture callbacks are enabled as well, each as far as this
+  // CUPTI has it: captures begun through a call it lacks go unmarked.
   Status Subscribe();
-  // Gives the subscription up (for another tool); the nodes stay remembered.
+  // Gives the subscription up (for another tool); the nodes stay remembered,
+  // captures in progress are forgotten (their end would go unseen).
   void Unsubscribe();
   bool subscribed() const;
 
@@ -55,6 +62,8 @@ class GraphAttribution {
   // unknown. Any thread.
   int64_t OperatorOf(uint64_t node) const;
   size_t forgotten_nodes() const;
+  // Whether the calling thread is capturing a stream (graph_capture.h).
+  bool CallingThreadCapturing() const { return capture_.CallingThreadCapturing(); }
 
   // The resource callbacks, public for the CUPTI callback trampoline.
   void OnNodeCreated(CUgraphNode node);
@@ -72,6 +81,7 @@ class GraphAttribution {
   CUpti_SubscriberHandle subscriber_ = nullptr;
   std::unordered_map<uint64_t, uint64_t> operators_;  // graph node id -> operator id
   size_t forgotten_ = 0;
+  GraphCaptureTracker capture_;
 };
 
 }  // namespace dynaflow

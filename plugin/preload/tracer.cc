@@ -42,11 +42,16 @@ std::string ProcessName() {
 // This thread's open operators and which of their pushes reached CUPTI:
 // CUPTI may be enabled (or disabled) between a push and its pop, and a pop
 // must match a push.
+// `in_graph_capture`: the thread was capturing a stream when it was pushed.
 struct OpenOperator {
   uint64_t id;
   bool to_cupti;
+  bool in_graph_capture;
 };
 thread_local std::vector<OpenOperator> t_open_operators;
+// The last operator this thread popped if it began during a stream capture,
+// 0 otherwise: its record, which follows the pop, is marked.
+thread_local uint64_t t_popped_in_graph_capture = 0;
 
 }  // namespace
 
@@ -80,8 +85,10 @@ bool Tracer::Active() const {
 }
 
 void Tracer::RecordOperator(const DynaflowOperatorRecord& record) {
+  const bool in_graph_capture = record.id != 0 && record.id == t_popped_in_graph_capture;
+  t_popped_in_graph_capture = 0;
   if (!config_.record_ops || !Active()) return;
-  if (WriterThread* writer = EnsureWriter()) writer->EnqueueOperator(record);
+  if (WriterThread* writer = EnsureWriter()) writer->EnqueueOperator(record, in_graph_capture);
 }
 
 void Tracer::RecordProcessGroupRank(int32_t rank) {
@@ -101,14 +108,18 @@ void Tracer::PushOperator(uint64_t id) {
   const bool lent = lent_for_abi_.load(std::memory_order_relaxed);
   if (enabled && lent) lent_operators_.fetch_add(1, std::memory_order_relaxed);
   const bool to_cupti = enabled && !lent;
-  t_open_operators.push_back({id, to_cupti});
+  GraphAttribution* graph = graph_for_threads_.load();
+  const bool in_graph_capture = graph != nullptr && graph->CallingThreadCapturing();
+  t_open_operators.push_back({id, to_cupti, in_graph_capture});
   if (to_cupti) session->PushExternalId(id);
 }
 
 void Tracer::PopOperator() {
   if (t_open_operators.empty()) return;  // unbalanced pop: nothing to undo
-  const bool to_cupti = t_open_operators.back().to_cupti;
+  const OpenOperator popped = t_open_operators.back();
   t_open_operators.pop_back();
+  t_popped_in_graph_capture = popped.in_graph_capture ? popped.id : 0;
+  const bool to_cupti = popped.to_cupti;
   CuptiSession* session = session_for_abi_.load();
   if (to_cupti && session != nullptr) session->PopExternalId();
 }
@@ -189,7 +200,7 @@ void Tracer::CloseLentWindowLocked() {
 }
 
 void Tracer::PublishForgottenGraphNodes() {
-  GraphAttribution* graph = graph_for_writer_.load();
+  GraphAttribution* graph = graph_for_threads_.load();
   const size_t forgotten = graph != nullptr ? graph->forgotten_nodes() : 0;
   if (forgotten == 0 || forgotten == graph_nodes_forgotten_) return;
   graph_nodes_forgotten_ = forgotten;
@@ -294,7 +305,7 @@ void Tracer::ChildAfterFork() {
   cupti_started_ = false;
   enable_attempted_ = false;
   if (graph_ != nullptr) {  // its lock may be held: never touched again
-    graph_for_writer_.store(nullptr);
+    graph_for_threads_.store(nullptr);
     (void)graph_.release();
   }
   graph_nodes_forgotten_ = 0;
@@ -329,7 +340,7 @@ WriterThread* Tracer::EnsureWriter() {
   options.flush_interval = config_.flush_interval;
   options.before_flush = [this](bool forced) { BeforeFlush(forced); };
   options.graph_node_operator = [this](uint64_t node) -> int64_t {
-    GraphAttribution* graph = graph_for_writer_.load();
+    GraphAttribution* graph = graph_for_threads_.load();
     return graph != nullptr ? graph->OperatorOf(node) : -1;
   };
   own_writer_ = std::make_unique<WriterThread>(std::move(options));
@@ -416,7 +427,7 @@ void Tracer::StartCuptiLocked() {
   session_for_abi_.store(session_.get());
   if (graph_ == nullptr) {
     graph_ = std::make_unique<GraphAttribution>(*cupti_, &Tracer::CurrentOperator);
-    graph_for_writer_.store(graph_.get());
+    graph_for_threads_.store(graph_.get());
   }
   StartGraphAttributionLocked("");
   uint32_t version = 0;

@@ -63,6 +63,11 @@ class Tracer {
   bool RecordOps() const { return config_.record_ops; }
 
   // The C ABI (dynaflow_tracer.h): any thread, never blocks on I/O.
+  // An operator whose thread was capturing a CUDA stream into a graph when it
+  // was pushed (graph_capture.h) is a capture-time operator
+  // (Operator::in_graph_capture) when its record follows its pop on the same
+  // thread, before that thread's next pop: the torch extension's order. A
+  // record without such a push is never marked.
   void RecordOperator(const DynaflowOperatorRecord& record);
   void PushOperator(uint64_t id);
   void PopOperator();
@@ -201,7 +206,8 @@ class Tracer {
   // Replayed CUDA graph nodes' operators, once CUPTI is started. A forked
   // child abandons its parent's (its lock may be held) and makes its own.
   std::unique_ptr<GraphAttribution> graph_;
-  std::atomic<GraphAttribution*> graph_for_writer_{nullptr};
+  // graph_ for the writer thread and the C ABI's push, without cupti_mu_.
+  std::atomic<GraphAttribution*> graph_for_threads_{nullptr};
   std::string graph_status_;  // "cupti_graph_attribution"
   size_t graph_nodes_forgotten_ = 0;  // last published; writer thread only
 };

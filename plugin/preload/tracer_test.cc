@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include <cupti_driver_cbid.h>
@@ -561,6 +562,65 @@ TEST_F(TracerTest, TheSubscriptionComesBackAfterAWindowWhereNobodyTookIt) {
                                        CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED));
   tracer.Shutdown();
   EXPECT_EQ(ReadStore().metadata["cupti_graph_attribution"], "enabled");
+}
+
+// Each operator's in_graph_capture by external id.
+std::map<int64_t, bool> CaptureTimeOperators(const Trace& t) {
+  std::map<int64_t, bool> marked;
+  for (const Operator& o : t.ops) marked[o.external_id] = o.in_graph_capture;
+  return marked;
+}
+
+// The torch extension's order: push at the operator's start, pop then record
+// at its end.
+void RunOperator(Tracer& tracer, uint64_t id) {
+  tracer.PushOperator(id);
+  tracer.PopOperator();
+  tracer.RecordOperator(Op(id));
+}
+
+TEST_F(TracerTest, OperatorsBegunWhileTheirThreadCapturesAreCaptureTimeOperators) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  RunOperator(tracer, 1);
+  tracer.PushOperator(2);  // begins before the capture, ends inside it
+  ASSERT_TRUE(fake()->EmitBeginCapture(0x10));
+  tracer.PushOperator(3);
+  RunOperator(tracer, 4);  // nested in 3
+  tracer.PopOperator();
+  tracer.RecordOperator(Op(3));
+  std::thread([&tracer] { RunOperator(tracer, 5); }).join();  // another thread
+  tracer.PushOperator(6);  // begins inside, ends after the capture
+  ASSERT_TRUE(fake()->EmitEndCapture(0x10));
+  tracer.PopOperator();
+  tracer.RecordOperator(Op(6));
+  tracer.PopOperator();
+  tracer.RecordOperator(Op(2));
+  RunOperator(tracer, 7);
+  tracer.RecordOperator(Op(8));  // never pushed
+  tracer.Shutdown();
+  EXPECT_EQ(CaptureTimeOperators(ReadStore()),
+            (std::map<int64_t, bool>{{1, false}, {2, false}, {3, true}, {4, true}, {5, false},
+                                     {6, true}, {7, false}, {8, false}}));
+}
+
+TEST_F(TracerTest, FailedAndForgottenCapturesMarkNothing) {
+  Tracer tracer(config_, FakeLoader(), CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  ASSERT_TRUE(fake()->EmitBeginCapture(0x10, /*cudaErrorStreamCaptureUnsupported*/ 900));
+  RunOperator(tracer, 1);
+  ASSERT_TRUE(fake()->EmitBeginCapture(0x20));
+  RunOperator(tracer, 2);
+  // torch.profiler takes CUPTI's subscription: the capture's end would go
+  // unseen, so it is forgotten.
+  tracer.LendCupti();
+  tracer.ReclaimCupti();
+  RunOperator(tracer, 3);
+  tracer.Shutdown();
+  EXPECT_EQ(CaptureTimeOperators(ReadStore()),
+            (std::map<int64_t, bool>{{1, false}, {2, true}, {3, false}}));
 }
 
 }  // namespace

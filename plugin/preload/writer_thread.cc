@@ -43,7 +43,8 @@ timespec MonotonicDeadline(std::chrono::milliseconds timeout) {
 
 }  // namespace
 
-WriterThread::OperatorWork::OperatorWork(const DynaflowOperatorRecord& r) : numbers(r) {
+WriterThread::OperatorWork::OperatorWork(const DynaflowOperatorRecord& r, bool in_graph_capture)
+    : numbers(r), in_graph_capture(in_graph_capture) {
   const char* fields[kTextFields] = {r.name, r.input_shapes, r.input_types, r.module_path,
                                      r.collective};
   size_t total = 0;
@@ -94,9 +95,10 @@ WriterThread::~WriterThread() {
   sem_destroy(&flushed_);
 }
 
-bool WriterThread::EnqueueOperator(const DynaflowOperatorRecord& record) noexcept {
+bool WriterThread::EnqueueOperator(const DynaflowOperatorRecord& record,
+                                   bool in_graph_capture) noexcept {
   try {
-    WorkItem item(std::in_place_type<OperatorWork>, record);
+    WorkItem item(std::in_place_type<OperatorWork>, record, in_graph_capture);
     const size_t bytes = sizeof(WorkItem) + std::get<OperatorWork>(item).text.size();
     if (Push(item, bytes)) {
       operators_queued_.fetch_add(1);
@@ -304,7 +306,7 @@ void WriterThread::Drain() {
   converter_.set_cupti(cupti_.load());
   for (const WorkItem& item : draining_) {
     if (const auto* op = std::get_if<OperatorWork>(&item)) {
-      converter_.AddOperator(op->View());
+      converter_.AddOperator(op->View(), op->in_graph_capture);
     } else {
       const ActivityBuffer& buffer = std::get<ActivityBuffer>(item);
       converter_.AddBuffer(buffer.data.get(), buffer.valid_size);

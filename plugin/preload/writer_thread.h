@@ -80,7 +80,10 @@ class WriterThread {
 
   // Producers, on any thread: never block on I/O, never throw. A record that
   // does not fit in the queue is dropped and counted; false then.
-  bool EnqueueOperator(const DynaflowOperatorRecord& record) noexcept;
+  // `in_graph_capture`: the operator began while its thread captured a CUDA
+  // graph (Operator::in_graph_capture).
+  bool EnqueueOperator(const DynaflowOperatorRecord& record,
+                       bool in_graph_capture = false) noexcept;
   bool EnqueueBuffer(ActivityBuffer buffer) noexcept;
   void AddCuptiDropped(size_t records) noexcept;
   // Written with the next flush.
@@ -110,11 +113,12 @@ class WriterThread {
  private:
   // An operator record with its strings copied (at offsets into `text`).
   struct OperatorWork {
-    explicit OperatorWork(const DynaflowOperatorRecord& r);
+    OperatorWork(const DynaflowOperatorRecord& r, bool in_graph_capture);
     DynaflowOperatorRecord View() const;
     // name, input_shapes, input_types, module_path, collective
     static constexpr size_t kTextFields = 5;
     DynaflowOperatorRecord numbers;  // string fields unset
+    bool in_graph_capture;
     uint32_t offsets[kTextFields];
     std::string text;
   };

@@ -122,6 +122,7 @@ struct RawEvent {
   int64_t grid[3] = {0, 0, 0};
   int64_t block[3] = {0, 0, 0};
   bool backward_thread = false;  // "Fwd thread id" marks an autograd (backward) op
+  bool graph_capture = false;    // "Graph capture": 1 marks a capture-time op (dynaflow's)
   std::string_view arg_name;     // metadata events: args.name
   std::string_view labels;       // metadata events: args.labels
   std::string_view copy_kind;    // args.kind of memcpy
@@ -272,6 +273,13 @@ void ReadArgs(od::object args, RawEvent* e) {
         if (key == "Concrete Inputs") {
           e->concrete_inputs = RawArray(v);
         } else if (key == "Collective name") {
+          AppendMember(key, v, &e->collective);
+        }
+        break;
+      case 'G':
+        if (key == "Graph capture") {
+          e->graph_capture = ReadId(v) == 1;
+        } else if (IsCollectiveKey(key)) {  // "Group size"
           AppendMember(key, v, &e->collective);
         }
         break;
@@ -721,6 +729,7 @@ void KinetoParser::OnEvent(std::string_view json) {
       o.input_strides = t.strings.Intern(CompactJson(e.input_strides, &impl_->compact));
       o.collective = t.strings.Intern(e.collective);
       o.module_path = t.strings.Intern(e.module_path);
+      o.in_graph_capture = e.graph_capture;
       if (e.backward_thread || e.name.rfind("autograd::engine::evaluate_function", 0) == 0) {
         o.pass = Pass::kBackward;
       } else if (e.sequence >= 0) {

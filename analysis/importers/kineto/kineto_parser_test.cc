@@ -277,6 +277,27 @@ TEST(KinetoParserTest, KeepsConcreteInputs) {
   EXPECT_EQ(t.strings.Get(t.ops[0].concrete_inputs), R"(["","","[2, 2]"])");
 }
 
+// dynaflow's export marks capture-time operators "Graph capture": 1; any
+// other value, or none, is an ordinary operator.
+TEST(KinetoParserTest, ReadsCaptureTimeOperators) {
+  Trace t;
+  ASSERT_TRUE(ParseKinetoJson(R"json({"traceEvents": [
+    {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1,
+     "args": {"Graph capture": 1}},
+    {"ph": "X", "cat": "cpu_op", "name": "b", "pid": 1, "tid": 1, "ts": 2, "dur": 1,
+     "args": {"Graph capture": 0}},
+    {"ph": "X", "cat": "cpu_op", "name": "c", "pid": 1, "tid": 1, "ts": 3, "dur": 1,
+     "args": {"Graph capture": "yes"}},
+    {"ph": "X", "cat": "cpu_op", "name": "d", "pid": 1, "tid": 1, "ts": 4, "dur": 1,
+     "args": {"Graph capture": [1]}},
+    {"ph": "X", "cat": "cpu_op", "name": "e", "pid": 1, "tid": 1, "ts": 5, "dur": 1}
+  ]})json", 0, &t).ok());
+  ASSERT_EQ(t.ops.size(), 5u);
+  std::vector<bool> marked;
+  for (const Operator& o : t.ops) marked.push_back(o.in_graph_capture);
+  EXPECT_EQ(marked, (std::vector<bool>{true, false, false, false, false}));
+}
+
 // Recent Kineto writes ts relative to baseTimeNanoseconds, after the events;
 // the importer adds the base to every record, wherever the key stands.
 TEST(KinetoParserTest, BaseTimeNanosecondsIsAddedToEveryTime) {
