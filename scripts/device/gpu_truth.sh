@@ -4,7 +4,8 @@
 # there against that machine's torch, then runs, each under its own time
 # limit so that one slow step cannot eat the others' time:
 #   1. trace    scripts/device/trace_check.py: kernels and kernel time against
-#               torch.profiler, overhead, small trace.db fixtures;
+#               torch.profiler, overhead, a CUDA graph's replays, NVTX ranges and
+#               the kernels at exit, small trace.db fixtures;
 #   2. predict  scripts/device/predict_check.py: a Llama-8B-shaped decoder,
 #               decode at batch 64 and 4096 context, prefill at 512 and 4096
 #               tokens: the replayed sequential step and the predicted
@@ -20,7 +21,7 @@
 #   bash scripts/device/gpu_truth.sh fetch     # here, once: .device-deps/*.deb
 #   run(command="bash scripts/device/gpu_truth.sh", carry=[".device-deps"], timeout_s=360)
 #
-# The time limits (seconds, TRUTH_*_S to change) add up to 5.5 minutes, so
+# The time limits (seconds, TRUTH_*_S to change) add up to 5.7 minutes, so
 # that a 15-minute lease holds a rerun; TRUTH_STEPS=trace,apply (a comma list
 # of the step names above) reruns only those. Results in $OUT (at most 8 files come
 # back from the device tool): summary.txt (every step's output and exit
@@ -40,7 +41,7 @@ device="${DEVICE:-cuda}"
 work="$build/truth-work"
 
 BUILD_S=${TRUTH_BUILD_S:-100}
-TRACE_S=${TRUTH_TRACE_S:-60}
+TRACE_S=${TRUTH_TRACE_S:-70}
 PREDICT_S=${TRUTH_PREDICT_S:-25}  # each of three workloads
 MICRO_S=${TRUTH_MICRO_S:-15}
 APPLY_S=${TRUTH_APPLY_S:-50}

@@ -17,7 +17,17 @@ GPU machine and then runs:
     a zero grid; the device an H200 with 132 SMs; >= 95% of the region's kernels
     linked to an operator, none starting before its launch call; and the
     overhead of (b): <= 3% with operators on, <= 1% with them off, both below
-    torch.profiler's. On --device cpu only what the CPU run has is checked.
+    torch.profiler's. On --device cpu only what the CPU run has is checked;
+(e) CUDA graphs, NVTX and exit (item 7's remaining failures), on a small MLP
+    traced once: its eager step, a CUDA graph of it replayed --replays times
+    and a last eager step the program exits after without synchronising, each
+    under an NVTX range. Fails when a range is missing; when the replays do
+    not give --replays launches of as many graph kernels each as the eager
+    step has kernels, all linked to operators recorded during the capture
+    (operators.in_graph_capture) and none to others; when operators outside
+    the capture are marked; or when the last step's kernels are missing. On
+    --device cpu the workload runs (no graph, no kernels, and no NVTX: CUPTI
+    never starts) and only "no operator outside the capture marked" applies.
 
 The workload (one child process): build the model, decode once to warm up
 (kernel selection, allocator, lazy initialisation), synchronise, then decode
@@ -120,6 +130,52 @@ def workload(argv):
         profiler.export_chrome_trace(args.profiler_json)
     with open(args.marks, "w") as f:
         json.dump({"region_s": region_s, "t0_ns": t0_ns, "t1_ns": t1_ns}, f)
+
+
+GRAPH_RANGES = ("dynaflow-check/eager", "dynaflow-check/replay", "dynaflow-check/last")
+
+
+def graph_workload(argv):
+    """Child process of (e): an MLP's eager step, its CUDA graph replayed,
+    and a last eager step left unsynchronised at exit, each under an NVTX
+    range (GRAPH_RANGES)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--replays", type=int, default=5)
+    args = parser.parse_args(argv)
+    import torch
+
+    nvtx = torch.cuda.nvtx
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                              torch.nn.Linear(1024, 256)).to(args.device)
+    x = torch.randn(64, 256, device=args.device)
+    cuda = args.device == "cuda"
+    with torch.no_grad():
+        nvtx.range_push(GRAPH_RANGES[0])
+        net(x)
+        nvtx.range_pop()
+        if cuda:
+            torch.cuda.synchronize()
+            side = torch.cuda.Stream()  # warm-up off the default stream, as torch's docs do
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    net(x)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                net(x)
+        for _ in range(args.replays):
+            nvtx.range_push(GRAPH_RANGES[1])
+            if cuda:
+                graph.replay()
+            nvtx.range_pop()
+        if cuda:
+            torch.cuda.synchronize()
+        nvtx.range_push(GRAPH_RANGES[2])
+        net(x)  # not synchronised: the tracer's exit flush must keep these kernels
+        nvtx.range_pop()
 
 
 class Checker:
@@ -290,6 +346,57 @@ class Checker:
             copied[os.path.basename(db)] = {"bytes": size, **counts}
         self.results["small_traces"] = copied
 
+    # (e)
+    def graphs_nvtx_exit(self):
+        cuda = self.args.device == "cuda"
+        db = os.path.join(self.work, "graphs.db")
+        command = [self.python, os.path.abspath(__file__), "graph-workload",
+                   "--device", self.args.device, "--replays", str(self.args.replays)]
+        self.run(self.traced(command, db), "graph workload")
+        checks = {}
+        with sqlite3.connect(db) as c:
+            ranges = {name: c.execute("SELECT start_ns, end_ns FROM ranges_named WHERE name = ? "
+                                      "ORDER BY start_ns", (name,)).fetchall()
+                      for name in GRAPH_RANGES}
+
+            def launched_in(window):  # kernels whose launch call lies in a host range
+                return c.execute(
+                    "SELECT count(*) FROM kernels k JOIN api_calls a ON a.correlation = "
+                    "k.correlation AND a.pid = k.pid WHERE a.start_ns >= ? AND a.start_ns < ?",
+                    window).fetchone()[0]
+
+            expected = (1, self.args.replays, 1)
+            # NVTX reaches the tracer through CUPTI, which a CPU run never starts.
+            checks["every NVTX range recorded"] = all(
+                len(ranges[name]) == n for name, n in zip(GRAPH_RANGES, expected)) if cuda else None
+            eager = launched_in(ranges[GRAPH_RANGES[0]][0]) if ranges[GRAPH_RANGES[0]] else 0
+            last = launched_in(ranges[GRAPH_RANGES[2]][0]) if ranges[GRAPH_RANGES[2]] else 0
+            replays = c.execute("SELECT correlation, count(*) FROM kernels "
+                                "WHERE graph_id IS NOT NULL GROUP BY correlation").fetchall()
+            unlinked, unmarked = c.execute(
+                "SELECT sum(o.external_id IS NULL), sum(coalesce(o.in_graph_capture, 0) = 0) "
+                "FROM kernels k LEFT JOIN operators o ON o.external_id = k.external_id "
+                "AND o.pid = k.pid WHERE k.graph_id IS NOT NULL").fetchone()
+            marked_outside = c.execute(
+                "SELECT count(*) FROM operators o WHERE o.in_graph_capture = 1 AND "
+                "(o.start_ns < ? OR o.start_ns >= ?)",
+                (ranges[GRAPH_RANGES[0]][0][1] if ranges[GRAPH_RANGES[0]] else 0,
+                 ranges[GRAPH_RANGES[1]][0][0] if ranges[GRAPH_RANGES[1]] else 0)).fetchone()[0]
+        counts = [n for _, n in replays]
+        checks["eager step has kernels"] = eager > 0 if cuda else None
+        checks["each replay gives the eager step's kernels"] = (
+            len(replays) == self.args.replays and all(n == eager for n in counts)) if cuda else None
+        checks["replayed kernels linked to capture-time operators"] = (
+            bool(replays) and not unlinked and not unmarked) if cuda else None
+        checks["no operator outside the capture marked"] = marked_outside == 0
+        checks["last step's kernels kept at exit"] = (last == eager) if cuda else None
+        self.results["graphs_nvtx_exit"] = {
+            "checks": checks, "eager_kernels": eager, "last_step_kernels": last,
+            "replay_launches": len(replays), "kernels_per_replay": counts,
+            "replayed_unlinked": unlinked or 0, "replayed_linked_unmarked": unmarked or 0,
+            "marked_outside_capture": marked_outside}
+        self.failures += [f"graphs: {name}" for name, ok in checks.items() if ok is False]
+
     def table(self):
         lines = [f"dynaflow trace check on {self.args.device}; workload: llama_decode "
                  f"{' '.join(self.model)}, {self.args.iters} decodes per region"]
@@ -315,6 +422,12 @@ class Checker:
         if i:
             verdict = {True: "ok", False: "NO", None: "n/a"}
             lines.append("(d) " + ", ".join(f"{k}: {verdict[v]}" for k, v in i["checks"].items()))
+        g = self.results.get("graphs_nvtx_exit")
+        if g:
+            verdict = {True: "ok", False: "NO", None: "n/a"}
+            lines.append(f"(e) eager {g['eager_kernels']} kernels, {g['replay_launches']} replays "
+                         f"of {g['kernels_per_replay']}, last step {g['last_step_kernels']}: " +
+                         ", ".join(f"{k}: {verdict[v]}" for k, v in g["checks"].items()))
         for name, info in self.results.get("small_traces", {}).items():
             lines.append(f"(c) {name}: {info['bytes'] / 1e6:.2f} MB, {info['kernels']} kernels, "
                          f"{info['operators']} operators, {info['memcpy']} memcpy")
@@ -327,6 +440,9 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "workload":
         workload(sys.argv[2:])
         return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "graph-workload":
+        graph_workload(sys.argv[2:])
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dynaflow", required=True, help="the dynaflow binary to check")
     parser.add_argument("--out", required=True, help="where results and small traces go")
@@ -334,10 +450,12 @@ def main():
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--tolerance", type=float, default=2.0, help="percent, for (a)")
+    parser.add_argument("--replays", type=int, default=5, help="CUDA graph replays, for (e)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     checker = Checker(args)
-    for step in (checker.accuracy, checker.overhead, checker.small_traces):
+    for step in (checker.accuracy, checker.graphs_nvtx_exit, checker.overhead,
+                 checker.small_traces):
         try:
             step()
         except Exception as e:  # noqa: BLE001 - report it and go on with the others

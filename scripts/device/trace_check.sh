@@ -7,8 +7,13 @@
 #       time within 2%;
 #   (b) overhead: the workload untraced, traced with operators, traced with
 #       --ops off and under torch.profiler (medians of 5 interleaved runs);
-#   (c) small trace.db files of llama_decode and train_step, for tests/data.
-# It prints a summary table last.
+#   (c) small trace.db files of llama_decode and train_step, for tests/data;
+#   (d) the traced run's integrity (CUPTI on, nothing dropped, well-formed
+#       kernels, an H200, >= 95% linked) and the overhead targets;
+#   (e) a CUDA graph replayed N times gives N x its kernels, linked to the
+#       capture-time operators; NVTX ranges recorded; the last step's kernels
+#       kept at exit.
+# It prints a summary table last and exits 1 when any check fails.
 #
 # What the machine must have (the device tool's CUDA image does): an NVIDIA GPU
 # and driver, the CUDA toolkit (nvcc, CUPTI headers), CMake >= 3.25, ninja, a
