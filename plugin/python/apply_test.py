@@ -237,6 +237,29 @@ class PureFunctionsTest(unittest.TestCase):
         self.assertEqual(_apply.tokens_of(torch.zeros(4, 7, 16)), 28)  # one per vector
         self.assertIsNone(_apply.first_tensor((), {"cache_position": torch.arange(7)}))
 
+    @unittest.skipUnless(HAS_TORCH, "needs torch")
+    def test_a_calls_phase_as_the_advisor_tells_steps_apart(self):
+        class Cache:  # the Hugging Face Cache protocol
+            def __init__(self, length):
+                self.length = length
+
+            def get_seq_length(self):
+                return self.length
+
+        m = nn.Linear(2, 2).eval()
+        one, many = torch.zeros(4, 1, dtype=torch.long), torch.zeros(4, 7, dtype=torch.long)
+        phase = _apply.call_phase
+        self.assertEqual(phase(m, {"past_key_values": Cache(9)}, (), one, False), "decode")
+        self.assertEqual(phase(m, {}, (one, Cache(9)), one, False), "decode")
+        self.assertEqual(phase(m, {"past_key_values": Cache(0)}, (), one, False), "prefill")
+        self.assertEqual(phase(m, {"past_key_values": Cache(9)}, (), many, False), "prefill")
+        self.assertEqual(phase(m, {}, (), one, False), "prefill")
+        m.train()  # a model built from a config trains by default
+        self.assertEqual(phase(m, {}, (), many, False), "prefill")
+        self.assertEqual(phase(m, {}, (), many, True), "training")
+        with torch.no_grad():
+            self.assertEqual(phase(m, {}, (), many, True), "prefill")
+
     def test_even_bounds_match_the_runtime_row_split(self):
         self.assertEqual(_apply.even_bounds(7, 3), [0, 3, 5, 7])
         self.assertEqual(_apply.even_bounds(4, 2), [0, 2, 4])

@@ -25,8 +25,8 @@ Calls in a sequential bucket, or with fewer rows than splits, run the original
 forward after one policy lookup. A plan whose buckets name phases (a trace with
 prefill and decode steps gets a tiling for each) picks the tiling by the
 call's phase (`call_phase`): decode when it passes a cache that already holds
-tokens and one new token per row, training when autograd records and the
-module trains, prefill otherwise; a phase without a tiling takes the buckets
+tokens and one new token per row, training when autograd records, the module
+trains and the plan has training buckets, prefill otherwise; a phase without a tiling takes the buckets
 without a phase, and, when there are none, runs the original forward.
 
 Strategies that split the batch (nanobatch_overlap, dual_batch_overlap) are
@@ -441,15 +441,18 @@ def bucket_table(plan):
     return tilings, splits_of
 
 
-def call_phase(module, kwargs, args, x):
+def call_phase(module, kwargs, args, x, training_planned):
     """The phase of a call whose batch tensor is `x`, as the advisor tells
-    steps apart: "training" when autograd records and the module trains;
+    steps apart: "training" when autograd records, the module trains and the
+    plan has training buckets (the advisor calls a step training only when
+    a backward pass follows, which a call cannot know: a model built from a
+    config trains by default, also when a program only runs it forward);
     "decode" when it passes a cache that already holds tokens
     (`get_seq_length() > 0`, the Hugging Face Cache protocol) and one new
     token per row; "prefill" otherwise (a forward over new prompts)."""
     import torch
 
-    if torch.is_grad_enabled() and module.training:
+    if training_planned and torch.is_grad_enabled() and module.training:
         return "training"
     if x.dim() >= 2 and x.shape[1] == 1:
         for value in itertools.chain(args, kwargs.values()):
@@ -1264,7 +1267,7 @@ class Applier:
             return None
         if not self.phased:
             return self.policies.get("")
-        phase = call_phase(module, kwargs, args, x)
+        phase = call_phase(module, kwargs, args, x, "training" in self.policies)
         policy = self.policies.get(phase, self.policies.get(""))
         with self.report.lock:
             counts = self.report.phase_calls.setdefault(phase, {"calls": 0, "unplanned": 0})
