@@ -187,6 +187,8 @@ CASES = [
     ("module_fingerprint a number", setter("model", "module_fingerprint", 7), False, False),
     ("phase not a phase", setter("model", "phase", "warmup"), False, False),
     ("bucket phase not a phase", setter("buckets", 0, "phase", "warmup"), False, False),
+    ("the next bucket's phase a number", setter("buckets", 1, "phase", 7), False, False),
+    ("the next bucket not an object", setter("buckets", 1, 5), False, False),
     # What only dynaflow checks (the schema's description says so).
     ("first bucket not at 0", setter("buckets", 0, "min_tokens", 5.0), True, False),
     ("buckets with a gap", setter("buckets", 1, "min_tokens", 200.0), True, False),

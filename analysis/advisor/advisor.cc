@@ -651,14 +651,17 @@ double PhaseMeanUs(const DeviceSteps& steps, StepPhase phase) {
   return of.empty() ? 0 : sum / static_cast<double>(of.size());
 }
 
-// The step of `phase` of median duration (the lower median), as
-// FindSteps picks the representative of all steps.
+// The step of `phase` of median duration, as FindSteps picks the
+// representative of all steps.
 size_t PhaseRepresentative(const DeviceSteps& steps, StepPhase phase) {
   std::vector<size_t> of = StepsOf(steps, phase);
+  // As FindSteps: not the trace's last step, whose end is its last activity's
+  // (cut short), when the phase has others; the upper median.
+  if (of.size() >= 2 && steps.steps.size() >= 3 && of.back() + 1 == steps.steps.size()) of.pop_back();
   std::sort(of.begin(), of.end(), [&steps](size_t a, size_t b) {
     return steps.steps[a].duration_us() < steps.steps[b].duration_us();
   });
-  return of[(of.size() - 1) / 2];
+  return of[of.size() / 2];
 }
 
 // Appends the buckets of `phase`, simulated on a step of that phase, with
@@ -789,9 +792,16 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
   plan.peak_tflops_bf16 = dr.peaks.flops_half / 1e12;
   plan.peaks_known = dr.peaks.known;
 
+  // With steps of several phases, each phase is simulated on its own median
+  // step and measured against its own steps' mean; the observed phase is the
+  // representative step's.
+  const StepPhase observed_phase =
+      steps[crit].steps.empty() ? StepPhase::kUnknown : steps[crit].steps[steps[crit].representative].phase;
+  const std::vector<StepPhase> other_phases = OtherPhases(steps[crit], observed_phase);
+  const size_t representative = other_phases.empty() ? steps[crit].representative
+                                                      : PhaseRepresentative(steps[crit], observed_phase);
   CostCache costs(trace, &links);
-  const StepGraph graph =
-      BuildStepGraph(trace, links, dr, steps[crit], steps[crit].representative, &costs, opt.graph);
+  const StepGraph graph = BuildStepGraph(trace, links, dr, steps[crit], representative, &costs, opt.graph);
   if (graph.tasks.empty()) return out;
   out.has_graph = true;
   plan.tokens_per_step = graph.tokens;
@@ -819,19 +829,16 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
   const double seq_observed = grid.evals[grid.observed].front().makespan_us;
   out.replay_error_pct = graph.measured_us > 0 ? 100.0 * (seq_observed - graph.measured_us) / graph.measured_us : 0;
   out.replay_error_without_gaps_pct = ReplayErrorWithoutGaps(ctx, graph);
-  const std::vector<StepPhase> other_phases = OtherPhases(steps[crit], graph.phase);
-  // With steps of several phases, each phase's buckets are simulated on a
-  // step of its own and measured against its own steps' mean.
-  const double baseline = other_phases.empty()
-                              ? dev.step_mean_us
-                              : PhaseMeanUs(steps[crit], graph.phase);
+  const double baseline = other_phases.empty() ? dev.step_mean_us : PhaseMeanUs(steps[crit], observed_phase);
   out.bound_checks = BoundChecks(grid.evals, grid.tokens, baseline / seq_observed);
 
   plan.buckets.clear();
   plan.partition_rules.clear();
   const std::vector<const Eval*> choice = Choices(grid, opt);
-  const size_t observed_bucket =
-      AppendTiling(grid, choice, baseline, other_phases.empty() ? "" : PhaseName(graph.phase), opt, &plan);
+  // The observed phase's buckets carry no phase: they are for every call no
+  // other phase's buckets are for (model.phase names what they simulated),
+  // so a call whose phase `apply` cannot tell still has a tiling.
+  const size_t observed_bucket = AppendTiling(grid, choice, baseline, "", opt, &plan);
   for (StepPhase phase : other_phases) {
     AppendPhaseTiling(trace, links, dr, steps[crit], phase, opt, &out, &plan);
   }

@@ -324,9 +324,13 @@ Status ValidatePlanJson(const json& j) {
     DF_RETURN_IF_ERROR(Number(b["predicted_step_us"], w + ".predicted_step_us", 0));
     DF_RETURN_IF_ERROR(Number(b["extra_memory_bytes"], w + ".extra_memory_bytes", 0));
     if (b.contains("phase")) DF_RETURN_IF_ERROR(Enum(b["phase"], w + ".phase", kPhases));
-    // The buckets of each phase (absent: of every call no other group is
-    // for) are consecutive and tile [0, inf) in order (beyond what JSON
-    // Schema can say).
+  }
+  // The buckets of each phase (absent: of every call no other group is for)
+  // are consecutive and tile [0, inf) in order (beyond what JSON Schema can
+  // say). After every bucket is known to be well formed.
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    const json& b = buckets[i];
+    const std::string w = "buckets[" + std::to_string(i) + "]";
     const std::string phase = b.value("phase", "");
     const bool group_starts = i == 0 || buckets[i - 1].value("phase", "") != phase;
     const bool group_ends = i + 1 == buckets.size() || buckets[i + 1].value("phase", "") != phase;

@@ -109,8 +109,9 @@ struct Plan {
   // The phase of the observed step, the one `strategy`, `splits` and the
   // top-level prediction are for: "prefill", "decode", "mixed" or "training"
   // (analysis/steps/steps.h PhaseName); empty when unknown (absent from the
-  // JSON). A trace with steps of several phases gets one tiling of buckets
-  // per phase (PlanBucket::phase): a prefill's tokens are not a decode
+  // JSON). The buckets without a phase were simulated on a step of this
+  // phase; a trace with steps of several phases also gets a tiling for each
+  // other phase (PlanBucket::phase): a prefill's tokens are not a decode
   // batch's.
   std::string phase;
   int64_t kernels_per_step = 0;

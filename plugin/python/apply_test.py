@@ -254,6 +254,11 @@ class PureFunctionsTest(unittest.TestCase):
         self.assertEqual(phase(m, {"past_key_values": Cache(0)}, (), one, False), "prefill")
         self.assertEqual(phase(m, {"past_key_values": Cache(9)}, (), many, False), "prefill")
         self.assertEqual(phase(m, {}, (), one, False), "prefill")
+        self.assertEqual(phase(m, {"past_key_values": Cache(torch.tensor(9))}, (), one, False),
+                         "decode")  # a static cache's length, on the CPU
+        on_device = Cache(torch.empty((), dtype=torch.long, device="meta"))
+        self.assertEqual(phase(m, {"past_key_values": on_device}, (), one, False), "unknown")
+        self.assertEqual(phase(m, {}, (), torch.zeros(7, dtype=torch.long), False), "unknown")
         m.train()  # a model built from a config trains by default
         self.assertEqual(phase(m, {}, (), many, False), "prefill")
         self.assertEqual(phase(m, {}, (), many, True), "training")

@@ -26,7 +26,8 @@ forward after one policy lookup. A plan whose buckets name phases (a trace with
 prefill and decode steps gets a tiling for each) picks the tiling by the
 call's phase (`call_phase`): decode when it passes a cache that already holds
 tokens and one new token per row, training when autograd records, the module
-trains and the plan has training buckets, prefill otherwise; a phase without a tiling takes the buckets
+trains and the plan has training buckets, prefill otherwise, unknown for
+flattened (1-D) inputs or a cache length held on a GPU; a phase without a tiling takes the buckets
 without a phase, and, when there are none, runs the original forward.
 
 Strategies that split the batch (nanobatch_overlap, dual_batch_overlap) are
@@ -449,15 +450,28 @@ def call_phase(module, kwargs, args, x, training_planned):
     config trains by default, also when a program only runs it forward);
     "decode" when it passes a cache that already holds tokens
     (`get_seq_length() > 0`, the Hugging Face Cache protocol) and one new
-    token per row; "prefill" otherwise (a forward over new prompts)."""
+    token per row; "prefill" otherwise (a forward over new prompts).
+    "unknown" where telling would cost more than it may: a batch tensor of
+    one dimension (flattened tokens, as serving frameworks pass them) has no
+    rows to count tokens in, and a cache length held on a GPU (a static
+    cache's) would synchronise the device to be read."""
     import torch
 
     if training_planned and torch.is_grad_enabled() and module.training:
         return "training"
-    if x.dim() >= 2 and x.shape[1] == 1:
+    if x.dim() < 2:
+        return "unknown"
+    if x.shape[1] == 1:
         for value in itertools.chain(args, kwargs.values()):
             length = getattr(value, "get_seq_length", None)
-            if callable(length) and not isinstance(value, torch.Tensor) and length() > 0:
+            if not callable(length) or isinstance(value, torch.Tensor):
+                continue
+            n = length()
+            if isinstance(n, torch.Tensor):
+                if n.device.type != "cpu":
+                    return "unknown"
+                n = int(n)
+            if n > 0:
                 return "decode"
     return "prefill"
 
@@ -1186,8 +1200,15 @@ class Applier:
                                               f"the program runs unmodified")
         self.runtime = _Runtime(runtime_lib)
         tilings, self.splits_of = bucket_table(plan)
-        self.policies = {phase: self.runtime.policy(max_tokens, schedules, len(self.splits_of))
-                         for phase, (max_tokens, schedules) in tilings.items()}
+        self.policies = {}
+        try:
+            for phase, (max_tokens, schedules) in tilings.items():
+                self.policies[phase] = self.runtime.policy(max_tokens, schedules,
+                                                           len(self.splits_of))
+        except PlanMismatch:
+            for policy in self.policies.values():
+                self.runtime.lib.dynaflow_apply_policy_free(policy)
+            raise
         self.phased = any(self.policies)  # some tiling names a phase
         self.cuda = False
         self.executor = None
