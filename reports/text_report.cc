@@ -179,7 +179,8 @@ void Recommendations(std::ostringstream& out, const AdviceResult& a) {
       out << buf;
     }
     for (const std::string& why : a.unplanned_phases) {
-      out << "\n  No buckets for " << Printable(why) << "; apply runs those calls unplanned\n";
+      out << "\n  No buckets of its own for " << Printable(why)
+          << "; apply gives those calls the buckets above without a phase\n";
     }
   }
   out << "\n";

@@ -635,45 +635,27 @@ std::vector<StepPhase> OtherPhases(const DeviceSteps& steps, StepPhase observed)
   return out;
 }
 
-// The indices of the steps of `phase`, by start.
-std::vector<size_t> StepsOf(const DeviceSteps& steps, StepPhase phase) {
-  std::vector<size_t> out;
-  for (size_t i = 0; i < steps.steps.size(); ++i) {
-    if (steps.steps[i].phase == phase) out.push_back(i);
-  }
-  return out;
-}
-
+// The mean duration of the steps of `phase`; 0 when there are none.
 double PhaseMeanUs(const DeviceSteps& steps, StepPhase phase) {
-  const std::vector<size_t> of = StepsOf(steps, phase);
   double sum = 0;
-  for (size_t i : of) sum += steps.steps[i].duration_us();
-  return of.empty() ? 0 : sum / static_cast<double>(of.size());
-}
-
-// The step of `phase` of median duration, as FindSteps picks the
-// representative of all steps.
-size_t PhaseRepresentative(const DeviceSteps& steps, StepPhase phase) {
-  std::vector<size_t> of = StepsOf(steps, phase);
-  // As FindSteps: not the trace's last step, whose end is its last activity's
-  // (cut short), when the phase has others; the upper median.
-  if (of.size() >= 2 && steps.steps.size() >= 3 && of.back() + 1 == steps.steps.size()) of.pop_back();
-  std::sort(of.begin(), of.end(), [&steps](size_t a, size_t b) {
-    return steps.steps[a].duration_us() < steps.steps[b].duration_us();
-  });
-  return of[of.size() / 2];
+  size_t n = 0;
+  for (const Step& s : steps.steps) {
+    if (s.phase != phase) continue;
+    sum += s.duration_us();
+    ++n;
+  }
+  return n == 0 ? 0 : sum / static_cast<double>(n);
 }
 
 // Appends the buckets of `phase`, simulated on a step of that phase, with
 // their bound checks. A phase whose step has no graph or whose replay does
-// not finish gets no buckets: `dynaflow apply` runs its calls unplanned, and
-// out->unplanned_phases says why.
+// not finish gets no buckets (its calls take the buckets without a phase),
+// and out->unplanned_phases says why.
 void AppendPhaseTiling(const Trace& trace, const OperatorLinks& links, const DeviceResources& dr,
                        const DeviceSteps& steps, StepPhase phase, const AdviseOptions& opt,
-                       AdviceResult* out, Plan* plan) {
-  CostCache costs(trace, &links);
+                       CostCache* costs, AdviceResult* out, Plan* plan) {
   const StepGraph graph =
-      BuildStepGraph(trace, links, dr, steps, PhaseRepresentative(steps, phase), &costs, opt.graph);
+      BuildStepGraph(trace, links, dr, steps, RepresentativeStep(steps.steps, phase), costs, opt.graph);
   const std::string name = PhaseName(phase);
   if (graph.tasks.empty()) {
     out->unplanned_phases.push_back(name + ": its step has no GPU work to simulate");
@@ -799,7 +781,7 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
       steps[crit].steps.empty() ? StepPhase::kUnknown : steps[crit].steps[steps[crit].representative].phase;
   const std::vector<StepPhase> other_phases = OtherPhases(steps[crit], observed_phase);
   const size_t representative = other_phases.empty() ? steps[crit].representative
-                                                      : PhaseRepresentative(steps[crit], observed_phase);
+                                                      : RepresentativeStep(steps[crit].steps, observed_phase);
   CostCache costs(trace, &links);
   const StepGraph graph = BuildStepGraph(trace, links, dr, steps[crit], representative, &costs, opt.graph);
   if (graph.tasks.empty()) return out;
@@ -840,7 +822,7 @@ AdviceResult AdviseSteps(const Trace& trace, const std::vector<std::string>& inp
   // so a call whose phase `apply` cannot tell still has a tiling.
   const size_t observed_bucket = AppendTiling(grid, choice, baseline, "", opt, &plan);
   for (StepPhase phase : other_phases) {
-    AppendPhaseTiling(trace, links, dr, steps[crit], phase, opt, &out, &plan);
+    AppendPhaseTiling(trace, links, dr, steps[crit], phase, opt, &costs, &out, &plan);
   }
   const std::vector<std::vector<Eval>>& evals = grid.evals;
   const size_t observed = grid.observed;

@@ -141,8 +141,9 @@ struct AdviceResult {
   StepPhase phase = StepPhase::kUnknown;
   TokenSource tokens_source = TokenSource::kNone;
   std::vector<BoundCheck> bound_checks;  // every candidate at every workload point
-  // Phases of the trace's steps that got no buckets, each with the reason
-  // ("decode: ..."); `dynaflow apply` runs their calls unplanned.
+  // Phases of the trace's steps that got no buckets of their own, each with
+  // the reason ("decode: ..."); `dynaflow apply` gives their calls the
+  // buckets without a phase.
   std::vector<std::string> unplanned_phases;
   StepPicture measured;
   StepPicture predicted;

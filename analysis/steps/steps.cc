@@ -178,13 +178,7 @@ void FinishStats(DeviceSteps* s) {
   s->min_us = sorted.front();
   s->max_us = sorted.back();
   s->median_us = n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
-  // The representative step: median duration among the steps that end where
-  // the next begins (all but the last, when there are three or more).
-  const size_t pool = n >= 3 ? n - 1 : n;
-  std::vector<size_t> idx(pool);
-  for (size_t i = 0; i < pool; ++i) idx[i] = i;
-  std::sort(idx.begin(), idx.end(), [&d](size_t a, size_t b) { return d[a] < d[b]; });
-  s->representative = idx[pool / 2];
+  s->representative = RepresentativeStep(s->steps);
 }
 
 // The windows of ProfilerStep#N and serving annotations of one device: on
@@ -411,10 +405,6 @@ bool ReadCount(std::string_view* s, std::string_view word, int64_t* requests, in
   return true;
 }
 
-}  // namespace
-
-namespace {
-
 // vLLM: execute_context_C(T[_S])_generation_G(U).
 bool ParseVllm(std::string_view name, ServingAnnotation* a) {
   return ReadCount(&name, "execute_context_", &a->context_requests, &a->context_tokens) &&
@@ -443,6 +433,17 @@ bool ParseServingAnnotation(std::string_view name, ServingAnnotation* out) {
   if (name != "scheduler.run_batch" && !ParseVllm(name, &a) && !ParseTrtLlm(name, &a)) return false;
   *out = a;
   return true;
+}
+
+size_t RepresentativeStep(const std::vector<Step>& steps, std::optional<StepPhase> phase) {
+  std::vector<size_t> of;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!phase || steps[i].phase == *phase) of.push_back(i);
+  }
+  if (of.size() >= 2 && steps.size() >= 3 && of.back() + 1 == steps.size()) of.pop_back();
+  std::sort(of.begin(), of.end(),
+            [&steps](size_t a, size_t b) { return steps[a].duration_us() < steps[b].duration_us(); });
+  return of[of.size() / 2];
 }
 
 DeviceSteps FindSteps(const Trace& trace, const DeviceResources& dev) {

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -120,5 +121,11 @@ struct DeviceSteps {
 };
 
 DeviceSteps FindSteps(const Trace& trace, const DeviceResources& device);
+
+// The representative of `steps` (DeviceSteps::representative), or of those of
+// `phase`: the one of median duration (the upper median), leaving out the last
+// step of three or more, whose end is its last activity's (cut short), unless
+// it is the only candidate. Precondition: a step of `phase` exists.
+size_t RepresentativeStep(const std::vector<Step>& steps, std::optional<StepPhase> phase = std::nullopt);
 
 }  // namespace dynaflow

@@ -249,21 +249,21 @@ class PureFunctionsTest(unittest.TestCase):
         m = nn.Linear(2, 2).eval()
         one, many = torch.zeros(4, 1, dtype=torch.long), torch.zeros(4, 7, dtype=torch.long)
         phase = _apply.call_phase
-        self.assertEqual(phase(m, {"past_key_values": Cache(9)}, (), one, False), "decode")
-        self.assertEqual(phase(m, {}, (one, Cache(9)), one, False), "decode")
-        self.assertEqual(phase(m, {"past_key_values": Cache(0)}, (), one, False), "prefill")
-        self.assertEqual(phase(m, {"past_key_values": Cache(9)}, (), many, False), "prefill")
-        self.assertEqual(phase(m, {}, (), one, False), "prefill")
-        self.assertEqual(phase(m, {"past_key_values": Cache(torch.tensor(9))}, (), one, False),
+        self.assertEqual(phase(m, (), {"past_key_values": Cache(9)}, one, False), "decode")
+        self.assertEqual(phase(m, (one, Cache(9)), {}, one, False), "decode")
+        self.assertEqual(phase(m, (), {"past_key_values": Cache(0)}, one, False), "prefill")
+        self.assertEqual(phase(m, (), {"past_key_values": Cache(9)}, many, False), "prefill")
+        self.assertEqual(phase(m, (), {}, one, False), "prefill")
+        self.assertEqual(phase(m, (), {"past_key_values": Cache(torch.tensor(9))}, one, False),
                          "decode")  # a static cache's length, on the CPU
         on_device = Cache(torch.empty((), dtype=torch.long, device="meta"))
-        self.assertEqual(phase(m, {"past_key_values": on_device}, (), one, False), "unknown")
-        self.assertEqual(phase(m, {}, (), torch.zeros(7, dtype=torch.long), False), "unknown")
+        self.assertEqual(phase(m, (), {"past_key_values": on_device}, one, False), "unknown")
+        self.assertEqual(phase(m, (), {}, torch.zeros(7, dtype=torch.long), False), "unknown")
         m.train()  # a model built from a config trains by default
-        self.assertEqual(phase(m, {}, (), many, False), "prefill")
-        self.assertEqual(phase(m, {}, (), many, True), "training")
+        self.assertEqual(phase(m, (), {}, many, False), "prefill")
+        self.assertEqual(phase(m, (), {}, many, True), "training")
         with torch.no_grad():
-            self.assertEqual(phase(m, {}, (), many, True), "prefill")
+            self.assertEqual(phase(m, (), {}, many, True), "prefill")
 
     def test_even_bounds_match_the_runtime_row_split(self):
         self.assertEqual(_apply.even_bounds(7, 3), [0, 3, 5, 7])

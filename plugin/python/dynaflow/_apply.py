@@ -442,7 +442,7 @@ def bucket_table(plan):
     return tilings, splits_of
 
 
-def call_phase(module, kwargs, args, x, training_planned):
+def call_phase(module, args, kwargs, x, training_planned):
     """The phase of a call whose batch tensor is `x`, as the advisor tells
     steps apart: "training" when autograd records, the module trains and the
     plan has training buckets (the advisor calls a step training only when
@@ -1288,7 +1288,7 @@ class Applier:
             return None
         if not self.phased:
             return self.policies.get("")
-        phase = call_phase(module, kwargs, args, x, "training" in self.policies)
+        phase = call_phase(module, args, kwargs, x, "training" in self.policies)
         policy = self.policies.get(phase, self.policies.get(""))
         with self.report.lock:
             counts = self.report.phase_calls.setdefault(phase, {"calls": 0, "unplanned": 0})
