@@ -106,6 +106,11 @@ struct ApplySummary {
   };
   std::map<std::string, Region> regions;
   int64_t overlapped_collectives = 0;  // comm_overlap: launched asynchronously
+  // Of those: read inside their call (not only at its end), and the
+  // operators that ran between a collective's launch and its read.
+  int64_t read_in_call = 0;
+  int64_t ops_beside = 0;
+  std::string comm_overlap_error;  // a call whose schedule the runtime's builder refused
   // A plan with a tiling per phase: per phase (by name), the unit calls of
   // that phase and those no tiling was for (run unplanned).
   struct PhaseCalls {
@@ -143,6 +148,10 @@ ApplySummary MergeReports(const std::string& dir) {
     if (!v.value("worst", "").empty() && s.worst.empty()) s.worst = v.value("worst", "");
     if (!v.value("ok", false)) s.verify_ok = false;
     s.overlapped_collectives += r.value("overlapped_collectives", int64_t{0});
+    const nlohmann::json comm = r.value("comm_overlap", nlohmann::json::object());
+    s.read_in_call += comm.value("read_in_call", int64_t{0});
+    s.ops_beside += comm.value("ops_beside", int64_t{0});
+    if (s.comm_overlap_error.empty()) s.comm_overlap_error = comm.value("error", "");
     const nlohmann::json phases = r.value("phase_calls", nlohmann::json::object());
     for (auto it = phases.begin(); phases.is_object() && it != phases.end(); ++it) {
       if (!it.value().is_object()) continue;
@@ -201,7 +210,13 @@ int Summarize(const ApplyArgs& args, const std::string& report_dir, int exit_cod
     if (r.overlapped_collectives > 0) {
       std::cerr << "dynaflow apply: " << r.overlapped_collectives
                 << " collectives launched asynchronously, each waited for just before the first "
-                   "operator that uses its tensors\n";
+                   "operator that uses its tensors: "
+                << r.read_in_call << " read inside their call, " << r.ops_beside
+                << " operators ran beside them\n";
+      if (!r.comm_overlap_error.empty()) {
+        std::cerr << "dynaflow apply: comm_overlap: a call ran no schedule the runtime builds: "
+                  << r.comm_overlap_error << "\n";
+      }
     }
     if (!r.phases.empty()) {
       std::cerr << "dynaflow apply: calls by phase:";

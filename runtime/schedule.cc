@@ -159,6 +159,47 @@ StatusOr<Schedule> ScheduleBuilder::Build() && {
   return s;
 }
 
+std::vector<TaskId> RunsBeside(const Schedule& schedule, TaskId id) {
+  const int n = schedule.size();
+  // Position in its stream's queue, for the FIFO successor and predecessor.
+  std::vector<int> slot(static_cast<size_t>(n), 0);
+  for (int st = 0; st < schedule.num_streams(); ++st) {
+    std::span<const TaskId> q = schedule.stream_queue(st);
+    for (size_t i = 0; i < q.size(); ++i) slot[static_cast<size_t>(q[i])] = static_cast<int>(i);
+  }
+  // Marks every task reachable from `id` forwards (after) or backwards (before).
+  auto reach = [&](bool forward) {
+    std::vector<char> seen(static_cast<size_t>(n), 0);
+    std::vector<TaskId> stack = {id};
+    while (!stack.empty()) {
+      const TaskId t = stack.back();
+      stack.pop_back();
+      std::span<const TaskId> q = schedule.stream_queue(schedule.task(t).stream);
+      const int next = slot[static_cast<size_t>(t)] + (forward ? 1 : -1);
+      const std::span<const TaskId> linked =
+          forward ? schedule.dependents(t) : std::span<const TaskId>(schedule.task(t).deps);
+      std::vector<TaskId> edges(linked.begin(), linked.end());
+      if (next >= 0 && next < static_cast<int>(q.size())) edges.push_back(q[static_cast<size_t>(next)]);
+      for (TaskId e : edges) {
+        if (!seen[static_cast<size_t>(e)]) {
+          seen[static_cast<size_t>(e)] = 1;
+          stack.push_back(e);
+        }
+      }
+    }
+    return seen;
+  };
+  const std::vector<char> after = reach(true), before = reach(false);
+  std::vector<TaskId> beside;
+  for (TaskId t = 0; t < n; ++t) {
+    if (schedule.task(t).stream != schedule.task(id).stream && !after[static_cast<size_t>(t)] &&
+        !before[static_cast<size_t>(t)]) {
+      beside.push_back(t);
+    }
+  }
+  return beside;
+}
+
 StatusOr<Schedule> BuildSequential(std::vector<Stage> stages) {
   if (stages.empty()) return Status::BadInput("a schedule needs at least one stage");
   ScheduleBuilder builder(1);
@@ -218,6 +259,33 @@ StatusOr<Schedule> BuildDualBatchRegion(int collectives) {
       builder.Add((compute ? "C" : "X") + std::to_string(p / 2) + "/mb" + std::to_string(i),
                   compute ? kComputeStream : kCommStream, std::move(deps), nothing, i);
     }
+  }
+  return std::move(builder).Build();
+}
+
+StatusOr<Schedule> BuildCommOverlapRegion(const std::vector<int>& consumers) {
+  const int n = static_cast<int>(consumers.size());
+  if (n < 1) return Status::BadInput("a communication-overlap region needs at least one collective");
+  std::vector<std::vector<TaskId>> waits(static_cast<size_t>(n) + 1);
+  for (int j = 0; j < n; ++j) {
+    const int c = consumers[static_cast<size_t>(j)];
+    if (c < j + 1 || c > n + 1) {
+      return Status::BadInput("collective X" + std::to_string(j) + " is read by compute part C" +
+                              std::to_string(c) + "; a collective is read after it is launched, by C" +
+                              std::to_string(j + 1) + " .. C" + std::to_string(n) +
+                              ", or at the end (" + std::to_string(n + 1) + ")");
+    }
+    if (c <= n) waits[static_cast<size_t>(c)].push_back(2 * j + 1);
+  }
+  ScheduleBuilder builder(2);
+  const TaskFn nothing = [](TaskContext&) { return Status::Ok(); };
+  for (int p = 0; p <= 2 * n; ++p) {
+    const int j = p / 2;
+    std::vector<TaskId> deps;
+    if (p > 0) deps.push_back(p % 2 == 1 ? p - 1 : p - 2);  // X<j> after C<j>; C<j> after C<j-1>
+    if (p % 2 == 0) deps.insert(deps.end(), waits[static_cast<size_t>(j)].begin(), waits[static_cast<size_t>(j)].end());
+    builder.Add((p % 2 == 0 ? "C" : "X") + std::to_string(j), p % 2 == 0 ? kComputeStream : kCommStream,
+                std::move(deps), nothing);
   }
   return std::move(builder).Build();
 }

@@ -87,6 +87,10 @@ class Schedule {
   std::vector<bool> signals_;
 };
 
+// The tasks on other streams that may run beside `id`: neither before nor
+// after it by its dependencies and each stream's FIFO order. In id order.
+std::vector<TaskId> RunsBeside(const Schedule& schedule, TaskId id);
+
 // Collects tasks, then validates them into a Schedule.
 class ScheduleBuilder {
  public:
@@ -163,5 +167,19 @@ StatusOr<Schedule> BuildStaggeredRegion(int segments, int micro_batches);
 // runs beside the other's compute. Issue order: C0/mb0, C0/mb1, X0/mb0,
 // X0/mb1, C1/mb0, ...; the callbacks do nothing, as for BuildStaggeredRegion.
 StatusOr<Schedule> BuildDualBatchRegion(int collectives);
+
+// Communication overlap across a region (a module's forward, run once and
+// unsplit, as `dynaflow apply` runs a comm_overlap call): its n =
+// consumers.size() collectives cut it into parts C0, X0, C1, X1, ..., Cn.
+// Part p has id p and is named "C<j>" or "X<j>". Compute parts run in order
+// on kComputeStream. Collective X<j> runs on kCommStream, in launch order,
+// after C<j> (an asynchronous launch is ordered after the work issued before
+// it). consumers[j] names the first compute part that reads X<j>'s result,
+// which waits for it, so X<j> runs beside C<j+1> .. C<consumers[j] - 1>;
+// n + 1: no part reads it, only the region's end waits (the caller's stream
+// joins every stream). The callbacks do nothing, as for
+// BuildStaggeredRegion. BadInput for no collective, or a consumer outside
+// [j + 1, n + 1].
+StatusOr<Schedule> BuildCommOverlapRegion(const std::vector<int>& consumers);
 
 }  // namespace dynaflow::runtime

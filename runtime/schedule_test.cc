@@ -161,6 +161,41 @@ TEST(ScheduleBuildersTest, DualBatchRegionAlternatesComputeAndCollectives) {
   EXPECT_EQ(BuildDualBatchRegion(0).status().code(), StatusCode::kBadInput);
 }
 
+TEST(ScheduleBuildersTest, CommOverlapRegionWaitsForEachCollectiveWhereItIsRead) {
+  // C0 X0 C1 X1 C2 X2 C3: X0 read by C2, X1 by C2, X2 only at the end (4).
+  auto s = BuildCommOverlapRegion({2, 2, 4});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  ASSERT_EQ(s->size(), 7);
+  EXPECT_EQ(s->task(3).name, "X1");
+  EXPECT_EQ(s->task(4).name, "C2");
+  EXPECT_EQ(ToVector(s->stream_queue(kComputeStream)), (Ids{0, 2, 4, 6}));
+  EXPECT_EQ(ToVector(s->stream_queue(kCommStream)), (Ids{1, 3, 5}));
+  EXPECT_EQ(s->task(2).deps, (Ids{0}));        // C1 runs beside X0
+  EXPECT_EQ(s->task(4).deps, (Ids{2, 1, 3}));  // C2 reads X0 and X1
+  EXPECT_EQ(s->task(6).deps, (Ids{4}));        // nothing in the region reads X2
+  EXPECT_EQ(ToVector(s->cross_stream_waits(4)), (Ids{3}));  // X1 implies X0 (FIFO)
+  EXPECT_EQ(ToVector(s->cross_stream_waits(5)), (Ids{4}));  // X2 launched after C2
+  EXPECT_FALSE(s->signals(5));
+
+  EXPECT_EQ(RunsBeside(*s, 1), (Ids{2}));     // X0 beside C1
+  EXPECT_EQ(RunsBeside(*s, 3), (Ids{}));      // X1 read by the next part
+  EXPECT_EQ(RunsBeside(*s, 5), (Ids{6}));     // X2 beside C3, up to the end
+  EXPECT_EQ(RunsBeside(*s, 2), (Ids{1}));     // and C1 beside X0 only (X1 is after it)
+
+  // Read right after it is launched: the collective runs beside nothing.
+  auto next = BuildCommOverlapRegion({1});
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->task(2).deps, (Ids{0, 1}));
+  EXPECT_EQ(RunsBeside(*next, 1), (Ids{}));
+
+  EXPECT_EQ(BuildCommOverlapRegion({}).status().code(), StatusCode::kBadInput);
+  Status early = BuildCommOverlapRegion({2, 1}).status();  // X1 read by C1, before its launch
+  EXPECT_EQ(early.code(), StatusCode::kBadInput);
+  EXPECT_NE(early.message().find("collective X1 is read by compute part C1"), std::string::npos)
+      << early.message();
+  EXPECT_EQ(BuildCommOverlapRegion({3}).status().code(), StatusCode::kBadInput);  // past the end
+}
+
 TEST(ScheduleBuildersTest, StaggeredRegionRunsEachMicroBatchOnItsStreamOneSegmentBehind) {
   auto s = BuildStaggeredRegion(3, 2);
   ASSERT_TRUE(s.ok()) << s.status().message();

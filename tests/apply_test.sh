@@ -174,6 +174,9 @@ check "comm overlap, tensor parallel: every layer call planned" has "$work/err" 
   "18 planned and 0 original calls of 3 modules in 2 processes"
 check "comm overlap, tensor parallel: collectives overlapped" has "$work/err" \
   "18 collectives launched asynchronously"
+# The residual add reads each all_reduce's result right after its launch.
+check "comm overlap, tensor parallel: what ran beside them" has "$work/err" \
+  "18 read inside their call, 0 operators ran beside them"
 check "comm overlap, tensor parallel: verify line" grep -qE '^verify: .* \(18 calls\)' "$work/out"
 expect_code "nothing to overlap" 2 "$bin" advise "$work/run.db" --plan "$work/no_overlap.json" \
   --force-strategy comm_overlap

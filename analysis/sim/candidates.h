@@ -127,6 +127,15 @@ std::vector<std::string> TopNames(const CandidateContext& ctx,
                                   const std::function<bool(const SimTask&)>& pick, bool modules,
                                   size_t limit = 6);
 
+// The step with its deferrable collectives launched asynchronously, as
+// runtime::BuildCommOverlapRegion orders a comm_overlap call: collective j
+// (in launch order) on a side lane, and compute part p (the tasks launched
+// after p collectives) waiting for the collectives it reads: none before the
+// step's end with `read_at_end`, else collective p - 1 (each read by the next
+// compute, as a synchronous collective is). Node ids are the graph's task
+// ids. nullopt without a deferrable collective.
+std::optional<Schedule> CommOverlapSchedule(const CandidateContext& ctx, bool read_at_end);
+
 // The largest collective message of the step, in bytes (0 without one).
 double LargestMessageBytes(const StepGraph& graph);
 

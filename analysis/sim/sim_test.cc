@@ -581,6 +581,13 @@ TEST(CandidatesTest, ApplyWhereTheyShould) {
   EXPECT_LT(r.makespan_us, seq - 1050 + 7 * 30);
   EXPECT_GT(r.makespan_us, seq - 1050);
   EXPECT_FALSE(MakeFusion(ctx).has_value());  // nothing elementwise consumes a gradient
+  // The same schedule with each collective read by the next compute part
+  // (as a synchronous collective is) hides nothing.
+  std::optional<Schedule> read_next = sim_internal::CommOverlapSchedule(ctx, /*read_at_end=*/false);
+  ASSERT_TRUE(read_next.has_value());
+  const SimResult next = Simulate(*read_next, ctx.params);
+  ASSERT_TRUE(next.ok) << next.stall;
+  EXPECT_NEAR(next.makespan_us, seq, 1e-6 * seq);
 
   Built decode = Build(testing::LlamaDecode(512, 1024));
   ctx.graph = &decode.graph;

@@ -296,4 +296,27 @@ int dynaflow_apply_region_executed(const void* region, int* tasks, int capacity,
   return static_cast<int>(executed.size());
 }
 
+int dynaflow_apply_comm_overlap_beside(const int* consumers, int n, char* err, size_t err_len) {
+  if (n < 1 || consumers == nullptr) {
+    SetError(err, err_len, "a communication-overlap call needs at least one collective");
+    return -1;
+  }
+  try {
+    StatusOr<runtime::Schedule> s =
+        runtime::BuildCommOverlapRegion(std::vector<int>(consumers, consumers + n));
+    if (!s.ok()) {
+      SetError(err, err_len, s.status().message());
+      return -1;
+    }
+    int beside = 0;
+    for (int j = 0; j < n; ++j) {
+      beside += static_cast<int>(runtime::RunsBeside(*s, 2 * j + 1).size());  // X<j> has id 2j + 1
+    }
+    return beside;
+  } catch (const std::exception& e) {
+    SetError(err, err_len, std::string("cannot build the communication-overlap schedule: ") + e.what());
+    return -1;
+  }
+}
+
 }  // extern "C"

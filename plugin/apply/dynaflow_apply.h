@@ -118,6 +118,17 @@ DYNAFLOW_APPLY_API void dynaflow_apply_region_abort(void* region, const char* wh
 DYNAFLOW_APPLY_API int dynaflow_apply_region_executed(const void* region, int* tasks, int capacity,
                                                       int* skipped, int* extra_boundaries);
 
+/* The communication-overlap schedule one comm_overlap call executed
+ * (runtime::BuildCommOverlapRegion, the schedule the simulator predicts): its
+ * n collectives in launch order and, for collective j, the compute part that
+ * first read its result (parts are cut at the launches: j + 1 .. n; n + 1:
+ * nothing read it before the call returned). Returns how many compute parts
+ * that schedule runs beside a collective, summed over the collectives
+ * (runtime::RunsBeside), or -1 with err when `consumers` form no such
+ * schedule. */
+DYNAFLOW_APPLY_API int dynaflow_apply_comm_overlap_beside(const int* consumers, int n, char* err,
+                                                          size_t err_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -204,4 +204,20 @@ TEST(ApplyAbiTest, RegionTurnsThreadsThroughItsIssueOrder) {
   dynaflow_apply_region_free(region);
 }
 
+TEST(ApplyAbiTest, CommOverlapCountsTheComputePartsBesideItsCollectives) {
+  char err[256] = "";
+  // Three collectives: X0 read by C2 (beside C1), X1 by C2 (beside nothing),
+  // X2 at the end (beside C3).
+  const int consumers[] = {2, 2, 4};
+  EXPECT_EQ(dynaflow_apply_comm_overlap_beside(consumers, 3, err, sizeof err), 2) << err;
+  const int read_next[] = {1, 2, 3};
+  EXPECT_EQ(dynaflow_apply_comm_overlap_beside(read_next, 3, err, sizeof err), 0) << err;
+  const int at_end[] = {3, 3};  // C1 and C2 beside X0, C2 beside X1
+  EXPECT_EQ(dynaflow_apply_comm_overlap_beside(at_end, 2, err, sizeof err), 3) << err;
+  const int early[] = {1, 1};
+  EXPECT_EQ(dynaflow_apply_comm_overlap_beside(early, 2, err, sizeof err), -1);
+  EXPECT_NE(std::string(err).find("collective X1 is read by compute part C1"), std::string::npos) << err;
+  EXPECT_EQ(dynaflow_apply_comm_overlap_beside(consumers, 0, err, sizeof err), -1);
+}
+
 }  // namespace

@@ -345,6 +345,10 @@ class CommOverlapTest(unittest.TestCase):
         self.assertEqual(y.tolist(), [2.0] * 3)
         self.assertEqual(overlap.pending, {})
         self.assertEqual(overlap.launched, 1)
+        # Read in the compute part after its launch, one operator (the
+        # multiplication) beside it.
+        self.assertEqual(overlap.consumers, [1])
+        self.assertEqual(overlap.beside_ops, [1])
 
     def test_views_and_in_place_writes_wait_too_and_the_rest_at_the_end(self):
         overlap = _apply._CommOverlap()
@@ -358,6 +362,36 @@ class CommOverlapTest(unittest.TestCase):
         overlap.wait_all()  # the planned call's end: b's collective lands
         self.assertEqual(b.tolist(), [10.0, 10.0])
         self.assertEqual(overlap.pending, {})
+        # a read after both launches (part 2), by the view, with nothing
+        # beside it; b only at the end (part 3), beside the view and the write.
+        self.assertEqual(overlap.consumers, [2, 3])
+        self.assertEqual(overlap.beside_ops, [0, 2])
+
+    @unittest.skipUnless(RUNTIME, "needs the built runtime library")
+    def test_the_report_counts_the_schedule_that_ran(self):
+        overlap = _apply._CommOverlap()
+        a, b, c = torch.zeros(2), torch.zeros(2), torch.zeros(2)
+        with _apply._wait_before_use(overlap):
+            overlap.launch(self.all_reduce, (a,), {})
+            torch.ones(1) * 3           # two operators beside a
+            overlap.launch(self.all_reduce, (b,), {})
+            a + b                       # reads a and b: both read by part 2
+            overlap.launch(self.all_reduce, (c,), {})
+            torch.ones(1) * 5           # two beside c, which only the end reads
+        overlap.wait_all()
+        self.assertEqual(overlap.consumers, [2, 2, 4])
+        self.assertEqual(overlap.beside_ops, [2, 0, 2])
+        report = _apply.Report()
+        report.comm_overlap_call(overlap, _apply._Runtime(RUNTIME))
+        out = report.as_json(verify=False)
+        # runtime::BuildCommOverlapRegion({2, 2, 4}): C1 beside X0, C3 beside X2.
+        self.assertEqual(out["comm_overlap"], {"collectives": 3, "read_in_call": 2,
+                                               "ops_beside": 4, "parts_beside": 2})
+        # X1 read before its launch: no such schedule; said, never raised.
+        overlap.consumers = [1, 1, 4]
+        report.comm_overlap_call(overlap, _apply._Runtime(RUNTIME))
+        self.assertIn("collective X1 is read by compute part C1",
+                      report.as_json(verify=False)["comm_overlap"]["error"])
 
     def test_a_caller_that_asks_for_its_own_work_keeps_it(self):
         overlap = _apply._CommOverlap()

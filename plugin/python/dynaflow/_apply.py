@@ -341,6 +341,8 @@ class _Runtime:
         lib.dynaflow_apply_region_abort.argtypes = [vp, ctypes.c_char_p]
         lib.dynaflow_apply_region_executed.argtypes = [vp, ip, ctypes.c_int, ip, ip]
         lib.dynaflow_apply_region_executed.restype = ctypes.c_int
+        lib.dynaflow_apply_comm_overlap_beside.argtypes = [ip, ctypes.c_int] + err
+        lib.dynaflow_apply_comm_overlap_beside.restype = ctypes.c_int
         self.lib = lib
 
     @staticmethod
@@ -408,6 +410,15 @@ class _Runtime:
         if rc != 0:
             raise RuntimeError(f"dynaflow apply: {err.value.decode()}")
         return task.value, bool(signal.value), list(waits[:count.value])
+
+    def comm_overlap_beside(self, consumers):
+        """(the compute parts a comm_overlap call's schedule ran beside its
+        collectives, "") or (0, why the builder refused the schedule)
+        (plugin/apply/dynaflow_apply.h). Never raises: the call has run."""
+        err = ctypes.create_string_buffer(512)
+        beside = self.lib.dynaflow_apply_comm_overlap_beside(self._ints(consumers), len(consumers),
+                                                             err, len(err))
+        return (beside, "") if beside >= 0 else (0, err.value.decode())
 
     def executed(self, region, capacity):
         tasks = self._ints([0] * capacity)
@@ -537,6 +548,13 @@ class Report:
         self.worst = ""
         self.regions = {}  # unit path -> what its staggered calls ran
         self.overlapped_collectives = 0  # launched asynchronously by comm_overlap calls
+        # Of those: read inside their call (not only at its end), the
+        # operators that ran between a launch and its read, and the compute
+        # parts that the calls' schedules ran beside a collective.
+        self.collectives_read_in_call = 0
+        self.ops_beside_collectives = 0
+        self.parts_beside_collectives = 0
+        self.comm_overlap_error = ""  # the first call whose schedule the builder refused
         # A plan with phases: per phase, the unit calls of that phase and how
         # many of them no tiling was for.
         self.phase_calls = {}
@@ -555,6 +573,18 @@ class Report:
             if executed != region.issue_order or skipped or extra:
                 r["off_schedule_calls"] += 1
                 r["executed"] = as_rows(executed)
+
+    def comm_overlap_call(self, overlap, runtime):
+        """One comm_overlap call: the schedule it ran, built by the runtime's
+        builder (the simulator's), and what ran beside its collectives."""
+        n = overlap.launched
+        parts, error = runtime.comm_overlap_beside(overlap.consumers) if n else (0, "")
+        with self.lock:
+            self.comm_overlap_error = self.comm_overlap_error or error
+            self.overlapped_collectives += n
+            self.collectives_read_in_call += sum(1 for c in overlap.consumers if c <= n)
+            self.ops_beside_collectives += sum(overlap.beside_ops)
+            self.parts_beside_collectives += parts
 
     def compare_call(self, path, baseline, planned):
         """Compares a planned call with its baseline (`_Baseline`): outputs,
@@ -611,6 +641,15 @@ class Report:
             "regions": self.regions,
             "overlapped_collectives": self.overlapped_collectives,
         }
+        if self.overlapped_collectives:
+            out["comm_overlap"] = {
+                "collectives": self.overlapped_collectives,
+                "read_in_call": self.collectives_read_in_call,
+                "ops_beside": self.ops_beside_collectives,
+                "parts_beside": self.parts_beside_collectives,
+            }
+            if self.comm_overlap_error:
+                out["comm_overlap"]["error"] = self.comm_overlap_error
         if self.phase_calls:
             out["phase_calls"] = self.phase_calls
         if verify:
@@ -774,11 +813,20 @@ class _Region:
 
 class _CommOverlap:
     """The collectives one planned call launched asynchronously, by the
-    storages of their tensors, until they are waited for."""
+    storages of their tensors, until they are waited for; and the schedule
+    that ran, in runtime::BuildCommOverlapRegion's terms: for collective j (in
+    launch order) the compute part that first read it (`consumers[j]`, parts
+    cut at the launches: the number launched when it was waited for; n + 1
+    when only the call's end waited), and the operators that ran between its
+    launch and that wait (`beside_ops[j]`)."""
 
     def __init__(self):
         self.pending = {}  # storage data pointer -> work
+        self.index = {}    # id(work) -> its collective's launch index
         self.launched = 0
+        self.ops = 0       # operators the call dispatched, collectives' own excluded
+        self.consumers = []
+        self.beside_ops = []
 
     def launch(self, fn, args, kwargs):
         """Calls the collective `fn` asynchronously; returns what the
@@ -789,6 +837,9 @@ class _CommOverlap:
         work = fn(*args, **dict(kwargs, async_op=True))
         if work is None:  # this rank is not in the group
             return None
+        self.index[id(work)] = self.launched
+        self.consumers.append(None)
+        self.beside_ops.append(self.ops)  # the count at launch, until the wait
         self.launched += 1
         for t in _tensors_in((args, kwargs)):
             self.pending[t.untyped_storage().data_ptr()] = work
@@ -799,15 +850,19 @@ class _CommOverlap:
         for t in _tensors_in(values):
             work = self.pending.get(t.untyped_storage().data_ptr())
             if work is not None:
-                self._wait(work)
+                self._wait(work, self.launched)
 
-    def _wait(self, work):
+    def _wait(self, work, consumer):
         work.wait()
+        j = self.index.pop(id(work))
+        self.consumers[j] = consumer
+        self.beside_ops[j] = self.ops - self.beside_ops[j]
         self.pending = {k: w for k, w in self.pending.items() if w is not work}
 
     def wait_all(self):
+        """The call's end: what nothing read before is read now."""
         for work in list(dict.fromkeys(self.pending.values())):
-            self._wait(work)
+            self._wait(work, self.launched + 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -824,6 +879,8 @@ def _wait_before_use_mode():
             kwargs = kwargs or {}
             if self.overlap.pending:
                 self.overlap.wait_for((args, kwargs))
+            if not getattr(_ON_THREAD, "in_collective", False):
+                self.overlap.ops += 1
             return func(*args, **kwargs)
 
     return WaitBeforeUse
@@ -965,7 +1022,7 @@ class _PlannedForward:
             _ON_THREAD.overlap = None
             overlap.wait_all()
         a.report.planned_calls += 1
-        a.report.overlapped_collectives += overlap.launched
+        a.report.comm_overlap_call(overlap, a.runtime)
         if baseline is not None:
             a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
         return out
