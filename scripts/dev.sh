@@ -32,18 +32,19 @@ install_deps() {
 # configs, random weights: nothing is downloaded). jsonschema: plan_schema_test
 # validates plans with it beside dynaflow's own validator. HolisticTraceAnalysis:
 # hta_export_test reads dynaflow's exports with it.
-VENV_PACKAGES=(torch==2.11.0 numpy transformers==5.23.0 jsonschema==4.26.0
-               HolisticTraceAnalysis==0.5.0)
+VENV_PACKAGES=(torch==2.11.0 numpy==2.4.6 transformers==5.23.0 jsonschema==4.26.0
+               HolisticTraceAnalysis==0.5.0 pandas==3.1.1)
 
 # Creates .venv and installs VENV_PACKAGES when missing; a package-metadata
 # check (no torch import) keeps the second run quick.
 setup_venv() {
   local check='import importlib.metadata as m
 assert m.version("torch").split("+")[0] == "2.11.0"
-m.version("numpy")
+assert m.version("numpy") == "2.4.6"
 assert m.version("transformers") == "5.23.0"
 assert m.version("jsonschema") == "4.26.0"
-assert m.version("HolisticTraceAnalysis") == "0.5.0"'
+assert m.version("HolisticTraceAnalysis") == "0.5.0"
+assert m.version("pandas") == "3.1.1"'
   .venv/bin/python -c "$check" 2>/dev/null && return 0
   echo "dev.sh: installing ${VENV_PACKAGES[*]} into .venv" >&2
   [ -x .venv/bin/python ] || python3 -m venv .venv
