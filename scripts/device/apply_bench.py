@@ -111,8 +111,26 @@ def graphed(step, capture_error_mode="global"):
     return graph.replay, out
 
 
+def replay_output(replay, static_out):
+    """The output of one replay: the graph writes it into `static_out`, what
+    the captured call returned."""
+    replay()
+    torch.cuda.synchronize()
+    return static_out.clone()
+
+
+def within_tolerance(out, base):
+    """Whether `out` equals `base` within the dtype's tolerance, as
+    `dynaflow apply --verify` judges (plugin/python/dynaflow/_apply.py)."""
+    from dynaflow import _apply
+
+    rtol, atol = _apply._tolerance(base.dtype)
+    return bool(torch.allclose(out.float(), base.float(), rtol=rtol, atol=atol))
+
+
 def graphed_plan(step, row):
-    """The planned step in one CUDA graph, or None with the reason in
+    """The planned step in one CUDA graph, (replay, static output) as
+    graphed() returns them, or None with the reason in
     row["planned_graph_error"]: a staggered region's micro-batches issue
     their work from one host thread each, onto streams forked from the
     capturing one, and allocate there (torch's graph pool takes allocations
@@ -121,8 +139,7 @@ def graphed_plan(step, row):
     cudaMalloc), so the capture is "thread_local". A capture that fails
     anyway is a finding to record, not a reason to lose the other rows."""
     try:
-        replay, _ = graphed(step, capture_error_mode="thread_local")
-        return replay
+        return graphed(step, capture_error_mode="thread_local")
     except Exception as e:  # noqa: BLE001 (any capture failure is reported)
         row["planned_graph_error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         torch.cuda.synchronize()
@@ -184,10 +201,16 @@ def measure(opts, kind, plan):
         row["planned_eager_ms"] = time_ms(step, sizes["iters"], opts.device)
         planned_out = step()
         row["max_abs_diff"] = float((planned_out.float() - base_out.float()).abs().max())
+        outputs = [planned_out]
         if opts.device == "cuda":
-            replay = graphed_plan(step, row)
-            if replay is not None:
+            graph = graphed_plan(step, row)
+            if graph is not None:
+                replay, static_out = graph
                 row["planned_graph_ms"] = time_ms(replay, sizes["iters"], opts.device)
+                outputs.append(replay_output(replay, static_out))
+                row["planned_graph_max_abs_diff"] = float(
+                    (outputs[-1].float() - base_out.float()).abs().max())
+        row["outputs_ok"] = all(within_tolerance(o, base_out) for o in outputs)
         # Without the planned graph, eager against eager (said in the row).
         graph_pair = "graph_ms" in row and "planned_graph_ms" in row
         reference = row["graph_ms"] if graph_pair else row["eager_ms"]
@@ -201,7 +224,7 @@ def measure(opts, kind, plan):
         # A split bucket with no module to split measured nothing: a failure.
         splits_nothing = bucket["strategy"] != "sequential" and row["units"] == 0
         row["met"] = (row["measured"] >= row["target"] and not splits_nothing
-                      and "planned_graph_error" not in row)
+                      and "planned_graph_error" not in row and row["outputs_ok"])
         rows.append(row)
         print(json.dumps(row), flush=True)
         del model, step
