@@ -104,6 +104,19 @@ class SplitTest(unittest.TestCase):
         with self.assertRaisesRegex(_split.MergeError, "args\\[1\\] is shared"):
             s.check_shared_unmodified()
 
+    def test_under_capture_a_shared_inference_tensor_refuses_before_it_runs(self):
+        # While a CUDA graph is captured nothing runs: bytes cannot be compared.
+        from unittest import mock
+
+        with torch.inference_mode():
+            shared, rows = torch.zeros(1, 2), torch.randn(4, 2)
+        with mock.patch.object(_split, "_capturing", lambda t: True):
+            with self.assertRaisesRegex(_split.Refusal, r"^M\.layers\.3: argument args\[1\] of type "
+                                                        r"Tensor is an inference tensor shared"):
+                split((rows, shared))
+            split((rows, torch.zeros(1, 2)))  # a version counter shows writes: split
+        split((rows, shared))  # not capturing: its bytes are compared afterwards
+
     def test_outputs_merge_by_rows_and_immutables_must_agree(self):
         s = split((torch.randn(4, 3),), parts=2)
         out = _split.merge_outputs(s, [(torch.ones(2, 3), 7), (torch.zeros(2, 3), 7)], [])
@@ -166,6 +179,20 @@ class ModuleTest(unittest.TestCase):
         block[1].running_mean = None  # no running statistics: the batch's, also in eval
         with self.assertRaises(_split.Refusal):
             _split.check_rows_independent("L.0", block)
+
+    def test_under_capture_an_inference_buffer_refuses(self):
+        from unittest import mock
+        from torch import nn
+
+        with torch.inference_mode():
+            block = nn.Linear(2, 2)
+            block.register_buffer("scale", torch.ones(2))
+        with mock.patch.object(_split, "_capturing", lambda t: True):
+            with self.assertRaisesRegex(_split.Refusal, r"^L\.0: buffer scale is an inference "
+                                                        r"tensor shared"):
+                _split.check_buffers_checkable("L.0", block)
+            _split.check_buffers_checkable("L.0", nn.Linear(2, 2))  # no inference buffer
+        _split.check_buffers_checkable("L.0", block)  # not capturing
 
     def test_module_fingerprint_follows_structure_not_values(self):
         from torch import nn

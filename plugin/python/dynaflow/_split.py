@@ -172,6 +172,8 @@ class _Splitter:
                 and name not in SHARED_TENSOR_NAMES:
             self.refuse(name, t, f"has first dimension {t.shape[0]}, not the batch "
                                  f"({self.batch}) or 1")
+        if t.is_inference() and _capturing(t):
+            self.refuse(name, t, _UNCHECKABLE)
         self.split.share(name, t)
         return [t] * n
 
@@ -202,6 +204,30 @@ def check_rows_independent(module_path, module):
             where = f"{module_path}.{name}" if name else module_path
             raise Refusal(f"{where}: {type(m).__name__} normalises by the statistics of the "
                           f"whole batch: micro-batches would change its output")
+
+
+def _capturing(t):
+    """Whether `t` is on a CUDA device whose current stream is being captured
+    into a CUDA graph: nothing runs then, so its bytes cannot be read (and
+    reading them would end the capture)."""
+    import torch
+
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+# Why a shared inference tensor refuses a split under capture: it has no
+# version counter, so only its bytes could show a write (Unchanged).
+_UNCHECKABLE = ("is an inference tensor shared by the micro-batches: without a version "
+                "counter only its bytes could show a write, and while a CUDA graph is "
+                "captured nothing runs to compare")
+
+
+def check_buffers_checkable(module_path, module):
+    """Raises Refusal when a buffer of `module` could be checked unchanged
+    only by its bytes (an inference tensor) while a CUDA graph is captured."""
+    for name, b in module.named_buffers():
+        if b.is_inference() and _capturing(b):
+            raise Refusal(f"{module_path}: buffer {name} {_UNCHECKABLE}")
 
 
 def _sequence_builder(value):
