@@ -482,6 +482,52 @@ class ApplyTest(unittest.TestCase):
                                                   r"by the micro-batches and was modified"):
             net(torch.ones(4, 3))
 
+    def test_a_unit_called_from_inside_a_planned_unit_runs_as_its_micro_batch_calls_it(self):
+        class Shared(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(3, 3)
+
+            def forward(self, x):
+                return self.lin(x)
+
+        class UsesShared(nn.Module):
+            def __init__(self, shared):
+                super().__init__()
+                self.shared = [shared]  # a reference, not a submodule
+
+            def forward(self, x):
+                return x + self.shared[0](x)
+
+        class Top(nn.Module):
+            def __init__(self):
+                super().__init__()
+                shared = Shared()
+                self.layers = nn.ModuleList([UsesShared(shared), shared])
+
+            def forward(self, x):
+                return self.layers[1](self.layers[0](x))
+
+        net, x = Top(), torch.randn(4, 3)
+        expected = net(x)
+        # Both layers are units; the first calls the second from its micro-
+        # batches, which used to wait for the executor its own call held.
+        _apply.apply(net, plan(["Top.layers.*"]), runtime_lib=RUNTIME)
+        torch.testing.assert_close(net(x), expected, rtol=1e-6, atol=1e-6)
+        report = net._dynaflow_applier.report
+        self.assertEqual((report.planned_calls, report.original_calls), (2, 2))
+
+    def test_autocast_holds_in_the_micro_batches(self):
+        net, x = nn.Sequential(nn.Linear(3, 3)), torch.randn(4, 3)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            expected = net(x)
+        _apply.apply(net, plan(["Sequential.*"]), runtime_lib=RUNTIME)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = net(x)
+        self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
+        self.assertEqual(out.dtype, torch.bfloat16)
+        torch.testing.assert_close(out, expected)
+
     def test_verify_puts_the_module_buffers_back_after_the_baseline(self):
         torch.manual_seed(0)
         block = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))  # training: updates its stats

@@ -82,6 +82,12 @@ class SplitTest(unittest.TestCase):
         with self.assertRaisesRegex(_split.Refusal, "argument ids of type Tensor is 1-D"):
             split((torch.randn(4, 2),), {"ids": torch.arange(4)})
 
+    def test_multimodal_position_ids_refuse_whatever_their_first_dimension(self):
+        # Qwen2-VL's [4 sections, batch, seq]: at batch 4, dimension 0 would pass.
+        with self.assertRaisesRegex(_split.Refusal, "position_ids of type Tensor has 3 dimensions"):
+            split((), {"hidden_states": torch.randn(4, 5, 2),
+                       "position_ids": torch.zeros(4, 4, 5, dtype=torch.long)})
+
     def test_a_tensor_of_another_length_is_refused(self):
         with self.assertRaisesRegex(_split.Refusal, "first dimension 3, not the batch"):
             split((torch.randn(4, 2), torch.randn(3, 2)))
@@ -193,6 +199,22 @@ class ModuleTest(unittest.TestCase):
                 _split.check_buffers_checkable("L.0", block)
             _split.check_buffers_checkable("L.0", nn.Linear(2, 2))  # no inference buffer
         _split.check_buffers_checkable("L.0", block)  # not capturing
+
+    def test_modules_whose_dimension_0_is_not_the_batch_refuse(self):
+        from torch import nn
+
+        cases = [
+            (nn.MultiheadAttention(4, 2), "MultiheadAttention takes the sequence first"),
+            (nn.TransformerEncoderLayer(4, 2), "MultiheadAttention takes the sequence first"),
+            (nn.LSTM(4, 4, batch_first=True), "LSTM returns its hidden state with the batch in "
+                                              "dimension 1"),
+            (nn.InstanceNorm1d(4, track_running_stats=True), "InstanceNorm1d updates its running"),
+        ]
+        for module, message in cases:
+            with self.assertRaisesRegex(_split.Refusal, message):
+                _split.check_rows_independent("L.0", module)
+        _split.check_rows_independent("L.0", nn.MultiheadAttention(4, 2, batch_first=True))
+        _split.check_rows_independent("L.0", nn.InstanceNorm1d(4))  # no running statistics
 
     def test_module_fingerprint_follows_structure_not_values(self):
         from torch import nn
@@ -338,6 +360,23 @@ class CacheTest(unittest.TestCase):
         self.assertEqual(_split.default_state_refusal(Stack(config)),
                          "DynamicCache has a layer of type LinearAttentionLayer (layer 1)")
         self.assertEqual(_split.default_state_refusal(torch.nn.Linear(2, 2)), "")  # no cache
+
+        class Mamba(Stack):  # Mamba's own name for the cache it builds
+            def forward(self, x, cache_params=None):
+                return x
+
+        self.assertEqual(_split.default_state_refusal(Mamba(config)),
+                         "DynamicCache has a layer of type LinearAttentionLayer (layer 1)")
+
+        class Decoder(Stack):  # T5's and BART's decoder stacks
+            def forward(self, x, encoder_hidden_states=None, past_key_values=None):
+                return x
+
+        config = LlamaConfig(hidden_size=8, num_attention_heads=2, num_hidden_layers=2)
+        config.is_encoder_decoder = True
+        self.assertEqual(_split.default_state_refusal(Decoder(config)),
+                         "EncoderDecoderCache is not a state dynaflow can split")
+        self.assertEqual(_split.default_state_refusal(Stack(config)), "")  # the encoder
 
     def test_caches_made_inside_the_call_are_stacked_by_rows(self):
         from transformers import DynamicCache

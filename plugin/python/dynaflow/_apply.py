@@ -497,6 +497,9 @@ def even_bounds(rows, parts):
     return bounds
 
 
+BATCH_INPUT_NAMES = ("input_ids", "inputs_embeds", "hidden_states")
+
+
 def first_tensor(args, kwargs=None):
     """The tensor whose first dimension is the call's batch: the first
     positional tensor, else (a call by keywords only, as transformers calls
@@ -507,6 +510,13 @@ def first_tensor(args, kwargs=None):
 
     for a in args:
         if isinstance(a, torch.Tensor) and a.dim() >= 1:
+            return a
+    # The names transformers gives a stack's batch-first input come first: a
+    # keyword before them may hold the batch elsewhere (Qwen2-VL's multimodal
+    # position_ids [4, batch, seq]).
+    for name in BATCH_INPUT_NAMES:
+        a = (kwargs or {}).get(name)
+        if isinstance(a, torch.Tensor) and a.dim() >= 2:
             return a
     for a in (kwargs or {}).values():
         if isinstance(a, torch.Tensor) and a.dim() >= 2:
@@ -978,6 +988,12 @@ class _PlannedForward:
 
     def __call__(self, *args, **kwargs):
         a = self.applier
+        if getattr(_ON_THREAD, "in_plan", False):
+            # A unit called from inside a planned call (one unit nested in
+            # another) runs as its micro-batch calls it: splitting it again
+            # would wait for the executor the outer call holds.
+            a.report.original_calls += 1
+            return self.original(*args, **kwargs)
         x = first_tensor(args, kwargs)
         policy = a.policy_for(self.module, args, kwargs, x)
         index = -1 if policy is None else a.runtime.pick(policy, tokens_of(x))
@@ -1038,6 +1054,9 @@ class _PlannedForward:
             "error": None,
             "grad": torch.is_grad_enabled(),
             "inference": torch.is_inference_mode_enabled(),
+            # Autocast is per thread too: (device type, dtype) of each enabled.
+            "autocast": [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
+                         if torch.is_autocast_enabled(d)],
             "caller": torch.cuda.current_stream() if a.cuda else None,
         }
         # Collectives are paired across ranks by the order each rank issues
@@ -1103,13 +1122,18 @@ class _PlannedForward:
 
         try:
             split = state["split"]
-            # Grad and inference mode are per thread: the caller's hold here.
+            # Grad, inference mode and autocast are per thread: the caller's
+            # hold here.
             modes = contextlib.ExitStack()
             with modes:
+                _ON_THREAD.in_plan = True
+                modes.callback(setattr, _ON_THREAD, "in_plan", False)
                 if state["inference"]:
                     modes.enter_context(torch.inference_mode())
                 else:
                     modes.enter_context(torch.set_grad_enabled(state["grad"]))
+                for device, dtype in state["autocast"]:
+                    modes.enter_context(torch.autocast(device, dtype=dtype))
                 if stream:
                     modes.enter_context(torch.cuda.stream(torch.cuda.ExternalStream(stream)))
                 region = state["region"]

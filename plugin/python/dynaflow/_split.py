@@ -162,6 +162,9 @@ class _Splitter:
 
     def tensor_parts(self, name, t):
         n = self.split.parts
+        if name.endswith("position_ids") and t.dim() == 3:
+            self.refuse(name, t, "has 3 dimensions: multimodal rotary positions hold the "
+                                 "batch in dimension 1")
         per_row = t.dim() >= 1 and t.shape[0] == self.batch and name not in SHARED_TENSOR_NAMES
         if per_row and t.dim() == 1 and self.batch > 1:
             self.refuse(name, t, f"is 1-D with {self.batch} elements: it cannot be told "
@@ -197,13 +200,24 @@ def check_rows_independent(module_path, module):
     that micro-batches would not give the unsplit result whatever their
     arguments: a batch norm that normalises by the batch's statistics
     (training mode, or no running statistics)."""
+    from torch import nn
     from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.instancenorm import _InstanceNorm
 
     for name, m in module.named_modules():
+        where = f"{module_path}.{name}" if name else module_path
         if isinstance(m, _BatchNorm) and (m.training or m.running_mean is None):
-            where = f"{module_path}.{name}" if name else module_path
             raise Refusal(f"{where}: {type(m).__name__} normalises by the statistics of the "
                           f"whole batch: micro-batches would change its output")
+        if isinstance(m, _InstanceNorm) and m.training and m.track_running_stats:
+            raise Refusal(f"{where}: {type(m).__name__} updates its running statistics on "
+                          f"every call: each micro-batch would update them again")
+        if isinstance(m, nn.MultiheadAttention) and not m.batch_first:
+            raise Refusal(f"{where}: {type(m).__name__} takes the sequence first "
+                          f"(batch_first=False): dimension 0 is not the batch")
+        if isinstance(m, nn.RNNBase):
+            raise Refusal(f"{where}: {type(m).__name__} returns its hidden state with the "
+                          f"batch in dimension 1, and without batch_first its input too")
 
 
 def _capturing(t):
@@ -724,8 +738,12 @@ def default_state_refusal(module):
     if "transformers" not in sys.modules or config is None:
         return ""
     try:
-        if "past_key_values" not in inspect.signature(module.forward).parameters:
+        params = inspect.signature(module.forward).parameters
+        if "past_key_values" not in params and "cache_params" not in params:  # Mamba's name
             return ""
+        if getattr(config, "is_encoder_decoder", False) and "encoder_hidden_states" in params:
+            # A decoder (T5's, BART's) builds an EncoderDecoderCache.
+            return "EncoderDecoderCache is not a state dynaflow can split"
         from transformers import cache_utils as cu
 
         cache = cu.DynamicCache(config=config)
