@@ -393,6 +393,23 @@ class CommOverlapTest(unittest.TestCase):
         self.assertIn("collective X1 is read by compute part C1",
                       report.as_json(verify=False)["comm_overlap"]["error"])
 
+    def test_host_reads_without_an_operator_wait_too(self):
+        original = torch.Tensor.tolist
+        cuts = _apply._CollectiveCuts()
+        try:
+            overlap = _apply._CommOverlap()
+            counts = torch.zeros(2)
+            overlap.launch(self.all_reduce, (counts,), {})
+            _apply._ON_THREAD.overlap = overlap
+            try:
+                self.assertEqual(counts.tolist(), [10.0, 10.0])  # waited: the result landed
+            finally:
+                _apply._ON_THREAD.overlap = None
+            self.assertEqual(overlap.consumers, [1])
+        finally:
+            cuts.restore()
+        self.assertIs(torch.Tensor.tolist, original)
+
     def test_a_caller_that_asks_for_its_own_work_keeps_it(self):
         overlap = _apply._CommOverlap()
         work = overlap.launch(self.all_reduce, (torch.zeros(1),), {"async_op": True})

@@ -110,6 +110,32 @@ class SplitTest(unittest.TestCase):
         with self.assertRaisesRegex(_split.MergeError, "args\\[1\\] is shared"):
             s.check_shared_unmodified()
 
+    def test_writes_to_the_modules_own_tensors_are_detected(self):
+        from torch import nn
+
+        block = nn.Linear(3, 3)
+        block.cache_k = torch.zeros(8, 3)  # a hand-written KV cache, a plain attribute
+        block.register_buffer("n", torch.zeros(1))
+
+        @torch.no_grad()
+        def step_weight():  # an update inside forward
+            block.weight.add_(1)
+
+        cases = [
+            (lambda: block.cache_k[:2].copy_(torch.ones(2, 3)),
+             "attribute cache_k is shared by the micro-batches and was modified in place"),
+            (step_weight, "parameter weight is shared by the micro-batches and was modified in place"),
+            (lambda: setattr(block, "n", block.n + 1),
+             "buffer n is shared by the micro-batches and was replaced"),
+        ]
+        for write, message in cases:
+            s = split((torch.randn(4, 3),))
+            s.share_buffers(block)
+            s.check_shared_unmodified()
+            write()
+            with self.assertRaisesRegex(_split.MergeError, message):
+                s.check_shared_unmodified()
+
     def test_under_capture_a_shared_inference_tensor_refuses_before_it_runs(self):
         # While a CUDA graph is captured nothing runs: bytes cannot be compared.
         from unittest import mock

@@ -902,6 +902,11 @@ def _wait_before_use(overlap):
     return _wait_before_use_mode()(overlap)
 
 
+# Tensor methods that read values on the host without dispatching an
+# operator for the tensor itself.
+_HOST_READS = ("tolist", "numpy", "__array__")
+
+
 class _CollectiveCuts:
     """torch.distributed's collectives, wrapped while a plan with a
     dual-batch region or communication overlap is attached: called during a
@@ -911,6 +916,7 @@ class _CollectiveCuts:
     would."""
 
     def __init__(self):
+        import torch
         import torch.distributed as dist
 
         self.dist = dist
@@ -918,6 +924,22 @@ class _CollectiveCuts:
                           if hasattr(dist, name)}
         for name, fn in self.originals.items():
             setattr(dist, name, self._wrap(fn))
+        # Reads of a tensor's values that no operator dispatches (the
+        # dispatch mode of _wait_before_use cannot see them) wait first too.
+        self.tensor_reads = {name: getattr(torch.Tensor, name) for name in _HOST_READS}
+        for name, fn in self.tensor_reads.items():
+            setattr(torch.Tensor, name, self._waiting_read(fn))
+
+    @staticmethod
+    def _waiting_read(fn):
+        @functools.wraps(fn)
+        def read(t, *args, **kwargs):
+            overlap = getattr(_ON_THREAD, "overlap", None)
+            if overlap is not None and overlap.pending:
+                overlap.wait_for(t)
+            return fn(t, *args, **kwargs)
+
+        return read
 
     @staticmethod
     def _wrap(fn):
@@ -940,9 +962,14 @@ class _CollectiveCuts:
         return call
 
     def restore(self):
+        import torch
+
         for name, fn in self.originals.items():
             setattr(self.dist, name, fn)
         self.originals = {}
+        for name, fn in self.tensor_reads.items():
+            setattr(torch.Tensor, name, fn)
+        self.tensor_reads = {}
 
 
 class _PlannedForward:

@@ -71,20 +71,44 @@ class CallSplit:
         return self.bounds[i], self.bounds[i + 1] - self.bounds[i]
 
     def share_buffers(self, module):
-        """The module's own buffers are read by every micro-batch: one that
-        the call writes (a counter, running statistics) would be written once
-        per micro-batch, so they are checked unmodified like shared inputs."""
-        for name, b in module.named_buffers():
-            self.share(f"buffer {name}", b)
+        """The module's own tensors are read by every micro-batch: its
+        buffers, parameters and tensors kept as plain attributes (a
+        hand-written KV cache). One that the call writes in place (a counter,
+        running statistics, cache rows) or rebinds (`self.n = self.n + 1`)
+        would be written once per micro-batch, so each is checked unmodified
+        and still bound afterwards, like shared inputs."""
+        import torch
 
-    def share(self, name, tensor):
-        self.shared.append((name, tensor, Unchanged(tensor)))
+        for prefix, m in module.named_modules():
+            owned = [("buffer", m._buffers), ("parameter", m._parameters),
+                     ("attribute", {k: v for k, v in vars(m).items()
+                                    if isinstance(v, torch.Tensor)})]
+            for kind, tensors in owned:
+                for name, t in tensors.items():
+                    if t is None:
+                        continue
+                    path = f"{prefix}.{name}" if prefix else name
+                    # An inference-mode weight or cache has no version counter,
+                    # and copying its bytes on every call would cost more than
+                    # the call: only its binding is checked.
+                    by_binding = kind != "buffer" and t.is_inference()
+                    self.share(path, t, f"{kind} {path}", (m, kind, name), by_binding)
+
+    def share(self, name, tensor, label=None, owner=None, by_binding=False):
+        """`label` names it in messages (default: argument `name`); `owner`
+        (module, kind, attribute) must still hold it after the call; with
+        `by_binding`, that is all that is checked."""
+        unchanged = None if by_binding else Unchanged(tensor)
+        self.shared.append((label or f"argument {name}", tensor, unchanged, owner))
 
     def check_shared_unmodified(self):
-        """Raises MergeError when a micro-batch wrote to a shared input."""
-        for name, tensor, unchanged in self.shared:
-            if not unchanged(tensor):
-                what = name if name.startswith("buffer ") else f"argument {name}"
+        """Raises MergeError when a micro-batch wrote to a shared input or
+        rebound a module's tensor."""
+        for what, tensor, unchanged, owner in self.shared:
+            if owner is not None and _owned(*owner) is not tensor:
+                raise MergeError(f"{what} is shared by the micro-batches and was "
+                                 f"replaced: the split result would be wrong")
+            if unchanged is not None and not unchanged(tensor):
                 raise MergeError(f"{what} is shared by the micro-batches and was "
                                  f"modified in place: the split result would be wrong")
 
@@ -94,6 +118,15 @@ class CallSplit:
 
     def state_originals(self):
         return [original for _, original, _ in self.states]
+
+
+def _owned(module, kind, name):
+    """The tensor `module` holds now as its buffer, parameter or attribute `name`."""
+    if kind == "buffer":
+        return module._buffers.get(name)
+    if kind == "parameter":
+        return module._parameters.get(name)
+    return vars(module).get(name)
 
 
 class Unchanged:
