@@ -149,6 +149,16 @@ class SplitTest(unittest.TestCase):
             split((rows, torch.zeros(1, 2)))  # a version counter shows writes: split
         split((rows, shared))  # not capturing: its bytes are compared afterwards
 
+    def test_a_returned_batch_size_is_not_taken_for_the_whole_batch(self):
+        s = split((torch.randn(4, 3),), parts=2)
+        with self.assertRaisesRegex(_split.MergeError, r"output\[1\]: each micro-batch returns "
+                                                       r"its own row count \(2\)"):
+            _split.merge_outputs(s, [(torch.zeros(2, 1), 2), (torch.zeros(2, 1), 2)], [])
+        with self.assertRaisesRegex(_split.MergeError, "own row count"):  # x.shape
+            _split.merge_outputs(s, [torch.Size([2, 3]), torch.Size([2, 3])], [])
+        out = _split.merge_outputs(s, [(torch.zeros(2, 1), 7), (torch.zeros(2, 1), 7)], [])
+        self.assertEqual(out[1], 7)
+
     def test_outputs_merge_by_rows_and_immutables_must_agree(self):
         s = split((torch.randn(4, 3),), parts=2)
         out = _split.merge_outputs(s, [(torch.ones(2, 3), 7), (torch.zeros(2, 3), 7)], [])

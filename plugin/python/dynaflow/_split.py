@@ -341,6 +341,11 @@ def _merge(split, parts, where, view_owner):
     if _is_immutable(first):
         if any(p != first for p in parts):
             raise MergeError(f"{where}: micro-batches return different values")
+        if all(_row_count_of(p) == split.rows(i)[1] for i, p in enumerate(parts)):
+            # Most likely the batch size (x.shape[0], or x.shape), which the
+            # unsplit call returns whole: refused rather than guessed.
+            raise MergeError(f"{where}: each micro-batch returns its own row count ({_row_count_of(first)}), "
+                             f"likely the batch size, which the unsplit call returns whole")
         return first
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
         fields = {f.name: _merge(split, [getattr(p, f.name) for p in parts], f"{where}.{f.name}",
@@ -359,6 +364,18 @@ def _merge(split, parts, where, view_owner):
         return {k: _merge(split, [p[k] for p in parts], f"{where}[{k!r}]", view_owner)
                 for k in first}
     raise MergeError(f"{where}: cannot merge a {type(first).__qualname__}")
+
+
+def _row_count_of(value):
+    """The batch size an immutable output may carry: an int, or a shape's
+    first dimension; None for anything else."""
+    import torch
+
+    if type(value) is int:
+        return value
+    if isinstance(value, torch.Size) and len(value) > 0:
+        return value[0]
+    return None
 
 
 def _merge_tensors(split, parts, where):
