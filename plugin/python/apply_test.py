@@ -498,6 +498,11 @@ class ApplyTest(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, r"CountNet\.layers\.0: buffer calls is shared "
                                                   r"by the micro-batches and was modified"):
             net(torch.ones(4, 3))
+        # The plan is refused from then on: the next call runs unmodified.
+        self.assertNotIn("forward", net.layers[0].__dict__)
+        calls = net.layers[0].calls.item()
+        net(torch.ones(4, 3))
+        self.assertEqual(net.layers[0].calls.item(), calls + 1)
 
     def test_a_unit_called_from_inside_a_planned_unit_runs_as_its_micro_batch_calls_it(self):
         class Shared(nn.Module):

@@ -149,6 +149,15 @@ class SplitTest(unittest.TestCase):
             split((rows, torch.zeros(1, 2)))  # a version counter shows writes: split
         split((rows, shared))  # not capturing: its bytes are compared afterwards
 
+    def test_an_argument_updated_in_place_and_returned_is_returned_itself(self):
+        x = torch.zeros(4, 3)
+        s = split((x,), parts=2)
+        parts = [a[0].add_(1) for a in s.args]  # each micro-batch returns its own rows
+        self.assertIs(_split.merge_outputs(s, parts, []), x)
+        self.assertEqual(x.sum().item(), 12.0)
+        swapped = _split.merge_outputs(s, parts[::-1], [])  # not the rows' order: merged
+        self.assertIsNot(swapped, x)
+
     def test_a_returned_batch_size_is_not_taken_for_the_whole_batch(self):
         s = split((torch.randn(4, 3),), parts=2)
         with self.assertRaisesRegex(_split.MergeError, r"output\[1\]: each micro-batch returns "

@@ -1131,7 +1131,9 @@ class _PlannedForward:
         except MergeError as e:
             # The micro-batches ran and may have written through their views:
             # running the original now would run the module twice. Loud, not
-            # silently wrong.
+            # silently wrong. The plan is refused from here on, as if this had
+            # been known before (later calls run unmodified; --strict exits 2).
+            a.refuse(f"{self.path}: {e}")
             raise RuntimeError(f"dynaflow apply: {self.path}: {e}") from None
         return out
 

@@ -66,6 +66,7 @@ class CallSplit:
         self.args = None  # [tuple] per micro-batch
         self.kwargs = None  # [dict] per micro-batch
         self.slices = None  # SliceMerge of the call's run, where it has one
+        self.row_views = {}  # id(row view of an argument) -> (the argument, micro-batch)
 
     def rows(self, i):
         return self.bounds[i], self.bounds[i + 1] - self.bounds[i]
@@ -203,7 +204,10 @@ class _Splitter:
             self.refuse(name, t, f"is 1-D with {self.batch} elements: it cannot be told "
                                  f"apart from a per-row value and a position")
         if per_row:
-            return [t.narrow(0, *self.split.rows(i)) for i in range(n)]
+            views = [t.narrow(0, *self.split.rows(i)) for i in range(n)]
+            for i, v in enumerate(views):
+                self.split.row_views[id(v)] = (t, i)
+            return views
         if t.dim() >= 1 and t.shape[0] not in (1, self.batch) and t.dim() >= 2 \
                 and name not in SHARED_TENSOR_NAMES:
             self.refuse(name, t, f"has first dimension {t.shape[0]}, not the batch "
@@ -344,8 +348,9 @@ def _merge(split, parts, where, view_owner):
         if all(_row_count_of(p) == split.rows(i)[1] for i, p in enumerate(parts)):
             # Most likely the batch size (x.shape[0], or x.shape), which the
             # unsplit call returns whole: refused rather than guessed.
-            raise MergeError(f"{where}: each micro-batch returns its own row count ({_row_count_of(first)}), "
-                             f"likely the batch size, which the unsplit call returns whole")
+            raise MergeError(f"{where}: each micro-batch returns its own row count "
+                             f"({_row_count_of(first)}), likely the batch size, which the "
+                             f"unsplit call returns whole")
         return first
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
         fields = {f.name: _merge(split, [getattr(p, f.name) for p in parts], f"{where}.{f.name}",
@@ -380,6 +385,14 @@ def _row_count_of(value):
 
 def _merge_tensors(split, parts, where):
     import torch
+
+    # Each micro-batch returns its own rows of one argument (a layer that
+    # updates its input in place and returns it): the unsplit call returns
+    # that argument itself, which the views wrote through to.
+    owners = [split.row_views.get(id(p)) for p in parts]
+    if owners[0] is not None and all(o is not None and o[0] is owners[0][0] and o[1] == i
+                                     for i, o in enumerate(owners)):
+        return owners[0][0]
 
     for i, p in enumerate(parts):
         _, count = split.rows(i)
