@@ -1,7 +1,7 @@
 """`dynaflow apply` on Hugging Face Transformers models: code nobody here wrote.
 
-For each family (Llama, Qwen2, Mixtral, GPT-2, and Mistral with a sliding
-window; tiny, built from configs with random weights by tests/hf/hf_models.py,
+For each family (Llama, Qwen2, Mixtral, GPT-2, Gemma2, and Mistral with a
+sliding window; tiny, built from configs with random weights by tests/hf/hf_models.py,
 nothing downloaded): trace a forward with `dynaflow trace`, force a 2-way split
 with `dynaflow advise --force-strategy nanobatch_overlap --splits 2`, whose
 unit is the decoder stack cut at its layers' attention and MLP (a staggered
@@ -11,8 +11,8 @@ under `dynaflow apply --verify`: every stack call planned and run in the
 schedule's issue order, --verify passing, the same tokens and logits within
 float32's tolerance. Llama also runs in process (`dynaflow.apply(model,
 plan)`), with and without torch.compile; and once under
-torch.inference_mode(). LFM2, whose own cache holds state no adapter merges,
-is refused before it runs.
+torch.inference_mode(). LFM2 and Mamba, whose own caches hold state no
+adapter merges, are refused before they run.
 
 Env (ctest sets them): DYNAFLOW_BIN, DYNAFLOW_SOURCE_DIR, DYNAFLOW_PYTHON (a
 Python with torch and transformers) and DYNAFLOW_APPLY_LIB_BUILT;
@@ -45,12 +45,14 @@ FAMILIES = {
     # Sliding-window attention: DynamicSlidingWindowLayer and
     # StaticSlidingWindowLayer caches (the window, 8, is shorter than the prompt).
     "mistral": ("MistralForCausalLM.model", "MistralForCausalLM.model.layers.*"),
+    # Sliding and global layers, attention and final logit softcapping.
+    "gemma2": ("Gemma2ForCausalLM.model", "Gemma2ForCausalLM.model.layers.*"),
 }
 # The layers' children that cut the stack into segments.
 STAGES = {"gpt2": ("attn", "mlp")}
 # Families whose stages the advisor may also take as the whole layers (their
 # children's times are close on this CPU): either cut is a valid schedule.
-WHOLE_LAYERS_OK = {"mistral"}
+WHOLE_LAYERS_OK = {"mistral", "gemma2"}
 PATTERNS = ("forward", "decode_loop", "generate", "static_cache", "left_padding")
 # Stack calls of one run of every pattern: 1 forward + 4 loop steps + 3
 # generate steps x 3 patterns; each layer is called once per stack call.
@@ -157,25 +159,38 @@ class HfApplyTest(unittest.TestCase):
     def test_mistral_sliding_window(self):
         self.check_family("mistral")
 
-    def test_a_model_whose_own_cache_cannot_be_split_is_refused_before_it_runs(self):
-        # LFM2's short-convolution layers keep LinearAttentionLayer state in the
-        # DynamicCache it builds when a call passes none: no adapter merges it,
-        # so the stack is refused at attach (it once failed after running).
-        db, plan = self.path("lfm2.db"), self.path("lfm2.json")
-        r = run(BIN, "trace", "-o", db, "--", PY, MODELS, "--family", "lfm2", "--patterns",
+    def test_gemma2(self):
+        self.check_family("gemma2")
+
+    def refused_at_attach(self, family, unit):
+        """Trace, force a split and apply --strict: refused before any call,
+        for the cache `unit` builds when a call passes none."""
+        db, plan = self.path(f"{family}.db"), self.path(f"{family}.json")
+        r = run(BIN, "trace", "-o", db, "--", PY, MODELS, "--family", family, "--patterns",
                 "forward", *DEVICE)
         self.assertEqual(r.returncode, 0, r.stderr)
         r = run(BIN, "advise", db, "--plan", plan, "--force-strategy", "nanobatch_overlap",
                 "--splits", "2")
         self.assertEqual(r.returncode, 0, r.stderr)
-        r = run(BIN, "apply", "--strict", plan, "--", PY, MODELS, "--family", "lfm2",
+        r = run(BIN, "apply", "--strict", plan, "--", PY, MODELS, "--family", family,
                 "--patterns", "forward", *DEVICE)
         self.assertEqual(r.returncode, 2, r.stderr)
-        self.assertIn("dynaflow apply: plan refused: Lfm2ForCausalLM.model: the cache it builds "
+        self.assertIn(f"dynaflow apply: plan refused: {unit}: the cache it builds "
                       "when a call passes none, DynamicCache has a layer of type "
                       "LinearAttentionLayer (layer 0)", r.stderr)
         self.assertNotIn("Traceback", r.stderr)
         self.assertNotIn("tokens", r.stdout)  # the program never ran a forward
+
+    def test_a_model_whose_own_cache_cannot_be_split_is_refused_before_it_runs(self):
+        # LFM2's short-convolution layers keep LinearAttentionLayer state in the
+        # DynamicCache it builds when a call passes none: no adapter merges it,
+        # so the stack is refused at attach (it once failed after running).
+        self.refused_at_attach("lfm2", "Lfm2ForCausalLM.model")
+
+    def test_mamba_whose_cache_is_cache_params_is_refused_before_it_runs(self):
+        # Mamba names the cache it builds cache_params (it once failed after
+        # its micro-batches ran).
+        self.refused_at_attach("mamba", "MambaForCausalLM.backbone")
 
     def test_llama_layers_as_units_without_stagger(self):
         # A plan whose units are the layers themselves and that has no stage

@@ -39,6 +39,12 @@ def tiny_config(family):
     if family == "mistral":
         return tf.MistralConfig(intermediate_size=128, num_key_value_heads=2, sliding_window=8,
                                 **common)
+    if family == "gemma2":  # sliding and global layers, attention and final logit softcapping
+        return tf.Gemma2Config(intermediate_size=128, num_key_value_heads=2, head_dim=16,
+                               sliding_window=8, **common)
+    if family == "mamba":  # its own cache (cache_params): state no adapter merges
+        return tf.MambaConfig(vocab_size=VOCAB, hidden_size=64, state_size=8, num_hidden_layers=2,
+                              pad_token_id=0, eos_token_id=None, bos_token_id=1)
     if family == "lfm2":  # short-convolution layers: state no adapter merges
         return tf.Lfm2Config(intermediate_size=128, num_key_value_heads=2,
                              layer_types=["conv", "full_attention"], **common)
