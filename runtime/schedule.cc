@@ -179,7 +179,9 @@ std::vector<TaskId> RunsBeside(const Schedule& schedule, TaskId id) {
       const std::span<const TaskId> linked =
           forward ? schedule.dependents(t) : std::span<const TaskId>(schedule.task(t).deps);
       std::vector<TaskId> edges(linked.begin(), linked.end());
-      if (next >= 0 && next < static_cast<int>(q.size())) edges.push_back(q[static_cast<size_t>(next)]);
+      if (next >= 0 && next < static_cast<int>(q.size())) {
+        edges.push_back(q[static_cast<size_t>(next)]);
+      }
       for (TaskId e : edges) {
         if (!seen[static_cast<size_t>(e)]) {
           seen[static_cast<size_t>(e)] = 1;
@@ -265,26 +267,35 @@ StatusOr<Schedule> BuildDualBatchRegion(int collectives) {
 
 StatusOr<Schedule> BuildCommOverlapRegion(const std::vector<int>& consumers) {
   const int n = static_cast<int>(consumers.size());
-  if (n < 1) return Status::BadInput("a communication-overlap region needs at least one collective");
-  std::vector<std::vector<TaskId>> waits(static_cast<size_t>(n) + 1);
+  if (n < 1) {
+    return Status::BadInput("a communication-overlap region needs at least one collective");
+  }
+  // Per compute part C<j>, the collectives it reads first (task ids 2i + 1).
+  std::vector<std::vector<TaskId>> reads(static_cast<size_t>(n) + 1);
   for (int j = 0; j < n; ++j) {
     const int c = consumers[static_cast<size_t>(j)];
     if (c < j + 1 || c > n + 1) {
       return Status::BadInput("collective X" + std::to_string(j) + " is read by compute part C" +
-                              std::to_string(c) + "; a collective is read after it is launched, by C" +
-                              std::to_string(j + 1) + " .. C" + std::to_string(n) +
+                              std::to_string(c) + "; a collective is read after it is launched, " +
+                              "by C" + std::to_string(j + 1) + " .. C" + std::to_string(n) +
                               ", or at the end (" + std::to_string(n + 1) + ")");
     }
-    if (c <= n) waits[static_cast<size_t>(c)].push_back(2 * j + 1);
+    if (c <= n) reads[static_cast<size_t>(c)].push_back(2 * j + 1);
   }
   ScheduleBuilder builder(2);
   const TaskFn nothing = [](TaskContext&) { return Status::Ok(); };
   for (int p = 0; p <= 2 * n; ++p) {
     const int j = p / 2;
+    const bool compute = p % 2 == 0;
     std::vector<TaskId> deps;
-    if (p > 0) deps.push_back(p % 2 == 1 ? p - 1 : p - 2);  // X<j> after C<j>; C<j> after C<j-1>
-    if (p % 2 == 0) deps.insert(deps.end(), waits[static_cast<size_t>(j)].begin(), waits[static_cast<size_t>(j)].end());
-    builder.Add((p % 2 == 0 ? "C" : "X") + std::to_string(j), p % 2 == 0 ? kComputeStream : kCommStream,
+    if (compute) {
+      if (j > 0) deps.push_back(p - 2);  // C<j - 1>
+      deps.insert(deps.end(), reads[static_cast<size_t>(j)].begin(),
+                  reads[static_cast<size_t>(j)].end());
+    } else {
+      deps.push_back(p - 1);  // C<j>, what was issued before its launch
+    }
+    builder.Add((compute ? "C" : "X") + std::to_string(j), compute ? kComputeStream : kCommStream,
                 std::move(deps), nothing);
   }
   return std::move(builder).Build();

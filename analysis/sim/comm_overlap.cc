@@ -11,6 +11,13 @@
 
 namespace dynaflow {
 
+namespace {
+
+// A collective this candidate moves to the side stream.
+bool Moved(const SimTask& t) { return t.resource == Resource::kCommunication && t.deferrable; }
+
+}  // namespace
+
 namespace sim_internal {
 
 std::optional<Schedule> CommOverlapSchedule(const CandidateContext& ctx, bool read_at_end) {
@@ -20,8 +27,7 @@ std::optional<Schedule> CommOverlapSchedule(const CandidateContext& ctx, bool re
   // of a compute task is the number of collectives launched before it.
   std::vector<int32_t> collective(n, -1), part(n, 0), collectives;
   for (int32_t t : g.host_order) {
-    const SimTask& task = g.tasks[static_cast<size_t>(t)];
-    if (task.resource == Resource::kCommunication && task.deferrable) {
+    if (Moved(g.tasks[static_cast<size_t>(t)])) {
       collective[static_cast<size_t>(t)] = static_cast<int32_t>(collectives.size());
       collectives.push_back(t);
     } else {
@@ -106,12 +112,9 @@ std::optional<Candidate> MakeCommOverlap(const CandidateContext& ctx) {
   c.strategy = Strategy::kCommOverlap;
   c.schedule = std::move(*schedule);
   c.extra_memory_bytes = sim_internal::LargestMessageBytes(*ctx.graph);
-  auto is_moved = [](const SimTask& t) {
-    return t.resource == Resource::kCommunication && t.deferrable;
-  };
-  c.partition.side_stream = sim_internal::TopNames(ctx, is_moved, false);
+  c.partition.side_stream = sim_internal::TopNames(ctx, Moved, false);
   c.partition.communication_ops = c.partition.side_stream;
-  c.partition.modules = sim_internal::TopNames(ctx, is_moved, true);
+  c.partition.modules = sim_internal::TopNames(ctx, Moved, true);
   return c;
 }
 

@@ -314,7 +314,8 @@ int dynaflow_apply_comm_overlap_beside(const int* consumers, int n, char* err, s
     }
     return beside;
   } catch (const std::exception& e) {
-    SetError(err, err_len, std::string("cannot build the communication-overlap schedule: ") + e.what());
+    SetError(err, err_len,
+             std::string("cannot build the communication-overlap schedule: ") + e.what());
     return -1;
   }
 }

@@ -216,7 +216,8 @@ TEST(ApplyAbiTest, CommOverlapCountsTheComputePartsBesideItsCollectives) {
   EXPECT_EQ(dynaflow_apply_comm_overlap_beside(at_end, 2, err, sizeof err), 3) << err;
   const int early[] = {1, 1};
   EXPECT_EQ(dynaflow_apply_comm_overlap_beside(early, 2, err, sizeof err), -1);
-  EXPECT_NE(std::string(err).find("collective X1 is read by compute part C1"), std::string::npos) << err;
+  EXPECT_NE(std::string(err).find("collective X1 is read by compute part C1"), std::string::npos)
+      << err;
   EXPECT_EQ(dynaflow_apply_comm_overlap_beside(consumers, 0, err, sizeof err), -1);
 }
 

@@ -565,6 +565,7 @@ class Report:
         self.ops_beside_collectives = 0
         self.parts_beside_collectives = 0
         self.comm_overlap_error = ""  # the first call whose schedule the builder refused
+        self.comm_overlap_schedules = {}  # consumers -> comm_overlap_beside's answer
         # A plan with phases: per phase, the unit calls of that phase and how
         # many of them no tiling was for.
         self.phase_calls = {}
@@ -588,7 +589,10 @@ class Report:
         """One comm_overlap call: the schedule it ran, built by the runtime's
         builder (the simulator's), and what ran beside its collectives."""
         n = overlap.launched
-        parts, error = runtime.comm_overlap_beside(overlap.consumers) if n else (0, "")
+        key = tuple(overlap.consumers)
+        if key not in self.comm_overlap_schedules:  # every call of a unit reads alike
+            self.comm_overlap_schedules[key] = runtime.comm_overlap_beside(key) if n else (0, "")
+        parts, error = self.comm_overlap_schedules[key]
         with self.lock:
             self.comm_overlap_error = self.comm_overlap_error or error
             self.overlapped_collectives += n
