@@ -7,7 +7,9 @@ the arguments a Hugging Face decoder layer gets (a (cos, sin) tuple, a mask,
 a DynamicCache, cache_position: what the split and merge walk), when
 transformers is installed; a 4-block stack split in 2 as one unit, its
 micro-batches side by side and staggered (8 segments each: the sequencer's
-turns at every attention and MLP call); a module with a 1 MiB output split in
+turns at every attention and MLP call); a 32-layer stack of 418 modules
+split in 2 (the per-call checks of the unit's modules: hooks, tensors,
+Python state); a module with a 1 MiB output split in
 2, merged by one concatenation at the end (the CPU default) against merged
 into preallocated slices as each micro-batch finishes (`_split.SliceMerge`,
 CUDA's way);
@@ -31,6 +33,7 @@ from torch import nn  # noqa: E402
 from dynaflow import _apply  # noqa: E402
 
 CALLS, RUNS = 2000, 7
+DEEP_CALLS = 200  # calls of the 418-module variants (milliseconds each)
 
 
 class Net(nn.Module):
@@ -122,6 +125,39 @@ class Stack(nn.Module):
         return x
 
 
+class DeepBlock(nn.Module):
+    """A decoder layer's module count: attention with four projections and a
+    norm, an MLP with three and a norm, an activation (13 modules)."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.ModuleDict({k: nn.Linear(8, 8) for k in ("q", "k", "v", "o")})
+        self.attn_norm = nn.LayerNorm(8)
+        self.mlp = nn.ModuleDict({k: nn.Linear(8, 8) for k in ("gate", "up", "down")})
+        self.act = nn.SiLU()
+        self.mlp_norm = nn.LayerNorm(8)
+
+    def forward(self, x):
+        h = self.attn_norm(x)
+        x = x + self.attn["o"](self.attn["q"](h) + self.attn["k"](h) + self.attn["v"](h))
+        h = self.mlp_norm(x)
+        return x + self.mlp["down"](self.act(self.mlp["gate"](h)) * self.mlp["up"](h))
+
+
+class Deep(nn.Module):
+    """32 such layers (418 modules, 32-layer Llama has 421), split in 2 as
+    one unit: what checking the unit's modules on every call costs."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([DeepBlock() for _ in range(32)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
 def stack_plan(staggered):
     p = plan(2, False)
     p["partition_rules"][0]["modules"] = ["Stack"]
@@ -142,14 +178,14 @@ def plan(splits, sequential):
                          "splits": splits, "rules": ["s"], "streams": []}]}
 
 
-def per_call_us(net, x):
+def per_call_us(net, x, calls=CALLS):
     with torch.inference_mode():
-        for _ in range(100):
+        for _ in range(calls // 20):
             net(x)
         t = time.perf_counter()
-        for _ in range(CALLS):
+        for _ in range(calls):
             net(x)
-        return (time.perf_counter() - t) / CALLS * 1e6
+        return (time.perf_counter() - t) / calls * 1e6
 
 
 def main():
@@ -164,6 +200,10 @@ def main():
     nets["stack, original"] = Stack()
     nets["stack, split 2"] = _apply.apply(Stack(), stack_plan(False), runtime_lib=lib)
     nets["stack, staggered 2"] = _apply.apply(Stack(), stack_plan(True), runtime_lib=lib)
+    deep_plan = stack_plan(False)
+    deep_plan["partition_rules"][0]["modules"] = ["Deep"]
+    nets["deep, original"] = Deep()
+    nets["deep, split 2"] = _apply.apply(Deep(), deep_plan, runtime_lib=lib)
     wide_plan = plan(2, False)
     wide_plan["partition_rules"][0]["modules"] = ["WideNet.blocks.*"]
     nets["wide, original"] = WideNet()
@@ -181,7 +221,8 @@ def main():
     samples = {name: [] for name in nets}
     for _ in range(RUNS):  # alternating, so load changes hit every variant alike
         for name, net in nets.items():
-            samples[name].append(per_call_us(net, wide_x if name.startswith("wide") else x))
+            calls = DEEP_CALLS if name.startswith("deep") else CALLS
+            samples[name].append(per_call_us(net, wide_x if name.startswith("wide") else x, calls))
     print(f"{CALLS} calls x {RUNS} runs, median us per module call (added over its original):")
     for name, s in samples.items():
         base = statistics.median(samples[name.split(",")[0] + ", original" if "," in name

@@ -192,10 +192,9 @@ class HfApplyTest(unittest.TestCase):
         # its micro-batches ran).
         self.refused_at_attach("mamba", "MambaForCausalLM.backbone")
 
-    def test_llama_layers_as_units_without_stagger(self):
-        # A plan whose units are the layers themselves and that has no stage
-        # rule: each layer call splits and joins, its micro-batches side by
-        # side (the layer's own DynamicCache slices merged back per call).
+    def layers_plan(self):
+        """A plan whose units are Llama's layers themselves, with no stage
+        rule: each layer call splits and joins, its micro-batches side by side."""
         with open(self.plan_for("llama")) as f:
             p = json.load(f)
         p["partition_rules"] = [dict(p["partition_rules"][0],
@@ -205,6 +204,11 @@ class HfApplyTest(unittest.TestCase):
         layers = self.path("llama_layers.json")
         with open(layers, "w") as f:
             json.dump(p, f)
+        return layers
+
+    def test_llama_layers_as_units_without_stagger(self):
+        # The layer's own DynamicCache slices are merged back per call.
+        layers = self.layers_plan()
         out = self.path("llama_layers.pt")
         r = run(BIN, "apply", "--verify", "--strict", layers, "--", PY, MODELS, "--family",
                 "llama", "--out", out, *DEVICE)
@@ -213,6 +217,50 @@ class HfApplyTest(unittest.TestCase):
                       r.stderr)
         self.assertNotIn("staggered", r.stderr)
         compare(self, self.base_for("llama"), out)
+
+    def outputs_base(self, family):
+        out = self.path(f"{family}_outputs_base.pt")
+        if not os.path.exists(out):
+            r = run(PY, MODELS, "--family", family, "--patterns", "outputs", "--out", out, *DEVICE)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        return out
+
+    def test_every_layers_outputs_asked_of_a_split_stack(self):
+        # output_hidden_states and output_attentions: transformers collects
+        # them with hooks on the layers and their attention modules, into a
+        # collector the stack's own forward sets, so each micro-batch's
+        # thread collects its rows and the outputs merge like any other.
+        for family in ("llama", "gpt2"):
+            with self.subTest(family=family):
+                out = self.path(f"{family}_outputs.pt")
+                r = run(BIN, "apply", "--verify", "--strict", self.plan_for(family), "--", PY,
+                        MODELS, "--family", family, "--patterns", "outputs", "--out", out,
+                        *DEVICE)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn("dynaflow apply: 1 planned and 0 original calls of 1 modules",
+                              r.stderr)
+                self.assertIn("verify: max_abs_diff=", r.stdout)
+                compare(self, self.outputs_base(family), out, ("outputs",))
+
+    def test_layers_as_units_refuse_when_the_model_collects_their_attention(self):
+        # With the layers as units, the collector belongs to the stack that
+        # calls them: the attention modules' hooks would run in the
+        # micro-batches' threads and record nothing (the attentions came back
+        # empty, silently). Refused before the first layer call runs.
+        layers = self.layers_plan()
+        out = self.path("llama_layers_outputs.pt")
+        r = run(BIN, "apply", layers, "--", PY, MODELS, "--family", "llama", "--patterns",
+                "outputs", "--out", out, *DEVICE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("dynaflow apply: plan refused: LlamaForCausalLM.model.layers.0.self_attn: "
+                      "forward hook install_output_capuring_hook.<locals>.output_capturing_hook "
+                      "records outputs for the caller's output_attentions or output_hidden_states",
+                      r.stderr)
+        compare(self, self.outputs_base("llama"), out, ("outputs",))
+        r = run(BIN, "apply", "--strict", layers, "--", PY, MODELS, "--family", "llama",
+                "--patterns", "outputs", *DEVICE)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertNotIn("outputs: tokens", r.stdout)
 
     def test_a_model_with_other_stage_modules_is_refused_before_it_runs(self):
         # The plan cuts the stack into 4 segments; a 3-layer model would run

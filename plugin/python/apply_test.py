@@ -504,6 +504,48 @@ class ApplyTest(unittest.TestCase):
         net(torch.ones(4, 3))
         self.assertEqual(net.layers[0].calls.item(), calls + 1)
 
+    def test_a_module_that_changes_its_python_state_is_a_loud_error(self):
+        # A Python counter, a list appended to, a buffer made on the first
+        # call: each micro-batch would do it again. Loud, and the plan is
+        # refused from then on.
+        class Counting(nn.Module):
+            def __init__(self, how):
+                super().__init__()
+                self.how = how
+                self.calls = 0
+                self.seen = []
+
+            def forward(self, x):
+                if self.how == "count":
+                    self.calls += 1
+                elif self.how == "append":
+                    self.seen.append(x.shape[0])
+                elif not hasattr(self, "scale"):
+                    self.register_buffer("scale", torch.ones(()))
+                return x * 2
+
+        class CountNet(nn.Module):
+            def __init__(self, how):
+                super().__init__()
+                self.layers = nn.ModuleList([Counting(how)])
+
+            def forward(self, x):
+                return self.layers[0](x)
+
+        for how, attribute in [("count", "calls"), ("append", "seen"), ("buffer", "_buffers")]:
+            with self.subTest(how=how):
+                net = CountNet(how)
+                _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
+                with self.assertRaisesRegex(
+                        RuntimeError, rf"CountNet\.layers\.0: attribute {attribute} of the module "
+                                      rf"was changed by the call, once per micro-batch"):
+                    net(torch.ones(4, 3))
+                self.assertNotIn("forward", net.layers[0].__dict__)  # refused from then on
+                if how == "count":
+                    self.assertEqual(net.layers[0].calls, 2)  # one per micro-batch
+                    net(torch.ones(4, 3))
+                    self.assertEqual(net.layers[0].calls, 3)
+
     def test_a_unit_called_from_inside_a_planned_unit_runs_as_its_micro_batch_calls_it(self):
         class Shared(nn.Module):
             def __init__(self):

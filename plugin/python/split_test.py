@@ -224,12 +224,12 @@ class ModuleTest(unittest.TestCase):
 
         block = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
         with self.assertRaisesRegex(_split.Refusal, r"^L\.0\.1: BatchNorm1d normalises"):
-            _split.check_rows_independent("L.0", block)
+            _split.check_module("L.0", block)
         block.eval()  # running statistics: per row
-        _split.check_rows_independent("L.0", block)
+        _split.check_module("L.0", block)
         block[1].running_mean = None  # no running statistics: the batch's, also in eval
         with self.assertRaises(_split.Refusal):
-            _split.check_rows_independent("L.0", block)
+            _split.check_module("L.0", block)
 
     def test_under_capture_an_inference_buffer_refuses(self):
         from unittest import mock
@@ -257,9 +257,54 @@ class ModuleTest(unittest.TestCase):
         ]
         for module, message in cases:
             with self.assertRaisesRegex(_split.Refusal, message):
-                _split.check_rows_independent("L.0", module)
-        _split.check_rows_independent("L.0", nn.MultiheadAttention(4, 2, batch_first=True))
-        _split.check_rows_independent("L.0", nn.InstanceNorm1d(4))  # no running statistics
+                _split.check_module("L.0", module)
+        _split.check_module("L.0", nn.MultiheadAttention(4, 2, batch_first=True))
+        _split.check_module("L.0", nn.InstanceNorm1d(4))  # no running statistics
+
+    def test_hooks_inside_the_unit_refuse_its_own_and_dynaflows_do_not(self):
+        from torch import nn
+        from torch.nn.modules import module as nn_module
+
+        seen = []
+
+        def count_rows(module, args, output):  # sees one micro-batch's rows per call
+            seen.append(output.shape[0])
+
+        block = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+        handle = block[0].register_forward_hook(count_rows)
+        with self.assertRaisesRegex(
+                _split.Refusal, r"^L\.0\.0: forward hook .*count_rows would run once per "
+                                r"micro-batch, on part of the batch$"):
+            _split.check_module("L.0", block)
+        handle.remove()
+        handle = block[1].register_full_backward_hook(lambda m, gi, go: None)
+        with self.assertRaisesRegex(_split.Refusal, r"^L\.0\.1: backward hook "):
+            _split.check_module("L.0", block)
+        handle.remove()
+        # The unit's own hooks run once, around the whole planned call.
+        handle = block.register_forward_hook(count_rows)
+        _split.check_module("L.0", block)
+        handle.remove()
+        # A global module hook runs inside every module of the unit.
+        handle = nn_module.register_module_forward_pre_hook(lambda m, args: None)
+        try:
+            with self.assertRaisesRegex(_split.Refusal, r"^L\.0 \(a global module hook\): "
+                                                        r"forward pre-hook .*<lambda> would run"):
+                _split.check_module("L.0", block)
+        finally:
+            handle.remove()
+        # dynaflow's module-path hooks keep a stack per thread: they pass.
+        from dynaflow import _module_paths
+
+        tracker = _module_paths.ModuleTracker.__new__(_module_paths.ModuleTracker)
+        handles = [block[0].register_forward_pre_hook(tracker.pre_hook),
+                   nn_module.register_module_forward_hook(tracker.post_hook)]
+        try:
+            _split.check_module("L.0", block)
+        finally:
+            for h in handles:
+                h.remove()
+        self.assertEqual(seen, [])
 
     def test_module_fingerprint_follows_structure_not_values(self):
         from torch import nn

@@ -111,6 +111,21 @@ def pattern_left_padding(model, ids):
     return greedy(model, input_ids=ids, attention_mask=mask)
 
 
+def pattern_outputs(model, ids):
+    """model(ids) asked for every layer's hidden states and attention weights
+    (eager attention, which returns them): transformers 5 collects them with
+    hooks on the layers and their attention modules."""
+    before = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        out = model(ids, output_hidden_states=True, output_attentions=True)
+    finally:
+        model.set_attn_implementation(before)
+    assert len(out.attentions) == model.config.num_hidden_layers, len(out.attentions)
+    return {"tokens": out.logits.argmax(-1),
+            "logits": [t.float() for t in (out.logits, *out.hidden_states, *out.attentions)]}
+
+
 PATTERNS = {
     "forward": pattern_forward,
     "decode_loop": pattern_decode_loop,
@@ -118,12 +133,15 @@ PATTERNS = {
     "static_cache": pattern_static_cache,
     "left_padding": pattern_left_padding,
 }
+# Run only when named (not in "all").
+EXTRA_PATTERNS = {"outputs": pattern_outputs}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--family", required=True)
-    ap.add_argument("--patterns", default="all")
+    ap.add_argument("--patterns", default="all",
+                    help="comma-separated; all: every pattern but outputs")
     ap.add_argument("--out")
     ap.add_argument("--apply", help="a plan to apply in process with dynaflow.apply")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -143,7 +161,7 @@ def main():
     results = {}
     with torch.inference_mode() if args.inference_mode else torch.no_grad():
         for name in names:
-            r = PATTERNS[name](model, prompts())
+            r = {**PATTERNS, **EXTRA_PATTERNS}[name](model, prompts())
             results[name] = {"tokens": r["tokens"].cpu(), "logits": [t.cpu() for t in r["logits"]]}
             print(f"{name}: tokens {results[name]['tokens'][:, -NEW_TOKENS:].tolist()}",
                   flush=True)

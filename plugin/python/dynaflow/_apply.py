@@ -61,7 +61,7 @@ import sys
 import threading
 
 from ._split import (MergeError, Refusal, SliceMerge, Unchanged, check_buffers_checkable,
-                     check_rows_independent, default_state_refusal, merge_outputs, split_call)
+                     check_module, default_state_refusal, merge_outputs, split_call)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -1035,7 +1035,7 @@ class _PlannedForward:
             return self._overlapped(args, kwargs)
         batch = x.shape[0]
         try:
-            check_rows_independent(self.path, self.module)
+            check_module(self.path, self.module)
             check_buffers_checkable(self.path, self.module)
             split = split_call(self.path, self.signature, args, kwargs, batch,
                                even_bounds(batch, a.splits_of[index]))

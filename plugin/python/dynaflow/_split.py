@@ -24,13 +24,16 @@ What is proved safe:
     unsplit call's.
 Anything else (another object, an ambiguous 1-D tensor as long as the batch,
 a cache class or layer with attributes its adapter does not know) refuses, as
-does a module that computes across rows (`check_rows_independent`).
+does a module that computes across rows or has hooks inside (`check_module`).
 """
 
+import collections
 import copy
 import dataclasses
 import enum
+import functools
 import inspect
+import sys
 import threading
 
 # Tensor arguments that are never per row, whatever their shape: positions in
@@ -62,56 +65,33 @@ class CallSplit:
         self.bounds = bounds
         self.parts = len(bounds) - 1
         self.states = []  # (adapter, original, [per micro-batch view])
-        self.shared = []  # (name, tensor, Unchanged)
+        self.shared = []  # (what, tensor, Unchanged) of arguments
         self.args = None  # [tuple] per micro-batch
         self.kwargs = None  # [dict] per micro-batch
         self.slices = None  # SliceMerge of the call's run, where it has one
         self.row_views = {}  # id(row view of an argument) -> (the argument, micro-batch)
+        self.module_state = None  # ModuleState of the unit, where share_buffers was called
 
     def rows(self, i):
         return self.bounds[i], self.bounds[i + 1] - self.bounds[i]
 
     def share_buffers(self, module):
-        """The module's own tensors are read by every micro-batch: its
-        buffers, parameters and tensors kept as plain attributes (a
-        hand-written KV cache). One that the call writes in place (a counter,
-        running statistics, cache rows) or rebinds (`self.n = self.n + 1`)
-        would be written once per micro-batch, so each is checked unmodified
-        and still bound afterwards, like shared inputs."""
-        import torch
+        """The module's own state is read by every micro-batch (ModuleState):
+        checked left as it was after the call."""
+        self.module_state = ModuleState(module)
 
-        for prefix, m in module.named_modules():
-            owned = [("buffer", m._buffers), ("parameter", m._parameters),
-                     ("attribute", {k: v for k, v in vars(m).items()
-                                    if isinstance(v, torch.Tensor)})]
-            for kind, tensors in owned:
-                for name, t in tensors.items():
-                    if t is None:
-                        continue
-                    path = f"{prefix}.{name}" if prefix else name
-                    # An inference-mode weight or cache has no version counter,
-                    # and copying its bytes on every call would cost more than
-                    # the call: only its binding is checked.
-                    by_binding = kind != "buffer" and t.is_inference()
-                    self.share(path, t, f"{kind} {path}", (m, kind, name), by_binding)
-
-    def share(self, name, tensor, label=None, owner=None, by_binding=False):
-        """`label` names it in messages (default: argument `name`); `owner`
-        (module, kind, attribute) must still hold it after the call; with
-        `by_binding`, that is all that is checked."""
-        unchanged = None if by_binding else Unchanged(tensor)
-        self.shared.append((label or f"argument {name}", tensor, unchanged, owner))
+    def share(self, name, tensor):
+        """Argument `name` is read by every micro-batch: checked unmodified."""
+        self.shared.append((f"argument {name}", tensor, Unchanged(tensor)))
 
     def check_shared_unmodified(self):
-        """Raises MergeError when a micro-batch wrote to a shared input or
-        rebound a module's tensor."""
-        for what, tensor, unchanged, owner in self.shared:
-            if owner is not None and _owned(*owner) is not tensor:
-                raise MergeError(f"{what} is shared by the micro-batches and was "
-                                 f"replaced: the split result would be wrong")
-            if unchanged is not None and not unchanged(tensor):
-                raise MergeError(f"{what} is shared by the micro-batches and was "
-                                 f"modified in place: the split result would be wrong")
+        """Raises MergeError when a micro-batch wrote to a shared input, or
+        changed the module's own state (ModuleState.check)."""
+        for what, tensor, unchanged in self.shared:
+            if not unchanged(tensor):
+                raise MergeError(f"{what} {_MODIFIED}")
+        if self.module_state is not None:
+            self.module_state.check()
 
     def merge_state(self):
         for adapter, original, views in self.states:
@@ -119,6 +99,118 @@ class CallSplit:
 
     def state_originals(self):
         return [original for _, original, _ in self.states]
+
+
+_MODIFIED = "is shared by the micro-batches and was modified in place: the split result would be wrong"
+
+
+class ModuleState:
+    """What a split call must leave as it found it in the unit's modules.
+    Every micro-batch runs the same modules, so what the call writes there
+    is written once per micro-batch:
+      - their tensors (buffers, parameters, tensors kept as plain attributes,
+        such as a hand-written KV cache): checked still bound (not rebound,
+        `self.n = self.n + 1`) and unmodified in place (version counters; an
+        inference-mode weight or cache has none, and copying its bytes on
+        every call would cost more than the call, so only its binding is
+        checked, but an inference buffer's bytes are);
+      - their Python state (`_python_state`): a counter, a flag, a list
+        appended to.
+    Kept in flat lists of references and ints, whatever the number of
+    modules: one record object per module or tensor would keep so many
+    objects alive through the call that CPython's cyclic collector ran inside
+    it (docs/performance.md: a 32-layer Llama's 421 modules)."""
+
+    def __init__(self, module):
+        self.paths, self.modules, self.starts = [], [], []  # per module
+        self.state = []  # every module's _python_state, in order
+        # Per tensor: the index of its module, kind, name, the tensor, and its
+        # version (None: checked by binding; an Unchanged: by its bytes).
+        self.owners, self.kinds, self.names, self.tensors, self.versions = [], [], [], [], []
+        for path, m in module.named_modules():
+            index = len(self.modules)
+            attributes = vars(m)
+            self.paths.append(path)
+            self.modules.append(m)
+            self.starts.append(len(self.state))
+            names = []
+            _python_state(attributes, self.state, names)
+            for kind, tensors in (("buffer", m._buffers), ("parameter", m._parameters),
+                                  ("attribute", {k: attributes[k] for k in names})):
+                for name, t in tensors.items():
+                    if t is None:
+                        continue
+                    self.owners.append(index)
+                    self.kinds.append(kind)
+                    self.names.append(name)
+                    self.tensors.append(t)
+                    if not t.is_inference():
+                        self.versions.append(t._version)
+                    else:
+                        self.versions.append(Unchanged(t) if kind == "buffer" else None)
+        self.starts.append(len(self.state))
+
+    def check(self):
+        """Raises MergeError naming the first tensor or attribute changed."""
+        for j, t in enumerate(self.tensors):
+            m, kind, name = self.modules[self.owners[j]], self.kinds[j], self.names[j]
+            version = self.versions[j]
+            if _owned(m, kind, name) is not t:
+                raise MergeError(f"{kind} {self._where(self.owners[j], name)} is shared by "
+                                 f"the micro-batches and was replaced: the split result would "
+                                 f"be wrong")
+            if version is None:
+                continue
+            if not (version(t) if isinstance(version, Unchanged) else t._version == version):
+                raise MergeError(f"{kind} {self._where(self.owners[j], name)} {_MODIFIED}")
+        for i, m in enumerate(self.modules):
+            after = []
+            _python_state(vars(m), after)
+            before = self.state[self.starts[i]:self.starts[i + 1]]
+            if after != before:
+                raise MergeError(f"attribute {self._where(i, _first_change(before, after))} of "
+                                 f"the module was changed by the call, once per micro-batch: "
+                                 f"the split result would not be the unsplit call's")
+
+    def _where(self, index, name):
+        return f"{self.paths[index]}.{name}" if self.paths[index] else name
+
+
+# A module's Python state that a call could change once per micro-batch: a
+# counter (`self.calls += 1`), a flag, a list it appends to. Scalars by value,
+# containers by length (hook, buffer and submodule tables too). Not tuples:
+# comparing one that holds tensors would compare the tensors' elements.
+_SCALAR_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes})
+_CONTAINER_TYPES = frozenset({dict, list, set, collections.OrderedDict})
+
+
+def _python_state(attributes, state, tensors=None):
+    """Appends to `state` (a list) the name, type and value of each attribute
+    (of `vars(module)`) whose type is one of `_SCALAR_TYPES`, and the name,
+    type and length of each whose type is one of `_CONTAINER_TYPES` (exactly:
+    a subclass is not seen): references and ints, nothing the collector
+    tracks. With `tensors` (a list), appends the names of the tensor
+    attributes there."""
+    import torch
+
+    for k, v in attributes.items():
+        t = type(v)
+        if t in _SCALAR_TYPES:
+            state += (k, t, v)
+        elif t in _CONTAINER_TYPES:
+            state += (k, t, len(v))
+        elif tensors is not None and issubclass(t, torch.Tensor):
+            tensors.append(k)
+
+
+def _first_change(before, after):
+    """The name of the first attribute whose entry differs in two
+    _python_state lists."""
+    def entries(state):
+        return {state[k]: state[k + 1:k + 3] for k in range(0, len(state), 3)}
+
+    b, a = entries(before), entries(after)
+    return next(k for k in [*b, *a] if b.get(k) != a.get(k))
 
 
 def _owned(module, kind, name):
@@ -136,7 +228,7 @@ class Unchanged:
     inference tensor has none, so its bytes are kept and compared (shared
     inputs are small: positions, one-row masks), as they are `by_bytes`.
     A few kernels write without bumping it (batch norm's running statistics:
-    refused apart, by check_rows_independent)."""
+    refused apart, by check_module)."""
 
     def __init__(self, t, by_bytes=False):
         if by_bytes or t.is_inference():
@@ -232,29 +324,100 @@ class _Splitter:
                 for i in range(self.split.parts)]
 
 
-def check_rows_independent(module_path, module):
-    """Raises Refusal when `module` computes across the rows of its batch, so
-    that micro-batches would not give the unsplit result whatever their
-    arguments: a batch norm that normalises by the batch's statistics
-    (training mode, or no running statistics)."""
+def check_module(module_path, module):
+    """Raises Refusal when running `module` once per micro-batch would not
+    give the unsplit call's result whatever its arguments: a submodule that
+    computes across the rows of its batch (`_check_rows_independent`), or a
+    hook that would run once per micro-batch inside it (`_hook_refusal`).
+    One walk over the submodules, on every call: hooks come and go."""
+    from torch.nn.modules import module as nn_module
+
+    collecting = _outputs_collected()
+    global_hooks = [("forward pre-", nn_module._global_forward_pre_hooks),
+                    ("forward ", nn_module._global_forward_hooks),
+                    ("backward pre-", nn_module._global_backward_pre_hooks),
+                    ("backward ", nn_module._global_backward_hooks)]
+    _check_hooks(f"{module_path} (a global module hook)", global_hooks, collecting)
+    row_mixing = _row_mixing_types()
+    for name, m in module.named_modules():
+        if isinstance(m, row_mixing):
+            _check_rows_independent(f"{module_path}.{name}" if name else module_path, m)
+        # The unit's own hooks run once, around the whole planned call.
+        if name and (m._forward_pre_hooks or m._forward_hooks or m._backward_pre_hooks
+                     or m._backward_hooks):
+            _check_hooks(f"{module_path}.{name}", [("forward pre-", m._forward_pre_hooks),
+                                                   ("forward ", m._forward_hooks),
+                                                   ("backward pre-", m._backward_pre_hooks),
+                                                   ("backward ", m._backward_hooks)], collecting)
+
+
+def _check_hooks(where, hook_dicts, collecting):
+    for kind, hooks in hook_dicts:
+        for fn in hooks.values():
+            why = _hook_refusal(fn, collecting)
+            if why:
+                name = getattr(fn, "__qualname__", type(fn).__name__)
+                raise Refusal(f"{where}: {kind}hook {name} {why}")
+
+
+def _hook_refusal(fn, collecting):
+    """Why hook `fn`, run inside a split call, might not do what it does in
+    the unsplit call, or None. It would run once per micro-batch and see part
+    of the batch: a hook that counts calls, collects activations or moves
+    weights (offloading) would be silently wrong, so only hooks known to keep
+    per-thread state pass: dynaflow's own (module paths, segment turns), and
+    transformers' output-capturing hook while nothing outside the unit
+    collects (inside it, each micro-batch's thread collects its own)."""
+    owner = getattr(fn, "__module__", None) or ""
+    if owner.startswith("dynaflow."):
+        return None
+    if owner == _HF_OUTPUT_CAPTURING and getattr(fn, "__name__", "") == "output_capturing_hook":
+        if not collecting:
+            return None
+        return ("records outputs for the caller's output_attentions or output_hidden_states: "
+                "each micro-batch would record its part of the batch apart")
+    return "would run once per micro-batch, on part of the batch"
+
+
+# transformers 5's module of output-capturing hooks (install_output_capuring_hook):
+# each hook appends to the collector of the context it runs in, set by the
+# forward of the PreTrainedModel that was asked for those outputs.
+_HF_OUTPUT_CAPTURING = "transformers.utils.output_capturing"
+
+
+def _outputs_collected():
+    """Whether a transformers forward running on this thread collects its
+    submodules' outputs (its output_attentions or output_hidden_states)."""
+    collector = getattr(sys.modules.get(_HF_OUTPUT_CAPTURING), "_active_collector", None)
+    return collector is not None and collector.get() is not None
+
+
+@functools.cache
+def _row_mixing_types():
     from torch import nn
     from torch.nn.modules.batchnorm import _BatchNorm
     from torch.nn.modules.instancenorm import _InstanceNorm
 
-    for name, m in module.named_modules():
-        where = f"{module_path}.{name}" if name else module_path
-        if isinstance(m, _BatchNorm) and (m.training or m.running_mean is None):
-            raise Refusal(f"{where}: {type(m).__name__} normalises by the statistics of the "
-                          f"whole batch: micro-batches would change its output")
-        if isinstance(m, _InstanceNorm) and m.training and m.track_running_stats:
-            raise Refusal(f"{where}: {type(m).__name__} updates its running statistics on "
-                          f"every call: each micro-batch would update them again")
-        if isinstance(m, nn.MultiheadAttention) and not m.batch_first:
-            raise Refusal(f"{where}: {type(m).__name__} takes the sequence first "
-                          f"(batch_first=False): dimension 0 is not the batch")
-        if isinstance(m, nn.RNNBase):
-            raise Refusal(f"{where}: {type(m).__name__} returns its hidden state with the "
-                          f"batch in dimension 1, and without batch_first its input too")
+    return nn.MultiheadAttention, nn.RNNBase, _BatchNorm, _InstanceNorm
+
+
+def _check_rows_independent(where, m):
+    """Raises Refusal when module `m` computes across the rows of its batch:
+    a batch norm that normalises by the batch's statistics (training mode,
+    or no running statistics), or its dimension 0 is not the batch."""
+    mha, rnn, batch_norm, instance_norm = _row_mixing_types()
+    if isinstance(m, batch_norm) and (m.training or m.running_mean is None):
+        raise Refusal(f"{where}: {type(m).__name__} normalises by the statistics of the "
+                      f"whole batch: micro-batches would change its output")
+    if isinstance(m, instance_norm) and m.training and m.track_running_stats:
+        raise Refusal(f"{where}: {type(m).__name__} updates its running statistics on "
+                      f"every call: each micro-batch would update them again")
+    if isinstance(m, mha) and not m.batch_first:
+        raise Refusal(f"{where}: {type(m).__name__} takes the sequence first "
+                      f"(batch_first=False): dimension 0 is not the batch")
+    if isinstance(m, rnn):
+        raise Refusal(f"{where}: {type(m).__name__} returns its hidden state with the "
+                      f"batch in dimension 1, and without batch_first its input too")
 
 
 def _capturing(t):
