@@ -61,7 +61,8 @@ import sys
 import threading
 
 from ._split import (MergeError, Refusal, SliceMerge, Unchanged, check_buffers_checkable,
-                     check_module, default_state_refusal, merge_outputs, split_call)
+                     check_module, default_state_refusal, install_lazy_hooks,
+                     merge_outputs, split_call)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -1369,6 +1370,7 @@ class Applier:
         if any(kind == DUAL_BATCH for kind, _, _ in regions.values()) or OVERLAP in self.splits_of:
             self.collective_cuts = _CollectiveCuts()
         for path, module in units:
+            install_lazy_hooks(module)
             forward = _PlannedForward(path, module, self)
             self.forwards.append(forward)
             for splits, (kind, _, n) in regions.items():

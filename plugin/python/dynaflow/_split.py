@@ -351,6 +351,26 @@ def check_module(module_path, module):
                                                    ("backward ", m._backward_hooks)], collecting)
 
 
+def install_lazy_hooks(module):
+    """Installs now what transformers 5 installs on a model's first call that
+    asks for outputs (output_hidden_states, output_attentions): the output-
+    capturing hooks of every PreTrainedModel in `module`, and the flag that
+    says so. Done once, under transformers' lock, whichever thread calls, it
+    leaves the state of the unsplit call, but as a change to the unit's
+    modules inside a split call ModuleState could not tell it from a write
+    repeated per micro-batch. Called when a plan is attached; the hooks do
+    nothing while no call collects."""
+    install = getattr(sys.modules.get(_HF_OUTPUT_CAPTURING), "maybe_install_capturing_hooks",
+                      None)
+    if install is None:
+        return
+    from transformers import PreTrainedModel
+
+    for m in module.modules():
+        if isinstance(m, PreTrainedModel):
+            install(m)
+
+
 def _check_hooks(where, hook_dicts, collecting):
     for kind, hooks in hook_dicts:
         for fn in hooks.values():
