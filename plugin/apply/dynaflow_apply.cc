@@ -272,6 +272,27 @@ int dynaflow_apply_region_turn(void* region, int mb, int first, int* task, int* 
   }
 }
 
+int dynaflow_apply_region_edges(const void* region, int task, int* signal, int* waits,
+                                int max_waits, int* num_waits, char* err, size_t err_len) {
+  if (region == nullptr || signal == nullptr || num_waits == nullptr ||
+      (max_waits > 0 && waits == nullptr)) {
+    SetError(err, err_len, "no region or no output");
+    return DYNAFLOW_APPLY_BAD_INPUT;
+  }
+  const runtime::Schedule& s = static_cast<const RegionHandle*>(region)->schedule;
+  if (task < 0 || task >= s.size()) {
+    SetError(err, err_len, "task " + std::to_string(task) + " is not in the region's " +
+                               std::to_string(s.size()) + " tasks");
+    return DYNAFLOW_APPLY_BAD_INPUT;
+  }
+  *signal = s.signals(task) ? 1 : 0;
+  const std::span<const runtime::TaskId> all = s.cross_stream_waits(task);
+  const int n = std::min(static_cast<int>(all.size()), std::max(0, max_waits));
+  std::copy_n(all.begin(), n, waits == nullptr ? nullptr : waits);
+  *num_waits = n;
+  return DYNAFLOW_APPLY_OK;
+}
+
 void dynaflow_apply_region_finish(void* region, int mb) {
   if (region != nullptr) static_cast<RegionHandle*>(region)->sequencer.Finish(mb);
 }

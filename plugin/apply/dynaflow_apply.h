@@ -108,6 +108,16 @@ DYNAFLOW_APPLY_API void dynaflow_apply_region_reset(void* region);
 DYNAFLOW_APPLY_API int dynaflow_apply_region_turn(void* region, int mb, int first, int* task,
                                                   int* signal, int* waits, int max_waits,
                                                   int* num_waits, char* err, size_t err_len);
+/* Task `task`'s edges in the region's schedule, for a caller that issues
+ * the tasks itself, on one host thread, in an order of its own that the
+ * dependencies allow (a staggered region on CUDA: micro-batch after
+ * micro-batch): whether an event must be recorded at its end (*signal), and
+ * up to `max_waits` tasks on other streams whose events its stream must wait
+ * for (*num_waits; runtime::Schedule::cross_stream_waits). Returns
+ * DYNAFLOW_APPLY_OK, or BAD_INPUT with err for a task outside the schedule. */
+DYNAFLOW_APPLY_API int dynaflow_apply_region_edges(const void* region, int task, int* signal,
+                                                   int* waits, int max_waits, int* num_waits,
+                                                   char* err, size_t err_len);
 /* Micro-batch `mb` returned or failed: its remaining tasks are skipped. */
 DYNAFLOW_APPLY_API void dynaflow_apply_region_finish(void* region, int mb);
 /* Wakes every waiting thread with a failure naming `why`. */

@@ -185,6 +185,24 @@ TEST(ApplyAbiTest, RegionTurnsThreadsThroughItsIssueOrder) {
   int task = 0, signal = 0, n = 0;
   EXPECT_EQ(dynaflow_apply_region_turn(region, 0, 0, &task, &signal, nullptr, 0, &n, err, sizeof err),
             DYNAFLOW_APPLY_BAD_INPUT);  // finished
+
+  // The same edges, for a caller that issues the tasks itself: mb1's
+  // segments wait for mb0's same segment, whose ends signal.
+  std::vector<int> signals, edges;
+  for (int t = 0; t < 4; ++t) {
+    int waits[4];
+    ASSERT_EQ(dynaflow_apply_region_edges(region, t, &signal, waits, 4, &n, err, sizeof err),
+              DYNAFLOW_APPLY_OK)
+        << err;
+    signals.push_back(signal);
+    for (int k = 0; k < n; ++k) edges.push_back(t * 10 + waits[k]);
+  }
+  EXPECT_EQ(signals, (std::vector<int>{1, 0, 1, 0}));
+  EXPECT_EQ(edges, (std::vector<int>{10, 32}));  // task 1 waits for 0, task 3 for 2
+  EXPECT_EQ(dynaflow_apply_region_edges(region, 4, &signal, nullptr, 0, &n, err, sizeof err),
+            DYNAFLOW_APPLY_BAD_INPUT);
+  EXPECT_NE(std::string(err).find("task 4 is not in the region's 4 tasks"), std::string::npos)
+      << err;
   dynaflow_apply_region_free(region);
   EXPECT_EQ(dynaflow_apply_region_new(DYNAFLOW_APPLY_STAGGERED, 0, 2, err, sizeof err), nullptr);
   EXPECT_NE(std::string(err).find("at least one segment"), std::string::npos) << err;

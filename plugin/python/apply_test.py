@@ -131,8 +131,10 @@ class RegionOnCudaTest(unittest.TestCase):
 
     def run_region(self, kind, stages, n, body):
         """Runs one call of a 2-micro-batch region of `kind` with torch.cuda
-        faked, each micro-batch's thread running body(region, fake, mb)
-        between begin and end (threads started in reverse order, so that the
+        faked, each micro-batch running body(region, fake, mb) between begin
+        and end: a staggered region inline, micro-batch after micro-batch on
+        this thread, as _PlannedForward does on CUDA; a dual-batch region on
+        a thread per micro-batch (started in reverse order, so that the
         sequencer decides). Returns (region, fake)."""
         import threading
         from unittest import mock
@@ -155,12 +157,19 @@ class RegionOnCudaTest(unittest.TestCase):
                         _apply._ON_THREAD.at = None
                         region.end(mb)
 
-                threads = [threading.Thread(target=micro_batch, args=(mb,)) for mb in (1, 0)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+                if region.inline:
+                    for mb in (0, 1):
+                        micro_batch(mb)
+                    fake.local.mb = None
+                else:
+                    threads = [threading.Thread(target=micro_batch, args=(mb,)) for mb in (1, 0)]
+                    for t in threads:
+                        t.start()
+                    for t in threads:
+                        t.join()
                 region.end_call(fake.caller)
+                self.report = _apply.Report()
+                region.account(self.report)
             finally:
                 region.free()
         return region, fake
@@ -175,6 +184,7 @@ class RegionOnCudaTest(unittest.TestCase):
                 work.append((mb, fake.current_stream().id))
 
         region, fake = self.run_region(_apply.STAGGERED, stages, 2, body)
+        self.assertTrue(region.inline)  # one host thread, no turns
         streams = {mb: region.streams[mb].id for mb in (0, 1)}
         # Each micro-batch's work ran on its own stream.
         self.assertEqual(sorted(set(work)), [(0, streams[0]), (1, streams[1])])
@@ -197,6 +207,25 @@ class RegionOnCudaTest(unittest.TestCase):
         self.assertIn((1, streams[1], fork), waits)
         joins = [ev for mb, call, stream, ev in fake.log if call == "wait" and stream == fake.caller.id]
         self.assertEqual(sorted(joins), sorted(e.id for e in region.ends))
+        # Issued micro-batch by micro-batch: seg0/mb0, seg1/mb0, seg0/mb1, seg1/mb1;
+        # every task once, nothing off the schedule.
+        r = self.report.regions["M"]
+        self.assertEqual(r["executed"], [[0, 0, 0], [1, 0, 0], [0, 1, 1], [1, 1, 1]])
+        self.assertEqual((r["calls"], r["off_schedule_calls"], r["issued_by_micro_batch"]),
+                         (1, 0, True))
+
+    def test_inline_a_micro_batch_past_its_last_segment_is_off_schedule(self):
+        # A model that calls its stage modules more often than the plan's
+        # segments: the extra boundaries stay in the last segment, counted.
+        stages = [nn.Identity(), nn.Identity()]
+
+        def body(_region, _fake, _mb):
+            for stage in stages + stages:
+                stage(torch.zeros(1))
+
+        region, fake = self.run_region(_apply.STAGGERED, stages, 2, body)
+        self.assertEqual(region.extra, 4)  # 2 extra boundaries per micro-batch
+        self.assertEqual(self.report.regions["M"]["off_schedule_calls"], 1)
 
     def test_dual_batch_collectives_run_on_the_communication_stream(self):
         seen = []

@@ -338,6 +338,9 @@ class _Runtime:
         lib.dynaflow_apply_region_turn.argtypes = [vp, ctypes.c_int, ctypes.c_int, ip, ip, ip,
                                                    ctypes.c_int, ip] + err
         lib.dynaflow_apply_region_turn.restype = ctypes.c_int
+        lib.dynaflow_apply_region_edges.argtypes = [vp, ctypes.c_int, ip, ip, ctypes.c_int,
+                                                    ip] + err
+        lib.dynaflow_apply_region_edges.restype = ctypes.c_int
         lib.dynaflow_apply_region_finish.argtypes = [vp, ctypes.c_int]
         lib.dynaflow_apply_region_abort.argtypes = [vp, ctypes.c_char_p]
         lib.dynaflow_apply_region_executed.argtypes = [vp, ip, ctypes.c_int, ip, ip]
@@ -411,6 +414,17 @@ class _Runtime:
         if rc != 0:
             raise RuntimeError(f"dynaflow apply: {err.value.decode()}")
         return task.value, bool(signal.value), list(waits[:count.value])
+
+    def edges(self, region, task):
+        """(signal, waits) of a region's task in its schedule."""
+        signal, count = ctypes.c_int(), ctypes.c_int()
+        waits = (ctypes.c_int * DYNAFLOW_APPLY_MAX_STREAMS)()
+        err = ctypes.create_string_buffer(512)
+        rc = self.lib.dynaflow_apply_region_edges(region, task, ctypes.byref(signal), waits,
+                                                  len(waits), ctypes.byref(count), err, len(err))
+        if rc != 0:
+            raise PlanMismatch(f"runtime: {err.value.decode()}")
+        return bool(signal.value), list(waits[:count.value])
 
     def comm_overlap_beside(self, consumers):
         """(the compute parts a comm_overlap call's schedule ran beside its
@@ -572,17 +586,18 @@ class Report:
         self.phase_calls = {}
 
     def region_call(self, region, executed, skipped, extra):
-        """One call of a staggered region: the tasks in the order their turns
-        came, against the schedule's issue order (the simulated one)."""
+        """One call of a region: the tasks in the order the host issued them
+        (their turns, or inline micro-batch by micro-batch), against the
+        order it issues the schedule the simulator predicts in."""
         as_rows = lambda ids: [list(region.tasks[i]) for i in ids]  # noqa: E731
         with self.lock:
             r = self.regions.setdefault(region.path, {
                 "kind": "dual-batch" if region.kind == DUAL_BATCH else "staggered",
                 "segments": region.segments, "micro_batches": region.splits,
                 "issue_order": as_rows(region.issue_order), "executed": as_rows(executed),
-                "calls": 0, "off_schedule_calls": 0})
+                "issued_by_micro_batch": region.inline, "calls": 0, "off_schedule_calls": 0})
             r["calls"] += 1
-            if executed != region.issue_order or skipped or extra:
+            if executed != region.host_order or skipped or extra:
                 r["off_schedule_calls"] += 1
                 r["executed"] = as_rows(executed)
 
@@ -703,16 +718,27 @@ _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_sc
 class _Region:
     """One planned unit's schedule for one split count (runtime/schedule.h:
     BuildStaggeredRegion or BuildDualBatchRegion, the object the simulator
-    predicts): the unit's micro-batches each run the whole unit on their own
-    host thread, and at every boundary the sequencer (runtime/sequencer.h)
-    hands the turn to the next task in the schedule's issue order.
-    Boundaries: for a staggered region, every call of one of its `stages`
-    after the first in a micro-batch; for a dual-batch region, the start and
-    the end of every torch.distributed collective (the collective is its own
-    part, on the communication stream). On CUDA each task runs on its
-    schedule stream (the thread's current stream is switched at its turn), a
-    task that another waits for records an event at its end and the waiting
-    task's stream waits for it; on the CPU the turn itself orders them."""
+    predicts), cut into tasks at boundaries: for a staggered region, every
+    call of one of its `stages` after the first in a micro-batch; for a
+    dual-batch region, the start and the end of every torch.distributed
+    collective (the collective is its own part, on the communication stream).
+
+    On the CPU, and for a dual-batch region also on CUDA, the micro-batches
+    each run the whole unit on their own host thread, and at every boundary
+    the sequencer (runtime/sequencer.h) hands the turn to the next task in
+    the schedule's issue order, so the work is issued in that order (and
+    every rank issues its collectives alike).
+
+    On CUDA a staggered region is issued `inline`: its micro-batches run one
+    after the other on the caller's thread, with no turns. The GPU still runs
+    the predicted schedule, whatever order the host issued it in: each task
+    runs on its schedule stream (the thread's current stream is switched at
+    each boundary), a task that another waits for records an event at its
+    end, and the waiting task's stream waits for that event (the schedule's
+    edges). A staggered task waits only for tasks of earlier micro-batches,
+    so every event it waits for has been recorded by then. Turns between
+    host threads cost about 42 µs each (docs/performance.md), and a single
+    issuing thread is what a CUDA graph capture of the region needs."""
 
     def __init__(self, runtime, path, kind, stages, n, splits, cuda):
         self.runtime = runtime
@@ -722,8 +748,19 @@ class _Region:
         self.splits = splits
         self.handle, self.tasks, self.issue_order = runtime.region(kind, n, splits)
         self.cuda = cuda
+        self.inline = cuda and kind == STAGGERED
+        # The order the host issues the tasks in: inline, micro-batch by micro-batch.
+        self.task_of = {(seg, mb): t for t, (seg, mb, _) in enumerate(self.tasks)}
+        self.host_order = self.issue_order
+        self.edges = None
+        if self.inline:
+            self.host_order = [self.task_of[(seg, mb)] for mb in range(splits)
+                               for seg in range(n)]
+            self.edges = [runtime.edges(self.handle, t) for t in range(len(self.tasks))]
         self.current = [None] * splits  # per micro-batch: (task, signal)
         self.cut = [False] * splits     # per micro-batch: a stage has been called
+        self.issued = []  # inline: this call's tasks, in the order they were issued
+        self.extra = 0    # inline: boundaries past a micro-batch's last segment
         self.hooks = [m.register_forward_pre_hook(self._pre_hook) for m in stages]
         self.streams = self.events = self.fork = self.ends = None
         if cuda:
@@ -743,9 +780,12 @@ class _Region:
             self.handle = None
 
     def start_call(self, caller_stream):
-        self.runtime.lib.dynaflow_apply_region_reset(self.handle)
+        if not self.inline:
+            self.runtime.lib.dynaflow_apply_region_reset(self.handle)
         self.current = [None] * self.splits
         self.cut = [False] * self.splits
+        self.issued = []
+        self.extra = 0
         if self.cuda:
             self.fork.record(caller_stream)
 
@@ -757,10 +797,26 @@ class _Region:
     def _stream_of(self, task):
         return self.streams[self.tasks[task][2]]
 
+    def _next_inline(self, mb, first):
+        """(task, signal, waits) of micro-batch `mb`'s next task, issued now."""
+        segment = 0 if first else self.tasks[self.current[mb][0]][0] + 1
+        if segment >= self.segments:
+            self.extra += 1
+            return -1, False, []
+        task = self.task_of[(segment, mb)]
+        signal, waits = self.edges[task]
+        # An earlier micro-batch that ended before this segment recorded no event for it.
+        waits = [w for w in waits if w in self.issued]
+        self.issued.append(task)
+        return task, signal, waits
+
     def _take(self, mb, first):
-        task, signal, waits = self.runtime.turn(self.handle, mb, first)
+        if self.inline:
+            task, signal, waits = self._next_inline(mb, first)
+        else:
+            task, signal, waits = self.runtime.turn(self.handle, mb, first)
         if task < 0:
-            return  # past the last segment: stays in it (counted by the sequencer)
+            return  # past the last segment: stays in it (counted)
         self.current[mb] = (task, signal)
         if self.cuda:
             import torch
@@ -787,7 +843,8 @@ class _Region:
                 if self.cuda:
                     self.ends[mb].record(self._stream_of(self.current[mb][0]))
         finally:
-            self.runtime.lib.dynaflow_apply_region_finish(self.handle, mb)
+            if not self.inline:
+                self.runtime.lib.dynaflow_apply_region_finish(self.handle, mb)
 
     def _pre_hook(self, _module, _args):
         at = getattr(_ON_THREAD, "at", None)
@@ -822,7 +879,11 @@ class _Region:
             self._take(mb, False)
 
     def account(self, report):
-        executed, skipped, extra = self.runtime.executed(self.handle, len(self.tasks))
+        if self.inline:
+            executed, extra = self.issued, self.extra
+            skipped = len(self.tasks) - len(executed)
+        else:
+            executed, skipped, extra = self.runtime.executed(self.handle, len(self.tasks))
         report.region_call(self, executed, skipped, extra)
 
 
@@ -1097,28 +1158,36 @@ class _PlannedForward:
         # one rank's micro-batch 0 with another's micro-batch 1), so with
         # torch.distributed on the CPU the micro-batches run one after the
         # other. On CUDA every task is launched from this thread, in order.
-        # A staggered region needs no such care: its sequencer issues the
+        # A region needs no such care: on the CPU its sequencer issues the
         # segments in the schedule's order on every rank, from one host
-        # thread per micro-batch (CPU workers also on CUDA, each on its
-        # micro-batch's stream).
+        # thread per micro-batch (for a dual-batch region also on CUDA, each
+        # on its stream); a staggered region on CUDA is issued inline, from
+        # this thread, micro-batch by micro-batch.
         region = self.regions.get(split.parts)
         state["region"] = region
         if a.cuda or SLICES_ON_CPU:
             split.slices = SliceMerge(split, state["caller"])
-        ordered = region is None and not a.cuda and _distributed()
-        handle, _, shared = self._schedule(split.parts, ordered)
-        shared.update(state)  # what the schedule's task function reads
-        caller = state["caller"].cuda_stream if a.cuda and region is None else 0
-        executor = a.executor if region is None or not a.cuda else a.host_executor
         if region is not None:
             region.start_call(state["caller"])
-        try:
-            rc, message = a.runtime.run(executor, handle, caller,
-                                        wait=not a.cuda or region is not None)
-            error = shared["error"]
-            results = shared["results"]
-        finally:
-            shared.clear()  # drops the views and results
+        if region is not None and region.inline:
+            rc, message = 0, ""
+            for mb in range(split.parts):
+                if self._task(state, mb, 0) != 0:
+                    break
+            error, results = state["error"], state["results"]
+        else:
+            ordered = region is None and not a.cuda and _distributed()
+            handle, _, shared = self._schedule(split.parts, ordered)
+            shared.update(state)  # what the schedule's task function reads
+            caller = state["caller"].cuda_stream if a.cuda and region is None else 0
+            executor = a.executor if region is None or not a.cuda else a.host_executor
+            try:
+                rc, message = a.runtime.run(executor, handle, caller,
+                                            wait=not a.cuda or region is not None)
+                error = shared["error"]
+                results = shared["results"]
+            finally:
+                shared.clear()  # drops the views and results
         if region is not None:
             region.end_call(state["caller"])
             region.account(a.report)
@@ -1328,7 +1397,7 @@ class Applier:
         self.phased = any(self.policies)  # some tiling names a phase
         self.cuda = False
         self.executor = None
-        self.host_executor = None  # CPU threads of regions on CUDA
+        self.host_executor = None  # CPU threads of dual-batch regions on CUDA
         self.collective_cuts = None  # torch.distributed wrapped for dual-batch regions
         self.forwards = []
 
@@ -1365,7 +1434,7 @@ class Applier:
                         f"this model has {len(found)} such modules")
                 stages[(path, splits)] = found
         self.executor = self.runtime.executor(self.cuda, max(self.splits_of))
-        if self.cuda and regions:
+        if self.cuda and any(kind == DUAL_BATCH for kind, _, _ in regions.values()):
             self.host_executor = self.runtime.executor(False, max(self.splits_of))
         if any(kind == DUAL_BATCH for kind, _, _ in regions.values()) or OVERLAP in self.splits_of:
             self.collective_cuts = _CollectiveCuts()
