@@ -222,12 +222,25 @@ class HfApplyTest(unittest.TestCase):
         self.assertNotIn("staggered", r.stderr)
         compare(self, self.base_for("llama"), out)
 
-    def outputs_base(self, family):
-        out = self.path(f"{family}_outputs_base.pt")
+    def outputs_base(self, family, pattern="outputs"):
+        out = self.path(f"{family}_{pattern}_base.pt")
         if not os.path.exists(out):
-            r = run(PY, MODELS, "--family", family, "--patterns", "outputs", "--out", out, *DEVICE)
+            r = run(PY, MODELS, "--family", family, "--patterns", pattern, "--out", out, *DEVICE)
             self.assertEqual(r.returncode, 0, r.stderr)
         return out
+
+    def test_mixtral_router_logits_merge_per_token(self):
+        # output_router_logits: each layer's router logits are [batch x
+        # tokens, experts], flattened batch-major, so the micro-batches'
+        # concatenate into the unsplit call's; the load-balancing loss
+        # computed from them (outside the stack) is the same.
+        out = self.path("mixtral_router_logits.pt")
+        r = run(BIN, "apply", "--verify", "--strict", self.plan_for("mixtral"), "--", PY, MODELS,
+                "--family", "mixtral", "--patterns", "router_logits", "--out", out, *DEVICE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("dynaflow apply: 1 planned and 0 original calls of 1 modules", r.stderr)
+        self.assertIn("verify: max_abs_diff=", r.stdout)
+        compare(self, self.outputs_base("mixtral", "router_logits"), out, ("router_logits",))
 
     def test_every_layers_outputs_asked_of_a_split_stack(self):
         # output_hidden_states and output_attentions: transformers collects

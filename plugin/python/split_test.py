@@ -178,6 +178,32 @@ class SplitTest(unittest.TestCase):
         with self.assertRaisesRegex(_split.MergeError, "micro-batch 0 returns \\(\\), not 2 rows"):
             _split.merge_outputs(s, [torch.tensor(1.0), torch.tensor(2.0)], [])
 
+    @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
+    def test_router_logits_merge_per_token(self):
+        # transformers' MoE output: router logits [rows x tokens, experts] per
+        # layer, batch-major; micro-batches of 1 and 3 rows, 5 tokens each.
+        from transformers.modeling_outputs import MoeModelOutputWithPast
+
+        s = _split.split_call("M.layers.3", None, (torch.randn(4, 5),), {}, 4, [0, 1, 4])
+        whole = torch.randn(4 * 5, 8)
+        parts = [MoeModelOutputWithPast(last_hidden_state=torch.zeros(n, 5, 2),
+                                        router_logits=(whole[5 * a:5 * b],))
+                 for a, b, n in ((0, 1, 1), (1, 4, 3))]
+        out = _split.merge_outputs(s, parts, [])
+        self.assertTrue(torch.equal(out.router_logits[0], whole))
+        self.assertEqual(tuple(out.last_hidden_state.shape), (4, 5, 2))
+        parts[1].router_logits = (torch.randn(3 * 4, 8),)  # 4 tokens per row, not 5
+        with self.assertRaisesRegex(_split.MergeError, r"output\.router_logits\[0\]: the "
+                                                       r"micro-batches return \[4, 5\] tokens"):
+            _split.merge_outputs(s, parts, [])
+        parts[1].router_logits = (torch.randn(7, 8),)
+        with self.assertRaisesRegex(_split.MergeError, "not one row per token of its 3 rows"):
+            _split.merge_outputs(s, parts, [])
+        # The same field of any other class is merged by rows.
+        other = [dataclasses.make_dataclass("Out", ["router_logits"])(whole[:5]) for _ in "ab"]
+        with self.assertRaisesRegex(_split.MergeError, "returns \\(5, 8\\), not 1 rows"):
+            _split.merge_outputs(s, other, [])
+
     def test_outputs_put_as_micro_batches_finish_are_merged_without_concatenation(self):
         s = split((torch.randn(4, 3),), parts=2)
         s.slices = _split.SliceMerge(s)

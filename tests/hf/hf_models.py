@@ -133,8 +133,19 @@ PATTERNS = {
     "static_cache": pattern_static_cache,
     "left_padding": pattern_left_padding,
 }
+def pattern_router_logits(model, ids):
+    """A mixture-of-experts model asked for its router logits, as training
+    with the load-balancing loss does: one tensor per layer of
+    [batch x tokens, experts], and the auxiliary loss computed from them."""
+    out = model(ids, labels=ids, output_router_logits=True)
+    assert len(out.router_logits) == model.config.num_hidden_layers, len(out.router_logits)
+    return {"tokens": out.logits.argmax(-1),
+            "logits": [t.float() for t in (out.logits, out.loss.reshape(1),
+                                           out.aux_loss.reshape(1), *out.router_logits)]}
+
+
 # Run only when named (not in "all").
-EXTRA_PATTERNS = {"outputs": pattern_outputs}
+EXTRA_PATTERNS = {"outputs": pattern_outputs, "router_logits": pattern_router_logits}
 
 
 def main():

@@ -508,7 +508,20 @@ def merge_outputs(split, results, states):
     return _merge(split, results, "output", view_owner)
 
 
-def _merge(split, parts, where, view_owner):
+# Output fields that hold one row per token of the batch, flattened
+# batch-major ([rows x tokens, ...]), one tensor per layer: transformers'
+# mixture-of-experts router logits (its sparse MoE blocks route
+# `hidden_states.view(-1, hidden_size)`). Micro-batch i's rows come first in
+# the unsplit call's flattening after those of micro-batches before it, so the
+# concatenation is the unsplit call's tensor.
+_PER_TOKEN_FIELDS = frozenset({"router_logits"})
+
+
+def _per_token_field(output, name):
+    return name in _PER_TOKEN_FIELDS and type(output).__module__.startswith("transformers.")
+
+
+def _merge(split, parts, where, view_owner, per_token=False):
     import torch
 
     first = parts[0]
@@ -517,7 +530,7 @@ def _merge(split, parts, where, view_owner):
             raise MergeError(f"{where}: micro-batches return different state objects")
         return view_owner[id(first)]
     if isinstance(first, torch.Tensor):
-        return _merge_tensors(split, parts, where)
+        return _merge_tensors(split, parts, where, per_token)
     adapter = state_adapter(first)
     if adapter is not None:
         # State made inside the call (a cache the module created because
@@ -537,19 +550,19 @@ def _merge(split, parts, where, view_owner):
         return first
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
         fields = {f.name: _merge(split, [getattr(p, f.name) for p in parts], f"{where}.{f.name}",
-                                 view_owner)
+                                 view_owner, per_token or _per_token_field(first, f.name))
                   for f in dataclasses.fields(first) if f.init}
         return type(first)(**fields)
     if isinstance(first, (tuple, list)):
         if any(not isinstance(p, type(first)) or len(p) != len(first) for p in parts):
             raise MergeError(f"{where}: micro-batches return sequences of different lengths")
-        items = [_merge(split, [p[k] for p in parts], f"{where}[{k}]", view_owner)
+        items = [_merge(split, [p[k] for p in parts], f"{where}[{k}]", view_owner, per_token)
                  for k in range(len(first))]
         return _sequence_builder(first)(items)
     if type(first) is dict:
         if any(type(p) is not dict or p.keys() != first.keys() for p in parts):
             raise MergeError(f"{where}: micro-batches return dicts with different keys")
-        return {k: _merge(split, [p[k] for p in parts], f"{where}[{k!r}]", view_owner)
+        return {k: _merge(split, [p[k] for p in parts], f"{where}[{k!r}]", view_owner, per_token)
                 for k in first}
     raise MergeError(f"{where}: cannot merge a {type(first).__qualname__}")
 
@@ -566,9 +579,11 @@ def _row_count_of(value):
     return None
 
 
-def _merge_tensors(split, parts, where):
+def _merge_tensors(split, parts, where, per_token=False):
     import torch
 
+    if per_token:
+        return _merge_per_token(split, parts, where)
     # Each micro-batch returns its own rows of one argument (a layer that
     # updates its input in place and returns it): the unsplit call returns
     # that argument itself, which the views wrote through to.
@@ -585,6 +600,24 @@ def _merge_tensors(split, parts, where):
                              f"not {count} rows")
     whole = split.slices.whole(where, parts) if split.slices is not None else None
     return whole if whole is not None else torch.cat(parts, 0)
+
+
+def _merge_per_token(split, parts, where):
+    """Tensors of `_PER_TOKEN_FIELDS`: micro-batch i returns rows_i x tokens
+    rows, the same number of tokens for each."""
+    import torch
+
+    tokens = set()
+    for i, p in enumerate(parts):
+        _, count = split.rows(i)
+        if not isinstance(p, torch.Tensor) or p.dim() < 1 or p.shape[0] % count:
+            raise MergeError(f"{where}: micro-batch {i} returns "
+                             f"{tuple(p.shape) if isinstance(p, torch.Tensor) else type(p)}, "
+                             f"not one row per token of its {count} rows")
+        tokens.add(p.shape[0] // count)
+    if len(tokens) != 1:
+        raise MergeError(f"{where}: the micro-batches return {sorted(tokens)} tokens per row")
+    return torch.cat(parts, 0)
 
 
 class SliceMerge:
