@@ -332,6 +332,22 @@ class ModuleTest(unittest.TestCase):
                 h.remove()
         self.assertEqual(seen, [])
 
+    @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
+    def test_transformers_gradient_checkpointing_hook_passes(self):
+        # gradient_checkpointing_enable() puts a hook on the input embeddings
+        # that marks their output as requiring grad: the same for every row.
+        import transformers as tf
+
+        config = tf.LlamaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1,
+                                num_attention_heads=2, intermediate_size=32)
+        model = tf.LlamaForCausalLM(config)
+        model.gradient_checkpointing_enable()
+        self.assertTrue(model.model.embed_tokens._forward_hooks)
+        _split.check_module("LlamaForCausalLM.model", model.model)
+        model.model.embed_tokens.register_forward_hook(lambda m, a, out: None)
+        with self.assertRaisesRegex(_split.Refusal, r"embed_tokens: forward hook .*<lambda>"):
+            _split.check_module("LlamaForCausalLM.model", model.model)
+
     def test_module_fingerprint_follows_structure_not_values(self):
         from torch import nn
 

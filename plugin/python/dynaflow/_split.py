@@ -385,11 +385,12 @@ def _hook_refusal(fn, collecting):
     the unsplit call, or None. It would run once per micro-batch and see part
     of the batch: a hook that counts calls, collects activations or moves
     weights (offloading) would be silently wrong, so only hooks known to keep
-    per-thread state pass: dynaflow's own (module paths, segment turns), and
-    transformers' output-capturing hook while nothing outside the unit
-    collects (inside it, each micro-batch's thread collects its own)."""
+    per-thread state or none pass: dynaflow's own (module paths, segment
+    turns), those of `_PER_ROW_HOOKS`, and transformers' output-capturing
+    hook while nothing outside the unit collects (inside it, each
+    micro-batch's thread collects its own)."""
     owner = getattr(fn, "__module__", None) or ""
-    if owner.startswith("dynaflow."):
+    if owner.startswith("dynaflow.") or (owner, getattr(fn, "__name__", "")) in _PER_ROW_HOOKS:
         return None
     if owner == _HF_OUTPUT_CAPTURING and getattr(fn, "__name__", "") == "output_capturing_hook":
         if not collecting:
@@ -398,6 +399,11 @@ def _hook_refusal(fn, collecting):
                 "each micro-batch would record its part of the batch apart")
     return "would run once per micro-batch, on part of the batch"
 
+
+# Hooks of other libraries known to act on each row alike and to keep no
+# state: transformers' hook that gradient checkpointing puts on the input
+# embeddings (`output.requires_grad_(True)`).
+_PER_ROW_HOOKS = frozenset({("transformers.modeling_utils", "make_inputs_require_grads")})
 
 # transformers 5's module of output-capturing hooks (install_output_capuring_hook):
 # each hook appends to the collector of the context it runs in, set by the
