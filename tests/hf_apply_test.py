@@ -282,6 +282,13 @@ class HfApplyTest(unittest.TestCase):
                 "--patterns", "outputs", *DEVICE)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertNotIn("outputs: tokens", r.stdout)
+        # Once the hooks are installed (a call that asked for outputs before
+        # the plan was applied, in process), a call that asks for none still
+        # runs its collector, empty: the layers split.
+        r = run(PY, MODELS, "--family", "llama", "--apply", layers, "--patterns", "forward",
+                "--outputs-first", *DEVICE, env=self.in_process_env())
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("in-process: 2 planned and 0 original calls", r.stdout)
 
     def test_a_model_with_other_stage_modules_is_refused_before_it_runs(self):
         # The plan cuts the stack into 4 segments; a 3-layer model would run
@@ -342,10 +349,13 @@ class HfApplyTest(unittest.TestCase):
         # checked by their bytes instead.
         self.check_family("llama", "--inference-mode")
 
+    def in_process_env(self):
+        return dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(BIN), "..", "plugin",
+                                                        "python"),
+                    DYNAFLOW_APPLY_LIB=RUNTIME)
+
     def in_process(self, *extra):
-        env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(BIN), "..", "plugin",
-                                                       "python"),
-                   DYNAFLOW_APPLY_LIB=RUNTIME)
+        env = self.in_process_env()
         out = self.path("inproc.pt")
         r = run(PY, MODELS, "--family", "llama", "--apply", self.plan_for("llama"), "--out", out,
                 *DEVICE, *extra, env=env)

@@ -535,8 +535,8 @@ class ApplyTest(unittest.TestCase):
 
     def test_a_module_that_changes_its_python_state_is_a_loud_error(self):
         # A Python counter, a list appended to, a buffer made on the first
-        # call: each micro-batch would do it again. Loud, and the plan is
-        # refused from then on.
+        # call, an attribute set to the output: each micro-batch would do it
+        # again. Loud, and the plan is refused from then on.
         class Counting(nn.Module):
             def __init__(self, how):
                 super().__init__()
@@ -549,6 +549,14 @@ class ApplyTest(unittest.TestCase):
                     self.calls += 1
                 elif self.how == "append":
                     self.seen.append(x.shape[0])
+                elif self.how == "keep":  # a tensor attribute made by the call
+                    self.last = x * 2
+                elif self.how == "keep tuple":
+                    self.seen = (x,)
+                elif self.how == "reset":  # deleted and set again: no change
+                    calls = self.calls
+                    del self.calls
+                    self.calls = calls
                 elif not hasattr(self, "scale"):
                     self.register_buffer("scale", torch.ones(()))
                 return x * 2
@@ -561,7 +569,12 @@ class ApplyTest(unittest.TestCase):
             def forward(self, x):
                 return self.layers[0](x)
 
-        for how, attribute in [("count", "calls"), ("append", "seen"), ("buffer", "_buffers")]:
+        net = CountNet("reset")
+        _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
+        net(torch.ones(4, 3))
+        self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
+        for how, attribute in [("count", "calls"), ("append", "seen"), ("buffer", "_buffers"),
+                               ("keep", "last"), ("keep tuple", "seen")]:
             with self.subTest(how=how):
                 net = CountNet(how)
                 _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)

@@ -157,12 +157,17 @@ def main():
     ap.add_argument("--apply", help="a plan to apply in process with dynaflow.apply")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (float32 either way)")
+    ap.add_argument("--outputs-first", action="store_true",
+                    help="call the model once with every output asked for before applying")
     ap.add_argument("--inference-mode", action="store_true",
                     help="run under torch.inference_mode() instead of torch.no_grad()")
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
     model = build(args.family).to(DEVICE)
+    if args.outputs_first:  # transformers installs its output-capturing hooks
+        with torch.no_grad():
+            pattern_outputs(model, prompts())
     if args.apply:
         import dynaflow
         model = dynaflow.apply(model, args.apply)

@@ -124,6 +124,7 @@ class ModuleState:
     def __init__(self, module):
         self.paths, self.modules, self.starts = [], [], []  # per module
         self.state = []  # every module's _python_state, in order
+        self.kept = []   # the objects `state` holds by id
         # Per tensor: the index of its module, kind, name, the tensor, and its
         # version (None: checked by binding; an Unchanged: by its bytes).
         self.owners, self.kinds, self.names, self.tensors, self.versions = [], [], [], [], []
@@ -134,7 +135,7 @@ class ModuleState:
             self.modules.append(m)
             self.starts.append(len(self.state))
             names = []
-            _python_state(attributes, self.state, names)
+            _python_state(attributes, self.state, self.kept, names)
             for kind, tensors in (("buffer", m._buffers), ("parameter", m._parameters),
                                   ("attribute", {k: attributes[k] for k in names})):
                 for name, t in tensors.items():
@@ -167,30 +168,36 @@ class ModuleState:
             after = []
             _python_state(vars(m), after)
             before = self.state[self.starts[i]:self.starts[i + 1]]
-            if after != before:
-                raise MergeError(f"attribute {self._where(i, _first_change(before, after))} of "
-                                 f"the module was changed by the call, once per micro-batch: "
-                                 f"the split result would not be the unsplit call's")
+            name = _first_change(before, after) if after != before else None
+            if name is not None:
+                raise MergeError(f"attribute {self._where(i, name)} of the module was changed "
+                                 f"by the call, once per micro-batch: the split result would "
+                                 f"not be the unsplit call's")
 
     def _where(self, index, name):
         return f"{self.paths[index]}.{name}" if self.paths[index] else name
 
 
 # A module's Python state that a call could change once per micro-batch: a
-# counter (`self.calls += 1`), a flag, a list it appends to. Scalars by value,
-# containers by length (hook, buffer and submodule tables too). Not tuples:
-# comparing one that holds tensors would compare the tensors' elements.
+# counter (`self.calls += 1`), a flag, a list it appends to, an attribute it
+# sets (`self.last = y`). Scalars by value, containers by length (hook,
+# buffer and submodule tables too; an entry replaced in place is not seen),
+# anything else by identity. Not tuples by value: comparing one that holds
+# tensors would compare the tensors' elements.
 _SCALAR_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes})
 _CONTAINER_TYPES = frozenset({dict, list, set, collections.OrderedDict})
 
 
-def _python_state(attributes, state, tensors=None):
-    """Appends to `state` (a list) the name, type and value of each attribute
-    (of `vars(module)`) whose type is one of `_SCALAR_TYPES`, and the name,
-    type and length of each whose type is one of `_CONTAINER_TYPES` (exactly:
-    a subclass is not seen): references and ints, nothing the collector
-    tracks. With `tensors` (a list), appends the names of the tensor
-    attributes there."""
+def _python_state(attributes, state, kept=None, tensors=None):
+    """Appends to `state` (a list) a (name, type, value) triple for every
+    attribute of `vars(module)`: the value itself for a type of
+    `_SCALAR_TYPES`, the length for one of `_CONTAINER_TYPES` (exactly: a
+    subclass is compared as an object), the object's id for any other (a
+    tensor, a tuple, a config), so that rebinding, adding or deleting any
+    attribute shows, and appending to a list. References and ints only,
+    nothing the collector tracks. With `kept` (a list), keeps there the
+    objects compared by id, so that no other object takes an id while the
+    state is held; with `tensors`, appends the names of tensor attributes."""
     import torch
 
     for k, v in attributes.items():
@@ -199,18 +206,23 @@ def _python_state(attributes, state, tensors=None):
             state += (k, t, v)
         elif t in _CONTAINER_TYPES:
             state += (k, t, len(v))
-        elif tensors is not None and issubclass(t, torch.Tensor):
-            tensors.append(k)
+        else:
+            state += (k, t, id(v))
+            if kept is not None:
+                kept.append(v)
+            if tensors is not None and issubclass(t, torch.Tensor):
+                tensors.append(k)
 
 
 def _first_change(before, after):
     """The name of the first attribute whose entry differs in two
-    _python_state lists."""
+    _python_state lists, or None when only their order differs (an
+    attribute deleted and set again to the same value)."""
     def entries(state):
         return {state[k]: state[k + 1:k + 3] for k in range(0, len(state), 3)}
 
     b, a = entries(before), entries(after)
-    return next(k for k in [*b, *a] if b.get(k) != a.get(k))
+    return next((k for k in [*b, *a] if b.get(k) != a.get(k)), None)
 
 
 def _owned(module, kind, name):
@@ -415,7 +427,8 @@ def _outputs_collected():
     """Whether a transformers forward running on this thread collects its
     submodules' outputs (its output_attentions or output_hidden_states)."""
     collector = getattr(sys.modules.get(_HF_OUTPUT_CAPTURING), "_active_collector", None)
-    return collector is not None and collector.get() is not None
+    # Every capturing forward sets one: empty when its call asks for nothing.
+    return collector is not None and bool(collector.get())
 
 
 @functools.cache
