@@ -129,13 +129,13 @@ class RegionOnCudaTest(unittest.TestCase):
     issued on its schedule stream, every wait on an event recorded earlier in
     the call, by the task the schedule names."""
 
-    def run_region(self, kind, stages, n, body):
+    def run_region(self, kind, stages, n, body, inline=False):
         """Runs one call of a 2-micro-batch region of `kind` with torch.cuda
         faked, each micro-batch running body(region, fake, mb) between begin
-        and end: a staggered region inline, micro-batch after micro-batch on
-        this thread, as _PlannedForward does on CUDA; a dual-batch region on
-        a thread per micro-batch (started in reverse order, so that the
-        sequencer decides). Returns (region, fake)."""
+        and end: on a thread per micro-batch (started in reverse order, so
+        that the sequencer decides), or with `inline` (as _PlannedForward
+        does under a CUDA graph capture) micro-batch after micro-batch on
+        this thread. Returns (region, fake)."""
         import threading
         from unittest import mock
 
@@ -145,7 +145,7 @@ class RegionOnCudaTest(unittest.TestCase):
                 mock.patch.object(torch.cuda, "set_stream", fake.set_stream):
             region = _apply._Region(_apply._Runtime(RUNTIME), "M", kind, stages, n, 2, cuda=True)
             try:
-                region.start_call(fake.caller)
+                region.start_call(fake.caller, inline)
 
                 def micro_batch(mb):
                     fake.local.mb = mb
@@ -175,6 +175,12 @@ class RegionOnCudaTest(unittest.TestCase):
         return region, fake
 
     def test_segments_wait_for_the_events_the_schedule_names(self):
+        # Turned threads (eager), and inline (under capture): the same waits.
+        for inline in (False, True):
+            with self.subTest(inline=inline):
+                self.check_segments_wait(inline)
+
+    def check_segments_wait(self, inline):
         stages = [nn.Identity(), nn.Identity()]  # 2 stages x 1 layer
         work = []
 
@@ -183,8 +189,8 @@ class RegionOnCudaTest(unittest.TestCase):
                 stage(torch.zeros(1))  # the pre-hook cuts segments
                 work.append((mb, fake.current_stream().id))
 
-        region, fake = self.run_region(_apply.STAGGERED, stages, 2, body)
-        self.assertTrue(region.inline)  # one host thread, no turns
+        region, fake = self.run_region(_apply.STAGGERED, stages, 2, body, inline)
+        self.assertEqual(region.inline, inline)
         streams = {mb: region.streams[mb].id for mb in (0, 1)}
         # Each micro-batch's work ran on its own stream.
         self.assertEqual(sorted(set(work)), [(0, streams[0]), (1, streams[1])])
@@ -207,12 +213,14 @@ class RegionOnCudaTest(unittest.TestCase):
         self.assertIn((1, streams[1], fork), waits)
         joins = [ev for mb, call, stream, ev in fake.log if call == "wait" and stream == fake.caller.id]
         self.assertEqual(sorted(joins), sorted(e.id for e in region.ends))
-        # Issued micro-batch by micro-batch: seg0/mb0, seg1/mb0, seg0/mb1, seg1/mb1;
-        # every task once, nothing off the schedule.
+        # Issued in the schedule's order, or inline micro-batch by micro-batch
+        # (seg0/mb0, seg1/mb0, seg0/mb1, seg1/mb1); every task once, nothing
+        # off the schedule.
         r = self.report.regions["M"]
-        self.assertEqual(r["executed"], [[0, 0, 0], [1, 0, 0], [0, 1, 1], [1, 1, 1]])
-        self.assertEqual((r["calls"], r["off_schedule_calls"], r["issued_by_micro_batch"]),
-                         (1, 0, True))
+        self.assertEqual(r["executed"], [[0, 0, 0], [1, 0, 0], [0, 1, 1], [1, 1, 1]] if inline
+                         else [[0, 0, 0], [0, 1, 1], [1, 0, 0], [1, 1, 1]])
+        self.assertEqual((r["calls"], r["off_schedule_calls"], r["calls_issued_by_micro_batch"]),
+                         (1, 0, int(inline)))
 
     def test_inline_a_micro_batch_past_its_last_segment_is_off_schedule(self):
         # A model that calls its stage modules more often than the plan's
@@ -223,7 +231,7 @@ class RegionOnCudaTest(unittest.TestCase):
             for stage in stages + stages:
                 stage(torch.zeros(1))
 
-        region, fake = self.run_region(_apply.STAGGERED, stages, 2, body)
+        region, fake = self.run_region(_apply.STAGGERED, stages, 2, body, inline=True)
         self.assertEqual(region.extra, 4)  # 2 extra boundaries per micro-batch
         self.assertEqual(self.report.regions["M"]["off_schedule_calls"], 1)
 

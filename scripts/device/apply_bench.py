@@ -131,14 +131,14 @@ def within_tolerance(out, base):
 def graphed_plan(step, row):
     """The planned step in one CUDA graph, (replay, static output) as
     graphed() returns them, or None with the reason in
-    row["planned_graph_error"]: a staggered region's micro-batches issue
-    their work from the capturing thread, onto streams forked from the
-    capturing one, and allocate there (torch's graph pool takes allocations
-    by the stream's capture); a dual-batch region's, from one host thread
-    each, and in the "global" capture mode CUDA refuses another thread's
-    unsafe calls (a new pool segment's cudaMalloc), so the capture is
-    "thread_local". A capture that fails anyway is a finding to record, not
-    a reason to lose the other rows."""
+    row["planned_graph_error"]: under capture a staggered region's
+    micro-batches issue their work from the capturing thread, onto streams
+    forked from the capturing one, and allocate there (torch's graph pool
+    takes allocations by the stream's capture); a dual-batch region's, from
+    one host thread each, and in the "global" capture mode CUDA refuses
+    another thread's unsafe calls (a new pool segment's cudaMalloc), so the
+    capture is "thread_local". A capture that fails anyway is a finding to
+    record, not a reason to lose the other rows."""
     try:
         return graphed(step, capture_error_mode="thread_local")
     except Exception as e:  # noqa: BLE001 (any capture failure is reported)

@@ -18,7 +18,9 @@ whose token count falls in a bucket that splits the batch:
     `segments`, as a region (_Region): the micro-batches flow through the
     whole unit, their host threads turned by the runtime's sequencer through
     the schedule the simulator predicted (staggered at the plan's stage
-    modules, or, for dual-batch overlap, cut at the unit's collectives);
+    modules, or, for dual-batch overlap, cut at the unit's collectives;
+    under a CUDA graph capture, a staggered region's micro-batches are issued
+    one after the other from the caller's thread, ordered by events);
   - merges the micro-batches' outputs by rows and their state into the
     caller's state objects, so both equal the unsplit call's.
 Calls in a sequential bucket, or with fewer rows than splits, run the original
@@ -588,16 +590,18 @@ class Report:
     def region_call(self, region, executed, skipped, extra):
         """One call of a region: the tasks in the order the host issued them
         (their turns, or inline micro-batch by micro-batch), against the
-        order it issues the schedule the simulator predicts in."""
+        order that call issues the simulator's schedule in."""
         as_rows = lambda ids: [list(region.tasks[i]) for i in ids]  # noqa: E731
         with self.lock:
             r = self.regions.setdefault(region.path, {
                 "kind": "dual-batch" if region.kind == DUAL_BATCH else "staggered",
                 "segments": region.segments, "micro_batches": region.splits,
                 "issue_order": as_rows(region.issue_order), "executed": as_rows(executed),
-                "issued_by_micro_batch": region.inline, "calls": 0, "off_schedule_calls": 0})
+                "calls": 0, "off_schedule_calls": 0, "calls_issued_by_micro_batch": 0})
             r["calls"] += 1
-            if executed != region.host_order or skipped or extra:
+            r["calls_issued_by_micro_batch"] += region.inline
+            order = region.inline_order if region.inline else region.issue_order
+            if executed != order or skipped or extra:
                 r["off_schedule_calls"] += 1
                 r["executed"] = as_rows(executed)
 
@@ -729,16 +733,19 @@ class _Region:
     the schedule's issue order, so the work is issued in that order (and
     every rank issues its collectives alike).
 
-    On CUDA a staggered region is issued `inline`: its micro-batches run one
-    after the other on the caller's thread, with no turns. The GPU still runs
-    the predicted schedule, whatever order the host issued it in: each task
-    runs on its schedule stream (the thread's current stream is switched at
-    each boundary), a task that another waits for records an event at its
-    end, and the waiting task's stream waits for that event (the schedule's
+    While the caller's stream is captured into a CUDA graph, a staggered
+    region is issued `inline` instead: its micro-batches run one after the
+    other on the caller's thread, with no turns. The graph holds the
+    predicted schedule whatever order the host issued it in: each task runs
+    on its schedule stream (the thread's current stream is switched at each
+    boundary), a task that another waits for records an event at its end,
+    and the waiting task's stream waits for that event (the schedule's
     edges). A staggered task waits only for tasks of earlier micro-batches,
-    so every event it waits for has been recorded by then. Turns between
-    host threads cost about 42 µs each (docs/performance.md), and a single
-    issuing thread is what a CUDA graph capture of the region needs."""
+    so every event it waits for has been recorded by then. One capturing
+    thread is what capture supports (other threads' allocations under a
+    "global" capture fail). Eagerly the turns stay: a host synchronisation
+    inside one micro-batch (a mixture-of-experts layer's `nonzero`) would
+    otherwise keep the next micro-batch's work from being queued at all."""
 
     def __init__(self, runtime, path, kind, stages, n, splits, cuda):
         self.runtime = runtime
@@ -748,14 +755,12 @@ class _Region:
         self.splits = splits
         self.handle, self.tasks, self.issue_order = runtime.region(kind, n, splits)
         self.cuda = cuda
-        self.inline = cuda and kind == STAGGERED
-        # The order the host issues the tasks in: inline, micro-batch by micro-batch.
+        self.inline = False  # this call's: see the class comment
         self.task_of = {(seg, mb): t for t, (seg, mb, _) in enumerate(self.tasks)}
-        self.host_order = self.issue_order
+        # The order an inline call issues the tasks in: micro-batch by micro-batch.
+        self.inline_order = [self.task_of[(seg, mb)] for mb in range(splits) for seg in range(n)]
         self.edges = None
-        if self.inline:
-            self.host_order = [self.task_of[(seg, mb)] for mb in range(splits)
-                               for seg in range(n)]
+        if cuda and kind == STAGGERED:
             self.edges = [runtime.edges(self.handle, t) for t in range(len(self.tasks))]
         self.current = [None] * splits  # per micro-batch: (task, signal)
         self.cut = [False] * splits     # per micro-batch: a stage has been called
@@ -779,7 +784,8 @@ class _Region:
             self.runtime.lib.dynaflow_apply_region_free(self.handle)
             self.handle = None
 
-    def start_call(self, caller_stream):
+    def start_call(self, caller_stream, inline=False):
+        self.inline = inline and self.edges is not None
         if not self.inline:
             self.runtime.lib.dynaflow_apply_region_reset(self.handle)
         self.current = [None] * self.splits
@@ -1158,17 +1164,18 @@ class _PlannedForward:
         # one rank's micro-batch 0 with another's micro-batch 1), so with
         # torch.distributed on the CPU the micro-batches run one after the
         # other. On CUDA every task is launched from this thread, in order.
-        # A region needs no such care: on the CPU its sequencer issues the
-        # segments in the schedule's order on every rank, from one host
-        # thread per micro-batch (for a dual-batch region also on CUDA, each
-        # on its stream); a staggered region on CUDA is issued inline, from
-        # this thread, micro-batch by micro-batch.
+        # A region needs no such care: its sequencer issues the segments in
+        # the schedule's order on every rank, from one host thread per
+        # micro-batch (CPU workers also on CUDA, each on its micro-batch's
+        # stream); under a CUDA graph capture a staggered region is issued
+        # inline, from this thread, micro-batch by micro-batch (_Region).
         region = self.regions.get(split.parts)
         state["region"] = region
         if a.cuda or SLICES_ON_CPU:
             split.slices = SliceMerge(split, state["caller"])
         if region is not None:
-            region.start_call(state["caller"])
+            region.start_call(state["caller"],
+                              inline=a.cuda and torch.cuda.is_current_stream_capturing())
         if region is not None and region.inline:
             rc, message = 0, ""
             for mb in range(split.parts):
@@ -1397,7 +1404,7 @@ class Applier:
         self.phased = any(self.policies)  # some tiling names a phase
         self.cuda = False
         self.executor = None
-        self.host_executor = None  # CPU threads of dual-batch regions on CUDA
+        self.host_executor = None  # CPU threads of regions on CUDA
         self.collective_cuts = None  # torch.distributed wrapped for dual-batch regions
         self.forwards = []
 
@@ -1434,7 +1441,7 @@ class Applier:
                         f"this model has {len(found)} such modules")
                 stages[(path, splits)] = found
         self.executor = self.runtime.executor(self.cuda, max(self.splits_of))
-        if self.cuda and any(kind == DUAL_BATCH for kind, _, _ in regions.values()):
+        if self.cuda and regions:
             self.host_executor = self.runtime.executor(False, max(self.splits_of))
         if any(kind == DUAL_BATCH for kind, _, _ in regions.values()) or OVERLAP in self.splits_of:
             self.collective_cuts = _CollectiveCuts()

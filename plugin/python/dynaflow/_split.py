@@ -643,7 +643,7 @@ class SliceMerge:
     """Merges the micro-batches' tensor outputs as each micro-batch finishes,
     not by one concatenation after the last: the first micro-batch to return
     an output allocates it once at the whole batch's size, and each copies its
-    rows into its slice, on its own thread and (on CUDA) its own stream,
+    rows into its slice, from its own host thread and (on CUDA) on its stream,
     beside the micro-batches still running. So when the region ends the
     output is whole, and each micro-batch's result can be freed as soon as it
     is copied. `dynaflow apply` uses it on CUDA (`_apply.SLICES_ON_CPU`).
