@@ -20,6 +20,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "analysis/advisor/plan.h"
 #include "cli/child_process.h"
@@ -108,6 +111,8 @@ struct ApplySummary {
     int64_t by_micro_batch = 0;
   };
   std::map<std::string, Region> regions;
+  // Calls that ran the original way for a reason that passes: why -> calls.
+  std::map<std::string, int64_t> unsplit;
   int64_t overlapped_collectives = 0;  // comm_overlap: launched asynchronously
   // Of those: read inside their call (not only at its end), and the
   // operators that ran between a collective's launch and its read.
@@ -161,6 +166,10 @@ ApplySummary MergeReports(const std::string& dir) {
       s.phases[it.key()].calls += it.value().value("calls", int64_t{0});
       s.phases[it.key()].unplanned += it.value().value("unplanned", int64_t{0});
     }
+    const nlohmann::json unsplit = r.value("unsplit_calls", nlohmann::json::object());
+    for (auto it = unsplit.begin(); unsplit.is_object() && it != unsplit.end(); ++it) {
+      if (it.value().is_number_integer()) s.unsplit[it.key()] += it.value().get<int64_t>();
+    }
     const nlohmann::json regions = r.value("regions", nlohmann::json::object());
     if (!regions.is_object()) continue;
     for (auto it = regions.begin(); it != regions.end(); ++it) {
@@ -211,6 +220,24 @@ int Summarize(const ApplyArgs& args, const std::string& report_dir, int exit_cod
               << " original calls of " << r.units << " modules"
               << (r.ran_model > 1 ? " in " + std::to_string(r.ran_model) + " processes" : "")
               << "\n";
+    // Calls that ran the original way for a reason that passes: the most
+    // frequent reasons (a reason names its module, so a stack's layers give
+    // one each).
+    std::vector<std::pair<int64_t, std::string>> reasons;
+    for (const auto& [why, calls] : r.unsplit) reasons.emplace_back(-calls, why);
+    std::sort(reasons.begin(), reasons.end());
+    constexpr size_t kReasons = 3;
+    for (size_t i = 0; i < std::min(reasons.size(), kReasons); ++i) {
+      const int64_t calls = -reasons[i].first;
+      std::cerr << "dynaflow apply: " << calls << (calls == 1 ? " call" : " calls")
+                << " ran the original way: " << Shorten(reasons[i].second, 300) << "\n";
+    }
+    if (reasons.size() > kReasons) {
+      int64_t calls = 0;
+      for (size_t i = kReasons; i < reasons.size(); ++i) calls -= reasons[i].first;
+      std::cerr << "dynaflow apply: " << calls << " more calls ran the original way, for "
+                << reasons.size() - kReasons << " other modules or reasons\n";
+    }
     if (r.overlapped_collectives > 0) {
       std::cerr << "dynaflow apply: " << r.overlapped_collectives
                 << " collectives launched asynchronously, each waited for just before the first "

@@ -259,25 +259,26 @@ class HfApplyTest(unittest.TestCase):
                     self.assertIn("verify: max_abs_diff=", r.stdout)
                 compare(self, self.outputs_base(family), out, ("outputs",))
 
-    def test_layers_as_units_refuse_when_the_model_collects_their_attention(self):
+    def test_layers_as_units_run_unsplit_while_the_model_collects_their_attention(self):
         # With the layers as units, the collector belongs to the stack that
         # calls them: the attention modules' hooks would run in the
         # micro-batches' threads and record nothing (the attentions came back
-        # empty, silently). Refused before the first layer call runs.
+        # empty, silently). Such a call runs the original way, before anything
+        # of it runs; the plan stays for the calls that collect nothing.
         layers = self.layers_plan()
         out = self.path("llama_layers_outputs.pt")
-        r = run(BIN, "apply", layers, "--", PY, MODELS, "--family", "llama", "--patterns",
-                "outputs", "--out", out, *DEVICE)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("dynaflow apply: plan refused: LlamaForCausalLM.model.layers.0.self_attn: "
-                      "forward hook install_output_capuring_hook.<locals>.output_capturing_hook "
-                      "records outputs for the caller's output_attentions or output_hidden_states",
-                      r.stderr)
-        compare(self, self.outputs_base("llama"), out, ("outputs",))
         r = run(BIN, "apply", "--strict", layers, "--", PY, MODELS, "--family", "llama",
-                "--patterns", "outputs", *DEVICE)
-        self.assertEqual(r.returncode, 2, r.stderr)
-        self.assertNotIn("outputs: tokens", r.stdout)
+                "--patterns", "outputs,forward", "--out", out, *DEVICE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for layer in (0, 1):
+            self.assertIn(f"dynaflow apply: 1 call ran the original way: LlamaForCausalLM.model."
+                          f"layers.{layer}.self_attn: forward hook install_output_capuring_hook."
+                          f"<locals>.output_capturing_hook records outputs for the caller's "
+                          f"output_attentions or output_hidden_states", r.stderr)
+        self.assertIn("dynaflow apply: 2 planned and 2 original calls of 2 modules", r.stderr)
+        self.assertNotIn("plan refused", r.stderr)
+        compare(self, self.outputs_base("llama"), out, ("outputs",))
+        compare(self, self.base_for("llama"), out, ("forward",))
         # Once the hooks are installed (a call that asked for outputs before
         # the plan was applied, in process), a call that asks for none still
         # runs its collector, empty: the layers split.

@@ -596,6 +596,29 @@ class ApplyTest(unittest.TestCase):
                     net(torch.ones(4, 3))
                     self.assertEqual(net.layers[0].calls, 3)
 
+    def test_a_lazy_modules_first_call_runs_unsplit_and_later_ones_split(self):
+        # Its first call infers its parameters (a hook, new parameters): that
+        # call runs the original way, and the plan stays.
+        class LazyNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([nn.Sequential(nn.LazyLinear(3), nn.ReLU())])
+
+            def forward(self, x):
+                return self.layers[0](x)
+
+        net = LazyNet()
+        _apply.apply(net, plan(["LazyNet.layers.*"]), runtime_lib=RUNTIME)
+        report = net._dynaflow_applier.report
+        x = torch.randn(4, 5)
+        first = net(x)
+        self.assertEqual((report.planned_calls, report.original_calls), (0, 1))
+        self.assertEqual(report.unsplit, {"LazyNet.layers.0.0: LazyLinear infers its parameters "
+                                          "on its first call": 1})
+        torch.testing.assert_close(net(x), first)
+        self.assertEqual((report.planned_calls, report.original_calls), (1, 1))
+        self.assertEqual(report.refused, "")
+
     def test_a_unit_called_from_inside_a_planned_unit_runs_as_its_micro_batch_calls_it(self):
         class Shared(nn.Module):
             def __init__(self):

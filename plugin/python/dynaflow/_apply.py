@@ -62,7 +62,8 @@ import os
 import sys
 import threading
 
-from ._split import (MergeError, Refusal, SliceMerge, Unchanged, check_buffers_checkable,
+from ._split import (MergeError, Refusal, SliceMerge, Unchanged, Unsplittable,
+                     check_buffers_checkable,
                      check_module, default_state_refusal, install_lazy_hooks,
                      merge_outputs, split_call)
 
@@ -586,6 +587,14 @@ class Report:
         # A plan with phases: per phase, the unit calls of that phase and how
         # many of them no tiling was for.
         self.phase_calls = {}
+        # Calls that ran the original way for a reason that passes
+        # (_split.Unsplittable): why -> how many.
+        self.unsplit = {}
+
+    def unsplit_call(self, why):
+        with self.lock:
+            self.original_calls += 1
+            self.unsplit[why] = self.unsplit.get(why, 0) + 1
 
     def region_call(self, region, executed, skipped, extra):
         """One call of a region: the tasks in the order the host issued them
@@ -686,6 +695,8 @@ class Report:
                 out["comm_overlap"]["error"] = self.comm_overlap_error
         if self.phase_calls:
             out["phase_calls"] = self.phase_calls
+        if self.unsplit:
+            out["unsplit_calls"] = self.unsplit
         if verify:
             out["verify"] = {
                 "calls": self.verified_calls,
@@ -1110,6 +1121,9 @@ class _PlannedForward:
         except Refusal as e:
             a.refuse(str(e))
             a.report.original_calls += 1
+            return self.original(*args, **kwargs)
+        except Unsplittable as e:
+            a.report.unsplit_call(str(e))
             return self.original(*args, **kwargs)
         baseline = _Baseline(self.module, self.original, args, kwargs) if a.verify else None
         split.share_buffers(self.module)  # after the baseline, which writes them back

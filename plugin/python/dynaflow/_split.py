@@ -45,6 +45,12 @@ class Refusal(Exception):
     """The call cannot be split safely; the message names the argument."""
 
 
+class Unsplittable(Exception):
+    """This call cannot be split, for a reason that passes: a lazy module's
+    first call, a caller collecting the unit's submodules' outputs. The call
+    runs the original way and the plan stays; the message names the module."""
+
+
 class MergeError(Exception):
     """Micro-batch outputs that cannot be put back together."""
 
@@ -340,8 +346,10 @@ def check_module(module_path, module):
     """Raises Refusal when running `module` once per micro-batch would not
     give the unsplit call's result whatever its arguments: a submodule that
     computes across the rows of its batch (`_check_rows_independent`), or a
-    hook that would run once per micro-batch inside it (`_hook_refusal`).
-    One walk over the submodules, on every call: hooks come and go."""
+    hook that would run once per micro-batch inside it (`_hook_refusal`);
+    Unsplittable for this call only, while a lazy module has not inferred its
+    parameters or a caller outside the unit collects its outputs. One walk
+    over the submodules, on every call: hooks come and go."""
     from torch.nn.modules import module as nn_module
 
     collecting = _outputs_collected()
@@ -351,7 +359,13 @@ def check_module(module_path, module):
                     ("backward ", nn_module._global_backward_hooks)]
     _check_hooks(f"{module_path} (a global module hook)", global_hooks, collecting)
     row_mixing = _row_mixing_types()
+    lazy = _lazy_module_type()
     for name, m in module.named_modules():
+        if isinstance(m, lazy) and m.has_uninitialized_params():
+            raise Unsplittable(f"{module_path}.{name}: {type(m).__name__} infers its parameters "
+                               f"on its first call" if name else
+                               f"{module_path}: {type(m).__name__} infers its parameters on "
+                               f"its first call")
         if isinstance(m, row_mixing):
             _check_rows_independent(f"{module_path}.{name}" if name else module_path, m)
         # The unit's own hooks run once, around the whole planned call.
@@ -389,7 +403,8 @@ def _check_hooks(where, hook_dicts, collecting):
             why = _hook_refusal(fn, collecting)
             if why:
                 name = getattr(fn, "__qualname__", type(fn).__name__)
-                raise Refusal(f"{where}: {kind}hook {name} {why}")
+                error = Unsplittable if why is _COLLECTED else Refusal
+                raise error(f"{where}: {kind}hook {name} {why}")
 
 
 def _hook_refusal(fn, collecting):
@@ -405,11 +420,14 @@ def _hook_refusal(fn, collecting):
     if owner.startswith("dynaflow.") or (owner, getattr(fn, "__name__", "")) in _PER_ROW_HOOKS:
         return None
     if owner == _HF_OUTPUT_CAPTURING and getattr(fn, "__name__", "") == "output_capturing_hook":
-        if not collecting:
-            return None
-        return ("records outputs for the caller's output_attentions or output_hidden_states: "
-                "each micro-batch would record its part of the batch apart")
+        return _COLLECTED if collecting else None
     return "would run once per micro-batch, on part of the batch"
+
+
+# Why transformers' output-capturing hook stops a call from being split while
+# a caller outside the unit collects: that call only (Unsplittable).
+_COLLECTED = ("records outputs for the caller's output_attentions or output_hidden_states: "
+              "each micro-batch would record its part of the batch apart")
 
 
 # Hooks of other libraries known to act on each row alike and to keep no
@@ -429,6 +447,13 @@ def _outputs_collected():
     collector = getattr(sys.modules.get(_HF_OUTPUT_CAPTURING), "_active_collector", None)
     # Every capturing forward sets one: empty when its call asks for nothing.
     return collector is not None and bool(collector.get())
+
+
+@functools.cache
+def _lazy_module_type():
+    from torch.nn.modules.lazy import LazyModuleMixin
+
+    return LazyModuleMixin
 
 
 @functools.cache
