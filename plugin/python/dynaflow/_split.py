@@ -107,7 +107,8 @@ class CallSplit:
         return [original for _, original, _ in self.states]
 
 
-_MODIFIED = "is shared by the micro-batches and was modified in place: the split result would be wrong"
+_MODIFIED = ("is shared by the micro-batches and was modified in place: the split result "
+             "would be wrong")
 
 
 class ModuleState:
@@ -120,8 +121,8 @@ class ModuleState:
         inference-mode weight or cache has none, and copying its bytes on
         every call would cost more than the call, so only its binding is
         checked, but an inference buffer's bytes are);
-      - their Python state (`_python_state`): a counter, a flag, a list
-        appended to.
+      - their other attributes (`_python_state`): a counter, a flag, a list
+        appended to, an attribute set to an output.
     Kept in flat lists of references and ints, whatever the number of
     modules: one record object per module or tensor would keep so many
     objects alive through the call that CPython's cyclic collector ran inside
@@ -362,10 +363,9 @@ def check_module(module_path, module):
     lazy = _lazy_module_type()
     for name, m in module.named_modules():
         if isinstance(m, lazy) and m.has_uninitialized_params():
-            raise Unsplittable(f"{module_path}.{name}: {type(m).__name__} infers its parameters "
-                               f"on its first call" if name else
-                               f"{module_path}: {type(m).__name__} infers its parameters on "
-                               f"its first call")
+            where = f"{module_path}.{name}" if name else module_path
+            raise Unsplittable(f"{where}: {type(m).__name__} infers its parameters on its "
+                               f"first call")
         if isinstance(m, row_mixing):
             _check_rows_independent(f"{module_path}.{name}" if name else module_path, m)
         # The unit's own hooks run once, around the whole planned call.
