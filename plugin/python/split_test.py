@@ -334,14 +334,15 @@ class ModuleTest(unittest.TestCase):
 
     @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
     def test_transformers_gradient_checkpointing_hook_passes(self):
-        # gradient_checkpointing_enable() puts a hook on the input embeddings
-        # that marks their output as requiring grad: the same for every row.
+        # activation_checkpointing_enable() (gradient_checkpointing_enable()
+        # before transformers 5) puts a hook on the input embeddings that
+        # marks their output as requiring grad: the same for every row.
         import transformers as tf
 
         config = tf.LlamaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1,
                                 num_attention_heads=2, intermediate_size=32)
         model = tf.LlamaForCausalLM(config)
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
         self.assertTrue(model.model.embed_tokens._forward_hooks)
         _split.check_module("LlamaForCausalLM.model", model.model)
         model.model.embed_tokens.register_forward_hook(lambda m, a, out: None)
