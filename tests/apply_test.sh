@@ -248,6 +248,38 @@ PY
 expect_code "verify fails" 1 "$bin" apply --verify "$work/bn.json" -- "$py" "$work/mix.py"
 check "verify failure named" has "$work/err" "verify: FAILED: Net.blocks.0: output"
 
+# --- calls that run unsplit for a reason that passes, counted by reason: the
+# first call of a lazy module inside a unit infers its parameters (a unit's own
+# lazy hook runs once, before the split); later calls split
+cat >"$work/lazy.py" <<'PY'
+import torch
+from torch import nn
+
+class LazyStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Sequential(nn.LazyLinear(8), nn.ReLU())
+                                     for _ in range(4)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+model, x = LazyStack(), torch.randn(4, 8)
+for _ in range(2):
+    model(x)
+PY
+edit_plan "$work/plan.json" "$work/lazy.json" 'units(p, ["LazyStack.layers.*"])
+p["buckets"] = [dict(b, min_tokens=0, max_tokens=None) for b in p["buckets"] if b["splits"] > 1][:1]'
+expect_code "lazy layers" 0 "$bin" apply "$work/lazy.json" -- "$py" "$work/lazy.py"
+check "lazy: later calls split" has "$work/err" "dynaflow apply: 4 planned and 4 original calls of 4 modules"
+check "lazy: the most frequent reasons" has "$work/err" \
+  "dynaflow apply: 1 call ran the original way: LazyStack.layers.0.0: LazyLinear infers its parameters on its first call"
+check "lazy: three of them" test "$(grep -c "ran the original way: LazyStack" "$work/err")" -eq 3
+check "lazy: the others counted" has "$work/err" \
+  "dynaflow apply: 1 more calls ran the original way, for 1 other modules or reasons"
+
 # --- the plan's model: module fingerprint recorded by the tracer
 check "plan has the module fingerprint" grep -qE '"module_fingerprint": "[0-9a-f]{16}"' "$work/plan.json"
 edit_plan "$work/plan.json" "$work/other.json" 'p["model"]["module_fingerprint"] = "0" * 16'

@@ -368,6 +368,12 @@ class ModuleTest(unittest.TestCase):
         self.assertNotEqual(module_fingerprint(net(8, 3)), base)
         self.assertNotEqual(module_fingerprint(net(16, 2)), base)
         self.assertNotEqual(module_fingerprint(net(8, 2, torch.bfloat16)), base)
+        # A lazy module before its first call: its parameters have no shape yet.
+        lazy = nn.Sequential(nn.LazyLinear(8))
+        self.assertRegex(module_fingerprint(lazy), "^[0-9a-f]{16}$")
+        lazy(torch.randn(2, 8))
+        self.assertNotEqual(module_fingerprint(lazy), module_fingerprint(nn.Sequential(
+            nn.LazyLinear(8))))
 
 
 @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")

@@ -1579,6 +1579,10 @@ class _FromEnvironment:
             if self.applier is not None:
                 self.applier.detach()
             self.refuse(str(e))
+        except Exception as e:  # noqa: BLE001 - attaching must not take the program down
+            if self.applier is not None:
+                self.applier.detach()
+            self.refuse(f"cannot attach to {_cut(self.root)}: {type(e).__name__}: {e}")
 
     def refuse(self, message):
         self.report.refused = message

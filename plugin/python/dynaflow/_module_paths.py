@@ -78,12 +78,16 @@ def module_fingerprint(root):
     (model.module_fingerprint), and `dynaflow apply` compares it with the
     program's model: one function on both sides, so they cannot disagree.
     Weights' values, devices and buffers are left out: a plan holds for any
-    checkpoint of the same architecture."""
+    checkpoint of the same architecture. A lazy module's parameters, not yet
+    inferred (they have no shape), count as "lazy"."""
+    from torch.nn.parameter import is_lazy
+
     h = hashlib.sha256()
     for name, module in root.named_modules():
         h.update(f"{name}\t{type(module).__qualname__}\n".encode())
         for pname, p in module.named_parameters(recurse=False):
-            h.update(f"  {pname} {tuple(p.shape)} {p.dtype}\n".encode())
+            shape = "lazy" if is_lazy(p) else tuple(p.shape)
+            h.update(f"  {pname} {shape} {p.dtype}\n".encode())
     return h.hexdigest()[:16]
 
 
