@@ -596,6 +596,37 @@ class ApplyTest(unittest.TestCase):
                     net(torch.ones(4, 3))
                     self.assertEqual(net.layers[0].calls, 3)
 
+    def test_verify_says_a_call_that_draws_random_numbers_cannot_match(self):
+        # Noise drawn once per call for every row: the micro-batches draw
+        # their own. (Dropout's masks, drawn per element, can even match on
+        # the CPU when the micro-batches happen to draw in order: the
+        # baseline's draws are put back, so the planned run draws where the
+        # program would have without --verify.)
+        class Noise(nn.Module):
+            def forward(self, x):
+                return x + torch.rand(x.shape[1]) * self.training
+
+        class DropNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), Noise())])
+
+            def forward(self, x):
+                return self.layers[0](x)
+
+        net = DropNet()
+        _apply.apply(net, plan(["DropNet.layers.*"]), verify=True, runtime_lib=RUNTIME)
+        report = net._dynaflow_applier.report
+        torch.manual_seed(3)
+        net(torch.randn(8, 8))
+        self.assertFalse(report.verify_ok)
+        self.assertRegex(report.worst, r"DropNet\.layers\.0: output.*differs beyond .*\(the call "
+                                       r"draws random numbers, such as dropout in training")
+        net.eval()  # no noise: the same call verifies
+        report.verify_ok, report.worst = True, ""
+        net(torch.randn(8, 8))
+        self.assertTrue(report.verify_ok, report.worst)
+
     def test_a_lazy_modules_first_call_runs_unsplit_and_later_ones_split(self):
         # Its first call infers its parameters (a hook, new parameters): that
         # call runs the original way, and the plan stays.

@@ -640,8 +640,12 @@ class Report:
         pairs += _tensor_pairs(baseline.kwargs, kwargs, f"{path}: kwargs")
         with self.lock:
             self.verified_calls += 1
+        # A call that draws random numbers cannot match draw for draw: said
+        # with the first difference, which it likely explains.
+        why = (" (the call draws random numbers, such as dropout in training: split, each "
+               "micro-batch draws its own)") if baseline.drew_random else ""
         for where, e, a in pairs:
-            self._compare_tensor(where, e, a)
+            self._compare_tensor(where, e, a, why)
 
     def _fail(self, message):
         with self.lock:
@@ -649,7 +653,7 @@ class Report:
                 self.verify_ok = False
                 self.worst = message
 
-    def _compare_tensor(self, where, e, a):
+    def _compare_tensor(self, where, e, a, why=""):
         if e is None:
             self._fail(f"{where}: {a}")
             return
@@ -672,7 +676,7 @@ class Report:
             self.max_rel_diff = max(self.max_rel_diff, rel_max)
         if bad:
             self._fail(f"{where}: {e.dtype} differs beyond rtol={rtol} atol={atol} "
-                       f"(max abs {abs_max:.3g})")
+                       f"(max abs {abs_max:.3g}){why}")
 
     def as_json(self, verify):
         out = {
@@ -1337,8 +1341,16 @@ class _Baseline:
         buffers = dict(module.named_buffers())
         before = {k: (b.detach().clone(), Unchanged(b, by_bytes=True))
                   for k, b in buffers.items()}
+        # The random numbers the baseline draws are put back, so that the
+        # planned run draws from where the program would have; that it drew
+        # any (dropout in training) is kept: a split call's micro-batches
+        # draw their own, so its result cannot equal the unsplit call's.
+        rng = _rng_states()
         with torch.no_grad():
             self.out = original(*self.args, **self.kwargs)
+        self.drew_random = not _same_rng_states(rng, _rng_states())
+        _set_rng_states(rng)
+        with torch.no_grad():
             # The module's own state (running statistics, counters) as the
             # unsplit call leaves it; then put back for the planned run. Only
             # what changed: a write bumps the version that autograd checks
@@ -1348,6 +1360,30 @@ class _Baseline:
                 saved, unchanged = before[k]
                 if not unchanged(b):
                     b.copy_(saved)
+
+
+def _rng_states():
+    """The default generators' states: the CPU's, and each CUDA device's once
+    CUDA is initialized."""
+    import torch
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+    return torch.get_rng_state(), cuda
+
+
+def _same_rng_states(a, b):
+    import torch
+
+    return torch.equal(a[0], b[0]) and len(a[1]) == len(b[1]) and \
+        all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+def _set_rng_states(states):
+    import torch
+
+    torch.set_rng_state(states[0])
+    if states[1]:
+        torch.cuda.set_rng_state_all(states[1])
 
 
 def _snapshot(value):
