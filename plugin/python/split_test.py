@@ -130,7 +130,7 @@ class SplitTest(unittest.TestCase):
         ]
         for write, message in cases:
             s = split((torch.randn(4, 3),))
-            s.share_buffers(block)
+            s.share_buffers(list(block.named_modules()))
             s.check_shared_unmodified()
             write()
             with self.assertRaisesRegex(_split.MergeError, message):
@@ -264,12 +264,13 @@ class ModuleTest(unittest.TestCase):
         with torch.inference_mode():
             block = nn.Linear(2, 2)
             block.register_buffer("scale", torch.ones(2))
-        with mock.patch.object(_split, "_capturing", lambda t: True):
+        with mock.patch.object(_split, "_capturing", lambda t: True), \
+                mock.patch.object(_split, "_capture_underway", lambda: True):
             with self.assertRaisesRegex(_split.Refusal, r"^L\.0: buffer scale is an inference "
                                                         r"tensor shared"):
-                _split.check_buffers_checkable("L.0", block)
-            _split.check_buffers_checkable("L.0", nn.Linear(2, 2))  # no inference buffer
-        _split.check_buffers_checkable("L.0", block)  # not capturing
+                _split.check_module("L.0", block)
+            _split.check_module("L.0", nn.Linear(2, 2))  # no inference buffer
+        _split.check_module("L.0", block)  # not capturing
 
     def test_modules_whose_dimension_0_is_not_the_batch_refuse(self):
         from torch import nn

@@ -62,10 +62,8 @@ import os
 import sys
 import threading
 
-from ._split import (MergeError, Refusal, SliceMerge, Unchanged, Unsplittable,
-                     check_buffers_checkable,
-                     check_module, default_state_refusal, install_lazy_hooks,
-                     merge_outputs, split_call)
+from ._split import (MergeError, Refusal, SliceMerge, Unchanged, Unsplittable, check_module,
+                     default_state_refusal, install_lazy_hooks, merge_outputs, split_call)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -1118,8 +1116,7 @@ class _PlannedForward:
             return self._overlapped(args, kwargs)
         batch = x.shape[0]
         try:
-            check_module(self.path, self.module)
-            check_buffers_checkable(self.path, self.module)
+            modules = check_module(self.path, self.module)
             split = split_call(self.path, self.signature, args, kwargs, batch,
                                even_bounds(batch, a.splits_of[index]))
         except Refusal as e:
@@ -1130,7 +1127,7 @@ class _PlannedForward:
             a.report.unsplit_call(str(e))
             return self.original(*args, **kwargs)
         baseline = _Baseline(self.module, self.original, args, kwargs) if a.verify else None
-        split.share_buffers(self.module)  # after the baseline, which writes them back
+        split.share_buffers(modules)  # after the baseline, which writes them back
         with a.lock:  # one call at a time per executor
             out = self._run(split)
         a.report.planned_calls += 1
@@ -1345,11 +1342,11 @@ class _Baseline:
         # planned run draws from where the program would have; that it drew
         # any (dropout in training) is kept: a split call's micro-batches
         # draw their own, so its result cannot equal the unsplit call's.
-        rng = _rng_states()
-        with torch.no_grad():
+        cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=cuda), torch.no_grad():
+            rng = _rng_states()
             self.out = original(*self.args, **self.kwargs)
-        self.drew_random = not _same_rng_states(rng, _rng_states())
-        _set_rng_states(rng)
+            self.drew_random = not _same_rng_states(rng, _rng_states())
         with torch.no_grad():
             # The module's own state (running statistics, counters) as the
             # unsplit call leaves it; then put back for the planned run. Only
@@ -1376,14 +1373,6 @@ def _same_rng_states(a, b):
 
     return torch.equal(a[0], b[0]) and len(a[1]) == len(b[1]) and \
         all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
-
-
-def _set_rng_states(states):
-    import torch
-
-    torch.set_rng_state(states[0])
-    if states[1]:
-        torch.cuda.set_rng_state_all(states[1])
 
 
 def _snapshot(value):

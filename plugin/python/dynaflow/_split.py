@@ -81,10 +81,11 @@ class CallSplit:
     def rows(self, i):
         return self.bounds[i], self.bounds[i + 1] - self.bounds[i]
 
-    def share_buffers(self, module):
-        """The module's own state is read by every micro-batch (ModuleState):
-        checked left as it was after the call."""
-        self.module_state = ModuleState(module)
+    def share_buffers(self, modules):
+        """The unit's own state is read by every micro-batch (ModuleState of
+        its (path, module) pairs, as check_module returns them): checked left
+        as it was after the call."""
+        self.module_state = ModuleState(modules)
 
     def share(self, name, tensor):
         """Argument `name` is read by every micro-batch: checked unmodified."""
@@ -128,14 +129,14 @@ class ModuleState:
     objects alive through the call that CPython's cyclic collector ran inside
     it (docs/performance.md: a 32-layer Llama's 421 modules)."""
 
-    def __init__(self, module):
+    def __init__(self, modules):
         self.paths, self.modules, self.starts = [], [], []  # per module
         self.state = []  # every module's _python_state, in order
         self.kept = []   # the objects `state` holds by id
         # Per tensor: the index of its module, kind, name, the tensor, and its
         # version (None: checked by binding; an Unchanged: by its bytes).
         self.owners, self.kinds, self.names, self.tensors, self.versions = [], [], [], [], []
-        for path, m in module.named_modules():
+        for path, m in modules:
             index = len(self.modules)
             attributes = vars(m)
             self.paths.append(path)
@@ -347,13 +348,17 @@ def check_module(module_path, module):
     """Raises Refusal when running `module` once per micro-batch would not
     give the unsplit call's result whatever its arguments: a submodule that
     computes across the rows of its batch (`_check_rows_independent`), or a
-    hook that would run once per micro-batch inside it (`_hook_refusal`);
-    Unsplittable for this call only, while a lazy module has not inferred its
-    parameters or a caller outside the unit collects its outputs. One walk
-    over the submodules, on every call: hooks come and go."""
+    hook that would run once per micro-batch inside it (`_hook_refusal`), or,
+    while a CUDA graph is captured, an inference buffer
+    (`_check_buffers_checkable`); Unsplittable for this call only, while a
+    lazy module has not inferred its parameters or a caller outside the unit
+    collects its outputs. One walk over the submodules, on every call: hooks
+    come and go. Returns the (path, module) pairs it walked, for
+    CallSplit.share_buffers."""
     from torch.nn.modules import module as nn_module
 
     collecting = _outputs_collected()
+    capturing = _capture_underway()
     global_hooks = [("forward pre-", nn_module._global_forward_pre_hooks),
                     ("forward ", nn_module._global_forward_hooks),
                     ("backward pre-", nn_module._global_backward_pre_hooks),
@@ -361,13 +366,16 @@ def check_module(module_path, module):
     _check_hooks(f"{module_path} (a global module hook)", global_hooks, collecting)
     row_mixing = _row_mixing_types()
     lazy = _lazy_module_type()
-    for name, m in module.named_modules():
+    modules = list(module.named_modules())
+    for name, m in modules:
         if isinstance(m, lazy) and m.has_uninitialized_params():
             where = f"{module_path}.{name}" if name else module_path
             raise Unsplittable(f"{where}: {type(m).__name__} infers its parameters on its "
                                f"first call")
         if isinstance(m, row_mixing):
             _check_rows_independent(f"{module_path}.{name}" if name else module_path, m)
+        if capturing:
+            _check_buffers_checkable(f"{module_path}.{name}" if name else module_path, m)
         # The unit's own hooks run once, around the whole planned call.
         if name and (m._forward_pre_hooks or m._forward_hooks or m._backward_pre_hooks
                      or m._backward_hooks):
@@ -375,6 +383,7 @@ def check_module(module_path, module):
                                                    ("forward ", m._forward_hooks),
                                                    ("backward pre-", m._backward_pre_hooks),
                                                    ("backward ", m._backward_hooks)], collecting)
+    return modules
 
 
 def install_lazy_hooks(module):
@@ -484,13 +493,19 @@ def _check_rows_independent(where, m):
                       f"batch in dimension 1, and without batch_first its input too")
 
 
+def _capture_underway():
+    """Whether this thread's current CUDA stream is being captured into a
+    CUDA graph; False, without initializing CUDA, while it is not."""
+    import torch
+
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
 def _capturing(t):
     """Whether `t` is on a CUDA device whose current stream is being captured
     into a CUDA graph: nothing runs then, so its bytes cannot be read (and
     reading them would end the capture)."""
-    import torch
-
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+    return t.is_cuda and _capture_underway()
 
 
 # Why a shared inference tensor refuses a split under capture: it has no
@@ -500,12 +515,13 @@ _UNCHECKABLE = ("is an inference tensor shared by the micro-batches: without a v
                 "captured nothing runs to compare")
 
 
-def check_buffers_checkable(module_path, module):
-    """Raises Refusal when a buffer of `module` could be checked unchanged
-    only by its bytes (an inference tensor) while a CUDA graph is captured."""
-    for name, b in module.named_buffers():
-        if b.is_inference() and _capturing(b):
-            raise Refusal(f"{module_path}: buffer {name} {_UNCHECKABLE}")
+def _check_buffers_checkable(where, m):
+    """Raises Refusal when a buffer of module `m` (not of its children) could
+    be checked unchanged only by its bytes (an inference tensor) while a CUDA
+    graph is captured."""
+    for name, b in m._buffers.items():
+        if b is not None and b.is_inference() and _capturing(b):
+            raise Refusal(f"{where}: buffer {name} {_UNCHECKABLE}")
 
 
 def _sequence_builder(value):
@@ -574,7 +590,7 @@ def _merge(split, parts, where, view_owner, per_token=False):
             raise MergeError(f"{where}: micro-batches return different state objects")
         return view_owner[id(first)]
     if isinstance(first, torch.Tensor):
-        return _merge_tensors(split, parts, where, per_token)
+        return (_merge_per_token if per_token else _merge_tensors)(split, parts, where)
     adapter = state_adapter(first)
     if adapter is not None:
         # State made inside the call (a cache the module created because
@@ -623,11 +639,9 @@ def _row_count_of(value):
     return None
 
 
-def _merge_tensors(split, parts, where, per_token=False):
+def _merge_tensors(split, parts, where):
     import torch
 
-    if per_token:
-        return _merge_per_token(split, parts, where)
     # Each micro-batch returns its own rows of one argument (a layer that
     # updates its input in place and returns it): the unsplit call returns
     # that argument itself, which the views wrote through to.
