@@ -230,16 +230,23 @@ def main():
     add_model_args(parser)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--decode-steps", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=1,
+                        help="generate for the prompt this many times, as a server answers "
+                             "requests; the last one is timed (under dynaflow apply the first "
+                             "call of each kind runs the original way while it is audited)")
     args = parser.parse_args()
     check_model_args(parser, args)
+    if args.requests < 1:
+        parser.error("--requests must be at least 1")
 
     model = build_model(args, args.prompt_len + args.decode_steps)
     prompt = random_prompt(args, args.prompt_len)
-    start = time.perf_counter()
-    tokens = generate(model, args, prompt, args.decode_steps)
-    if args.device == "cuda":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
+    for _ in range(args.requests):
+        start = time.perf_counter()
+        tokens = generate(model, args, prompt, args.decode_steps)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
     print(f"llama_decode: {args.layers} layers, hidden {args.hidden}, batch {args.batch}: "
           f"prefilled {args.prompt_len} and decoded {tokens.shape[1]} tokens per sequence "
           f"in {elapsed * 1e3:.1f} ms on {args.device} ({str(args.dtype).split('.')[-1]})")

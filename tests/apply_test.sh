@@ -16,7 +16,9 @@ if ! "$py" -c "import torch" 2>/dev/null; then
   echo "SKIP: $py cannot import torch"
   exit 77
 fi
-decode=("$py" "$src/examples/llama_decode.py" --batch 4 --decode-steps 4)
+# Two requests: under apply the first call of each kind (the prefill, a decode
+# step) runs the original way while its operators are audited (dynaflow/_rows.py).
+decode=("$py" "$src/examples/llama_decode.py" --batch 4 --decode-steps 4 --requests 2)
 
 # edit_plan IN OUT PYTHON: OUT is IN after PYTHON ran on it as `p`; in it,
 # units(p, [patterns]) makes the split units those patterns, unstaggered.
@@ -68,10 +70,13 @@ check "long name not echoed" test "$(wc -c <"$work/err")" -lt 400
 base=$(grep checksum "$work/base.out")
 expect_code "apply --verify" 0 "$bin" apply --verify "$work/plan.json" -- "${decode[@]}"
 check "same tokens as the original run" has "$work/out" "$base"
-check "verify line" grep -qE '^verify: max_abs_diff=[0-9.e+-]+ max_rel_diff=[0-9.e+-]+ \(4 calls\)' "$work/out"
-check "every stack call planned" has "$work/err" "4 planned and 0 original calls of 1 modules"
+check "verify line" grep -qE '^verify: max_abs_diff=[0-9.e+-]+ max_rel_diff=[0-9.e+-]+ \(6 calls\)' "$work/out"
+check "every stack call after the audited ones planned" has "$work/err" \
+  "6 planned and 2 original calls of 1 modules"
+check "the audited calls said" has "$work/err" \
+  "2 calls ran the original way: LlamaForCausalLM.model: the first call of its kind, run the original way to prove that its operators keep the rows apart"
 check "every stack call staggered as predicted" has "$work/err" \
-  "LlamaForCausalLM.model ran staggered (4 segments x 2 micro-batches) in the predicted order in 4 of 4 calls"
+  "LlamaForCausalLM.model ran staggered (4 segments x 2 micro-batches) in the predicted order in 6 of 6 calls"
 
 expect_code "advise dual batch" 0 "$bin" advise "$work/run.db" --plan "$work/dbo.json" \
   --force-strategy dual_batch_overlap
@@ -90,8 +95,8 @@ losses=$(grep -o "loss .*" "$work/train_base.out")
 expect_code "apply --verify training" 0 "$bin" apply --verify --strict "$work/train.json" -- \
   "${train[@]}"
 check "training: same losses" has "$work/out" "$losses"
-check "training: every stack call planned" has "$work/err" "3 planned and 0 original calls"
-check "training: verify line" grep -qE '^verify: .* \(3 calls\)' "$work/out"
+check "training: every stack call after the first planned" has "$work/err" "2 planned and 1 original calls"
+check "training: verify line" grep -qE '^verify: .* \(2 calls\)' "$work/out"
 
 # Sequential below 8 tokens: decode steps (4 tokens) run the original path,
 # the prefill (4 x 32 tokens) the plan.
@@ -100,7 +105,7 @@ split = p["buckets"][0]
 seq = dict(split, strategy="sequential", splits=1, rules=[], max_tokens=8)
 p["buckets"] = [seq, dict(split, min_tokens=8)]'
 expect_code "bucketed" 0 "$bin" apply "$work/bucketed.json" -- "${decode[@]}"
-check "prefill planned, decode original" has "$work/err" "1 planned and 3 original calls"
+check "prefill planned, decode original" has "$work/err" "1 planned and 7 original calls"
 check "bucketed: same tokens" has "$work/out" "$base"
 
 # --- plans that do not fit
@@ -134,7 +139,8 @@ expect_code "no torch --strict" 2 "$bin" apply --strict "$work/plan.json" -- /bi
 # the hook ran), cut at each layer. Each rank must issue the micro-batches' collectives in the
 # same order (on the CPU they run one after the other), or gloo sums one
 # rank's micro-batch 0 with the other's micro-batch 1: silently wrong.
-tp=("$py" "$src/tests/dist/tp_mlp.py")
+# Four steps: the first of each rank runs the original way while it is audited.
+tp=("$py" "$src/tests/dist/tp_mlp.py" --steps 4)
 expect_code "trace tensor parallel" 0 "$bin" trace -o "$work/tp.db" -- "${tp[@]}"
 expect_code "advise tensor parallel" 0 "$bin" advise "$work/tp.db" --plan "$work/tp.json" \
   --force-strategy nanobatch_overlap --splits 2
@@ -171,13 +177,13 @@ expect_code "apply comm overlap, tensor parallel" 0 "$bin" apply --verify --stri
   "$work/tp_overlap.json" -- "${tp[@]}"
 check "comm overlap, tensor parallel: same outputs" has "$work/out" "$(cat "$work/tp_base.out")"
 check "comm overlap, tensor parallel: every layer call planned" has "$work/err" \
-  "18 planned and 0 original calls of 3 modules in 2 processes"
+  "24 planned and 0 original calls of 3 modules in 2 processes"
 check "comm overlap, tensor parallel: collectives overlapped" has "$work/err" \
-  "18 collectives launched asynchronously"
+  "24 collectives launched asynchronously"
 # The residual add reads each all_reduce's result right after its launch.
 check "comm overlap, tensor parallel: what ran beside them" has "$work/err" \
-  "18 read inside their call, 0 operators ran beside them"
-check "comm overlap, tensor parallel: verify line" grep -qE '^verify: .* \(18 calls\)' "$work/out"
+  "24 read inside their call, 0 operators ran beside them"
+check "comm overlap, tensor parallel: verify line" grep -qE '^verify: .* \(24 calls\)' "$work/out"
 expect_code "nothing to overlap" 2 "$bin" advise "$work/run.db" --plan "$work/no_overlap.json" \
   --force-strategy comm_overlap
 check "nothing to overlap said" has "$work/err" "--force-strategy comm_overlap: nothing to overlap"
@@ -188,7 +194,7 @@ expect_code "apply tensor parallel, layer units" 0 "$bin" apply --verify --stric
   "$work/tp_layers.json" -- "${tp[@]}"
 check "tensor parallel, layer units: same outputs" has "$work/out" "$(cat "$work/tp_base.out")"
 check "tensor parallel, layer units: both ranks planned" has "$work/err" \
-  "18 planned and 0 original calls of 3 modules in 2 processes"
+  "18 planned and 6 original calls of 3 modules in 2 processes"
 
 # --- modules that compute across the rows of the batch
 # BatchNorm in training mode normalises by the batch's statistics: refused
@@ -223,8 +229,9 @@ check "refusal said once" test "$(grep -c "plan refused" "$work/err")" -eq 1
 check "batch norm: unmodified result" has "$work/out" "$(cat "$work/bn_base.out")"
 expect_code "batch norm --strict" 2 "$bin" apply --strict "$work/bn.json" -- "$py" "$work/bn.py"
 
-# A module that mixes rows in its own code cannot be seen before it runs:
-# --verify catches it.
+# A module that mixes rows in its own code (it centres each column on the
+# batch's mean): the audit of its first call, which runs the original way,
+# refuses the plan before any call runs split; the program's result is its own.
 cat >"$work/mix.py" <<'PY'
 import torch
 from torch import nn
@@ -243,9 +250,42 @@ class Net(nn.Module):
             x = b(x)
         return x
 
-Net()(torch.arange(16.0).reshape(8, 2))
+net, x = Net(), torch.arange(16.0).reshape(8, 2)
+for _ in range(2):
+    print("sum of squares", float((net(x) ** 2).sum()))
 PY
-expect_code "verify fails" 1 "$bin" apply --verify "$work/bn.json" -- "$py" "$work/mix.py"
+"$py" "$work/mix.py" >"$work/mix_base.out"
+expect_code "row mixing refused" 0 "$bin" apply "$work/bn.json" -- "$py" "$work/mix.py"
+check "row mixing named" has "$work/err" \
+  "plan refused: Net.blocks.0: aten::sub.Tensor combines a value reduced over the rows with the rows (at mix.py:6 forward)"
+check "row mixing: unmodified result" has "$work/out" "$(cat "$work/mix_base.out")"
+expect_code "row mixing --strict" 2 "$bin" apply --strict "$work/bn.json" -- "$py" "$work/mix.py"
+
+# Noise drawn once per call for every row: the audit passes it (the same for
+# each row), each micro-batch draws its own, and --verify says so.
+cat >"$work/noise.py" <<'PY'
+import torch
+from torch import nn
+
+class Noise(nn.Module):
+    def forward(self, x):
+        return x + torch.rand(x.shape[1])
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Noise() for _ in range(2))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+net = Net()
+for _ in range(2):
+    net(torch.zeros(8, 2))
+PY
+expect_code "verify fails" 1 "$bin" apply --verify "$work/bn.json" -- "$py" "$work/noise.py"
 check "verify failure named" has "$work/err" "verify: FAILED: Net.blocks.0: output"
 
 # --- calls that run unsplit for a reason that passes, counted by reason: the
@@ -267,18 +307,18 @@ class LazyStack(nn.Module):
         return x
 
 model, x = LazyStack(), torch.randn(4, 8)
-for _ in range(2):
+for _ in range(3):  # infers its parameters, is audited, splits
     model(x)
 PY
 edit_plan "$work/plan.json" "$work/lazy.json" 'units(p, ["LazyStack.layers.*"])
 p["buckets"] = [dict(b, min_tokens=0, max_tokens=None) for b in p["buckets"] if b["splits"] > 1][:1]'
 expect_code "lazy layers" 0 "$bin" apply "$work/lazy.json" -- "$py" "$work/lazy.py"
-check "lazy: later calls split" has "$work/err" "dynaflow apply: 4 planned and 4 original calls of 4 modules"
+check "lazy: later calls split" has "$work/err" "dynaflow apply: 4 planned and 8 original calls of 4 modules"
 check "lazy: the most frequent reasons" has "$work/err" \
   "dynaflow apply: 1 call ran the original way: LazyStack.layers.0.0: LazyLinear infers its parameters on its first call"
 check "lazy: three of them" test "$(grep -c "ran the original way: LazyStack" "$work/err")" -eq 3
 check "lazy: the others counted" has "$work/err" \
-  "dynaflow apply: 1 more calls ran the original way, for 1 other modules or reasons"
+  "dynaflow apply: 5 more calls ran the original way, for 5 other modules or reasons"
 
 # --- the plan's model: module fingerprint recorded by the tracer
 check "plan has the module fingerprint" grep -qE '"module_fingerprint": "[0-9a-f]{16}"' "$work/plan.json"
@@ -286,7 +326,7 @@ edit_plan "$work/plan.json" "$work/other.json" 'p["model"]["module_fingerprint"]
 expect_code "another model" 0 "$bin" apply "$work/other.json" -- "${decode[@]}"
 check "another model: warned" has "$work/err" \
   "warning: the plan was made for another model: module fingerprint 0000000000000000"
-check "another model: applied" has "$work/err" "4 planned and 0 original calls"
+check "another model: applied" has "$work/err" "6 planned and 2 original calls"
 expect_code "another model --strict" 2 "$bin" apply --strict "$work/other.json" -- "${decode[@]}"
 check "another model --strict: refused" has "$work/err" "plan refused: the plan was made for another model"
 edit_plan "$work/plan.json" "$work/nofp.json" 'del p["model"]["module_fingerprint"]'

@@ -7,9 +7,10 @@ with `dynaflow advise --force-strategy nanobatch_overlap --splits 2`, whose
 unit is the decoder stack cut at its layers' attention and MLP (a staggered
 region), then run every usage pattern (model(ids), a decode loop with
 past_key_values, generate(), a static cache, left padding) unmodified and
-under `dynaflow apply --verify`: every stack call planned and run in the
-schedule's issue order, --verify passing, the same tokens and logits within
-float32's tolerance. Llama also runs in process (`dynaflow.apply(model,
+under `dynaflow apply --verify`: the first call of each kind audited (run
+the original way while its operators are proved to keep rows apart), every
+later stack call planned and run in the schedule's issue order, --verify
+passing, the same tokens and logits within float32's tolerance. Llama also runs in process (`dynaflow.apply(model,
 plan)`), with and without torch.compile; and once under
 torch.inference_mode(). LFM2 and Mamba, whose own caches hold state no
 adapter merges, are refused before they run.
@@ -58,6 +59,15 @@ PATTERNS = ("forward", "decode_loop", "generate", "static_cache", "left_padding"
 # generate steps x 3 patterns; each layer is called once per stack call.
 STACK_CALLS = 1 + 4 + 3 * 3
 LAYER_CALLS = 2 * STACK_CALLS
+# Under dynaflow apply the first call of each kind runs the original way while
+# its operators are proved to keep the rows apart (dynaflow/_rows.py): the
+# forward, and a prefill and a decode step of each of the other four patterns.
+# The applied runs pass --warmup (every pattern once before the recorded run),
+# so the recorded run splits every call.
+KINDS = 1 + 2 * 4
+PLANNED = 2 * STACK_CALLS - KINDS
+AUDITED = "the first call of its kind, run the original way to prove that its operators keep " \
+          "the rows apart"
 RTOL, ATOL = 1e-4, 1e-5  # float32, as dynaflow apply --verify
 
 
@@ -126,20 +136,22 @@ class HfApplyTest(unittest.TestCase):
         plan, base = self.plan_for(family), self.base_for(family)
         out = self.path(f"{family}_applied.pt")
         r = run(BIN, "apply", "--verify", "--strict", plan, "--", PY, MODELS, "--family", family,
-                "--out", out, *DEVICE, *extra)
+                "--out", out, "--warmup", *DEVICE, *extra)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn(f"dynaflow apply: {STACK_CALLS} planned and 0 original calls of 1 modules",
+        self.assertIn(f"dynaflow apply: {PLANNED} planned and {KINDS} original calls of 1 modules",
                       r.stderr)
+        self.assertIn(f"dynaflow apply: {KINDS} calls ran the original way: {FAMILIES[family][0]}: "
+                      f"{AUDITED}", r.stderr)
         # Every call ran the schedule the simulator predicts, in its order.
         with open(plan) as f:
             segments = json.load(f)["buckets"][0]["segments"]
         self.assertIn(f"dynaflow apply: {FAMILIES[family][0]} ran staggered ({segments} segments x 2 "
-                      f"micro-batches) in the predicted order in {STACK_CALLS} of "
-                      f"{STACK_CALLS} calls", r.stderr)
+                      f"micro-batches) in the predicted order in {PLANNED} of "
+                      f"{PLANNED} calls", r.stderr)
         verify = re.search(r"^verify: max_abs_diff=(\S+) max_rel_diff=(\S+) \((\d+) calls\)$",
                            r.stdout, re.M)
         self.assertIsNotNone(verify, r.stdout)
-        self.assertEqual(int(verify.group(3)), STACK_CALLS)
+        self.assertEqual(int(verify.group(3)), PLANNED)
         self.assertLess(float(verify.group(1)), 1e-4)
         self.assertNotIn("FAILED", r.stderr)
         compare(self, base, out)
@@ -211,10 +223,14 @@ class HfApplyTest(unittest.TestCase):
         layers = self.layers_plan()
         out = self.path("llama_layers.pt")
         r = run(BIN, "apply", "--verify", "--strict", layers, "--", PY, MODELS, "--family",
-                "llama", "--out", out, *DEVICE)
+                "llama", "--out", out, "--warmup", *DEVICE)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn(f"dynaflow apply: {LAYER_CALLS} planned and 0 original calls of 2 modules",
-                      r.stderr)
+        # A layer sees 6 kinds of call: the stack makes a DynamicCache when it
+        # gets none, so its forward and the first steps of the loop and of
+        # generate() are one kind; prefill and decode with a static cache, and
+        # with a padding mask.
+        self.assertIn(f"dynaflow apply: {2 * LAYER_CALLS - 2 * 6} planned and {2 * 6} "
+                      f"original calls of 2 modules", r.stderr)
         self.assertNotIn("staggered", r.stderr)
         compare(self, self.base_for("llama"), out)
 
@@ -232,9 +248,10 @@ class HfApplyTest(unittest.TestCase):
         # computed from them (outside the stack) is the same.
         out = self.path("mixtral_router_logits.pt")
         r = run(BIN, "apply", "--verify", "--strict", self.plan_for("mixtral"), "--", PY, MODELS,
-                "--family", "mixtral", "--patterns", "router_logits", "--out", out, *DEVICE)
+                "--family", "mixtral", "--patterns", "router_logits", "--out", out, "--warmup",
+                *DEVICE)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("dynaflow apply: 1 planned and 0 original calls of 1 modules", r.stderr)
+        self.assertIn("dynaflow apply: 1 planned and 1 original calls of 1 modules", r.stderr)
         self.assertIn("verify: max_abs_diff=", r.stdout)
         compare(self, self.outputs_base("mixtral", "router_logits"), out, ("router_logits",))
 
@@ -251,9 +268,9 @@ class HfApplyTest(unittest.TestCase):
                 out = self.path(f"{family}_outputs.pt")
                 r = run(BIN, "apply", *verify, "--strict", self.plan_for(family), "--", PY,
                         MODELS, "--family", family, "--patterns", "outputs", "--out", out,
-                        *DEVICE)
+                        "--warmup", *DEVICE)
                 self.assertEqual(r.returncode, 0, r.stderr)
-                self.assertIn("dynaflow apply: 1 planned and 0 original calls of 1 modules",
+                self.assertIn("dynaflow apply: 1 planned and 1 original calls of 1 modules",
                               r.stderr)
                 if verify:
                     self.assertIn("verify: max_abs_diff=", r.stdout)
@@ -268,14 +285,15 @@ class HfApplyTest(unittest.TestCase):
         layers = self.layers_plan()
         out = self.path("llama_layers_outputs.pt")
         r = run(BIN, "apply", "--strict", layers, "--", PY, MODELS, "--family", "llama",
-                "--patterns", "outputs,forward", "--out", out, *DEVICE)
+                "--patterns", "outputs,forward", "--out", out, "--warmup", *DEVICE)
         self.assertEqual(r.returncode, 0, r.stderr)
         for layer in (0, 1):
-            self.assertIn(f"dynaflow apply: 1 call ran the original way: LlamaForCausalLM.model."
+            self.assertIn(f"dynaflow apply: 2 calls ran the original way: LlamaForCausalLM.model."
                           f"layers.{layer}.self_attn: forward hook install_output_capuring_hook."
                           f"<locals>.output_capturing_hook records outputs for the caller's "
                           f"output_attentions or output_hidden_states", r.stderr)
-        self.assertIn("dynaflow apply: 2 planned and 2 original calls of 2 modules", r.stderr)
+        # And the first forward of each layer, audited.
+        self.assertIn("dynaflow apply: 2 planned and 6 original calls of 2 modules", r.stderr)
         self.assertNotIn("plan refused", r.stderr)
         compare(self, self.outputs_base("llama"), out, ("outputs",))
         compare(self, self.base_for("llama"), out, ("forward",))
@@ -283,9 +301,9 @@ class HfApplyTest(unittest.TestCase):
         # the plan was applied, in process), a call that asks for none still
         # runs its collector, empty: the layers split.
         r = run(PY, MODELS, "--family", "llama", "--apply", layers, "--patterns", "forward",
-                "--outputs-first", *DEVICE, env=self.in_process_env())
+                "--outputs-first", "--warmup", *DEVICE, env=self.in_process_env())
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("in-process: 2 planned and 0 original calls", r.stdout)
+        self.assertIn("in-process: 2 planned and 2 original calls", r.stdout)
 
     def test_a_model_with_other_stage_modules_is_refused_before_it_runs(self):
         # The plan cuts the stack into 4 segments; a 3-layer model would run
@@ -322,11 +340,13 @@ class HfApplyTest(unittest.TestCase):
         with open(phased, "w") as f:
             json.dump(p, f)
         out = self.path("llama_phased.pt")
+        # With --warmup: two runs of the patterns, the first prefill of each
+        # pattern audited (5 kinds).
         r = run(BIN, "apply", "--verify", "--strict", phased, "--", PY, MODELS, "--family",
-                "llama", "--out", out, *DEVICE)
+                "llama", "--out", out, "--warmup", *DEVICE)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("dynaflow apply: 5 planned and 9 original calls of 1 modules", r.stderr)
-        self.assertIn("dynaflow apply: calls by phase: decode 9, prefill 5\n", r.stderr)
+        self.assertIn("dynaflow apply: 5 planned and 23 original calls of 1 modules", r.stderr)
+        self.assertIn("dynaflow apply: calls by phase: decode 18, prefill 10\n", r.stderr)
         compare(self, self.base_for("llama"), out)
         # Only decode buckets (the split ones): prefill calls have none and
         # run unplanned.
@@ -334,10 +354,11 @@ class HfApplyTest(unittest.TestCase):
         with open(phased, "w") as f:
             json.dump(p, f)
         r = run(BIN, "apply", "--strict", phased, "--", PY, MODELS, "--family", "llama",
-                "--out", out, *DEVICE)
+                "--out", out, "--warmup", *DEVICE)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("dynaflow apply: 9 planned and 5 original calls of 1 modules", r.stderr)
-        self.assertIn("dynaflow apply: calls by phase: decode 9, prefill 5 (5 unplanned: the "
+        # The first decode step of 4 patterns audited.
+        self.assertIn("dynaflow apply: 14 planned and 14 original calls of 1 modules", r.stderr)
+        self.assertIn("dynaflow apply: calls by phase: decode 18, prefill 10 (10 unplanned: the "
                       "plan has no buckets for them)\n", r.stderr)
         compare(self, self.base_for("llama"), out)
 
@@ -355,11 +376,11 @@ class HfApplyTest(unittest.TestCase):
         env = self.in_process_env()
         out = self.path("inproc.pt")
         r = run(PY, MODELS, "--family", "llama", "--apply", self.plan_for("llama"), "--out", out,
-                *DEVICE, *extra, env=env)
+                "--warmup", *DEVICE, *extra, env=env)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn(f"in-process: {STACK_CALLS} planned and 0 original calls", r.stdout)
+        self.assertIn(f"in-process: {PLANNED} planned and {KINDS} original calls", r.stdout)
         # The executed order of every call is the schedule's issue order.
-        self.assertIn("in-process: LlamaForCausalLM.model ran 14 calls, 0 off schedule, "
+        self.assertIn(f"in-process: LlamaForCausalLM.model ran {PLANNED} calls, 0 off schedule, "
                       "executed [[0, 0, 0], [0, 1, 1], [1, 0, 0], [1, 1, 1], [2, 0, 0], [2, 1, 1], "
                       "[3, 0, 0], [3, 1, 1]]", r.stdout)
         compare(self, self.base_for("llama"), out)

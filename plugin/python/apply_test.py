@@ -462,11 +462,26 @@ class ApplyTest(unittest.TestCase):
         self.net = Net()
         self.x = torch.randn(6, 5, 16)
 
+    def audit(self, net, *args, units=3):
+        """The first call of a kind runs the original way, each unit's
+        operators proved to keep the rows apart (_rows); later ones split."""
+        report = net._dynaflow_applier.report
+        planned, original = report.planned_calls, report.original_calls
+        out = net(*args)
+        self.assertEqual((report.planned_calls, report.original_calls),
+                         (planned, original + units))
+        self.assertEqual(report.refused, "")
+        return out
+
     def test_planned_output_equals_the_original(self):
         expected = self.net(self.x)
         _apply.apply(self.net, plan(["Net.blocks.*"], splits=3), verify=True, runtime_lib=RUNTIME)
         applier = self.net._dynaflow_applier
         self.assertEqual(applier.report.units, ["Net.blocks.0", "Net.blocks.1", "Net.blocks.2"])
+        torch.testing.assert_close(self.audit(self.net, self.x), expected, rtol=0, atol=0)
+        self.assertEqual(applier.report.unsplit, {
+            f"Net.blocks.{k}: the first call of its kind, run the original way to prove that "
+            f"its operators keep the rows apart": 1 for k in range(3)})
         actual = self.net(self.x)
         torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
         self.assertEqual(applier.report.planned_calls, 3)
@@ -482,6 +497,8 @@ class ApplyTest(unittest.TestCase):
 
         expected = self.net(self.x)
         _apply.apply(self.net, plan(["Net.blocks.*"], splits=3), runtime_lib=RUNTIME)
+        with torch.no_grad():
+            self.audit(self.net, self.x)
         merges = []
         block_outputs = []
         self.net.blocks[2].register_forward_hook(lambda _m, _a, out: block_outputs.append(out))
@@ -532,6 +549,7 @@ class ApplyTest(unittest.TestCase):
 
         net = CountNet()
         _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
+        self.audit(net, torch.ones(4, 3), units=1)  # operators on rows: none mix them
         with self.assertRaisesRegex(RuntimeError, r"CountNet\.layers\.0: buffer calls is shared "
                                                   r"by the micro-batches and was modified"):
             net(torch.ones(4, 3))
@@ -579,22 +597,32 @@ class ApplyTest(unittest.TestCase):
 
         net = CountNet("reset")
         _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
+        self.audit(net, torch.ones(4, 3), units=1)
         net(torch.ones(4, 3))
         self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
-        for how, attribute in [("count", "calls"), ("append", "seen"), ("buffer", "_buffers"),
-                               ("keep", "last"), ("keep tuple", "seen")]:
+        # A buffer made on the first call: made by the audited call, unsplit.
+        net = CountNet("buffer")
+        _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
+        self.audit(net, torch.ones(4, 3), units=1)
+        net(torch.ones(4, 3))
+        self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
+        changed = "of the module was changed by the call, once per micro-batch"
+        for how, message in [("count", f"attribute calls {changed}"),
+                             ("append", f"attribute seen {changed}"),
+                             ("keep", "attribute last is shared by the micro-batches and was "
+                                      "replaced"),
+                             ("keep tuple", f"attribute seen {changed}")]:
             with self.subTest(how=how):
                 net = CountNet(how)
                 _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
-                with self.assertRaisesRegex(
-                        RuntimeError, rf"CountNet\.layers\.0: attribute {attribute} of the module "
-                                      rf"was changed by the call, once per micro-batch"):
+                self.audit(net, torch.ones(4, 3), units=1)  # the state is the module's
+                with self.assertRaisesRegex(RuntimeError, rf"CountNet\.layers\.0: {message}"):
                     net(torch.ones(4, 3))
                 self.assertNotIn("forward", net.layers[0].__dict__)  # refused from then on
                 if how == "count":
-                    self.assertEqual(net.layers[0].calls, 2)  # one per micro-batch
+                    self.assertEqual(net.layers[0].calls, 3)  # the audit's, one per micro-batch
                     net(torch.ones(4, 3))
-                    self.assertEqual(net.layers[0].calls, 3)
+                    self.assertEqual(net.layers[0].calls, 4)
 
     def test_verify_says_a_call_that_draws_random_numbers_cannot_match(self):
         # Noise drawn once per call for every row: the micro-batches draw
@@ -618,6 +646,7 @@ class ApplyTest(unittest.TestCase):
         _apply.apply(net, plan(["DropNet.layers.*"]), verify=True, runtime_lib=RUNTIME)
         report = net._dynaflow_applier.report
         torch.manual_seed(3)
+        self.audit(net, torch.randn(8, 8), units=1)  # noise the same for every row
         net(torch.randn(8, 8))
         self.assertFalse(report.verify_ok)
         self.assertRegex(report.worst, r"DropNet\.layers\.0: output.*differs beyond .*\(the call "
@@ -646,8 +675,9 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual((report.planned_calls, report.original_calls), (0, 1))
         self.assertEqual(report.unsplit, {"LazyNet.layers.0.0: LazyLinear infers its parameters "
                                           "on its first call": 1})
+        self.audit(net, x, units=1)
         torch.testing.assert_close(net(x), first)
-        self.assertEqual((report.planned_calls, report.original_calls), (1, 1))
+        self.assertEqual((report.planned_calls, report.original_calls), (1, 2))
         self.assertEqual(report.refused, "")
 
     def test_a_unit_called_from_inside_a_planned_unit_runs_as_its_micro_batch_calls_it(self):
@@ -681,9 +711,13 @@ class ApplyTest(unittest.TestCase):
         # Both layers are units; the first calls the second from its micro-
         # batches, which used to wait for the executor its own call held.
         _apply.apply(net, plan(["Top.layers.*"]), runtime_lib=RUNTIME)
+        # The first call: layers.0 audited, its original calling layers.1
+        # (inside the audit, which covers it), then layers.1 audited on its own.
+        torch.testing.assert_close(self.audit(net, x, units=3), expected, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(net(x), expected, rtol=1e-6, atol=1e-6)
         report = net._dynaflow_applier.report
-        self.assertEqual((report.planned_calls, report.original_calls), (2, 2))
+        # Then both split, layers.0's micro-batches calling layers.1 each.
+        self.assertEqual((report.planned_calls, report.original_calls), (2, 5))
 
     def test_autocast_holds_in_the_micro_batches(self):
         net, x = nn.Sequential(nn.Linear(3, 3)), torch.randn(4, 3)
@@ -691,6 +725,7 @@ class ApplyTest(unittest.TestCase):
             expected = net(x)
         _apply.apply(net, plan(["Sequential.*"]), runtime_lib=RUNTIME)
         with torch.autocast("cpu", dtype=torch.bfloat16):
+            self.audit(net, x, units=1)
             out = net(x)
         self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
         self.assertEqual(out.dtype, torch.bfloat16)
@@ -715,8 +750,9 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual((report.planned_calls, report.original_calls), (0, 3))
         self.net(torch.randn(1, 100, 16))  # 100 tokens, one row: nothing to split
         self.assertEqual((report.planned_calls, report.original_calls), (0, 6))
+        self.audit(self.net, torch.randn(4, 100, 16))
         self.net(torch.randn(4, 100, 16))
-        self.assertEqual((report.planned_calls, report.original_calls), (3, 6))
+        self.assertEqual((report.planned_calls, report.original_calls), (3, 9))
 
     def test_gradients_flow_through_planned_calls(self):
         x = self.x.clone().requires_grad_(True)
@@ -765,18 +801,42 @@ class ApplyTest(unittest.TestCase):
             _apply.apply(self.net, plan(["Net.blocks.*"], device="NVIDIA H200"),
                          runtime_lib=RUNTIME)
 
-    def test_an_output_without_rows_is_a_loud_error_and_runs_once(self):
-        # The micro-batches have run (and could have written state) when their
-        # outputs turn out unmergeable: running the original again would run
-        # the module twice, so the call fails loudly instead.
+    def test_an_output_reduced_over_the_rows_is_refused_at_the_first_call(self):
+        # x.sum() adds every row: the audit of the first call refuses the
+        # plan, and that call ran once, the original way.
         net = SumNet()
         calls = []
         net.layers[0].register_forward_pre_hook(lambda m, a: calls.append(1))
         _apply.apply(net, plan(["SumNet.layers.*"]), runtime_lib=RUNTIME)
-        with self.assertRaisesRegex(RuntimeError,
-                                    r"SumNet\.layers\.0: output: micro-batch 0 returns \(\)"):
-            net(torch.randn(4, 3))
+        x = torch.randn(4, 3)
+        err = io.StringIO()
+        with redirect_stderr(err):
+            out = net(x)
+        torch.testing.assert_close(out, x.sum())
         self.assertEqual(len(calls), 1)
+        self.assertRegex(err.getvalue(), r"plan refused: SumNet\.layers\.0: the call returns a "
+                                         r"value reduced over the rows \(by aten::sum at "
+                                         r"apply_test\.py:\d+ forward\)")
+        self.assertNotIn("forward", net.layers[0].__dict__)  # restored
+
+    def test_an_output_that_cannot_be_merged_is_a_loud_error_and_runs_once(self):
+        # The micro-batches have run (and could have written state) when their
+        # outputs turn out unmergeable (here each returns its row count, which
+        # no operator computed): running the original again would run the
+        # module twice, so the call fails loudly instead.
+        class RowCount(nn.Module):
+            def forward(self, x):
+                return x.shape[0]
+
+        net = nn.Sequential(RowCount())
+        calls = []
+        net[0].register_forward_pre_hook(lambda m, a: calls.append(1))
+        _apply.apply(net, plan(["Sequential.*"]), runtime_lib=RUNTIME)
+        self.audit(net, torch.randn(4, 3), units=1)
+        with self.assertRaisesRegex(RuntimeError, r"Sequential\.0: output: each micro-batch "
+                                                  r"returns its own row count"):
+            net(torch.randn(4, 3))
+        self.assertEqual(len(calls), 2)
 
     def test_an_argument_that_cannot_be_split_refuses_before_anything_runs(self):
         class Ctx:

@@ -7,7 +7,10 @@ end-to-end tests (tests/hf_apply_test.py).
 runs each usage pattern and saves {pattern: {"tokens": LongTensor,
 "logits": [Tensor]}} to --out, so two runs (unmodified and under
 `dynaflow apply`) can be compared. --apply PLAN applies the plan in process
-with `dynaflow.apply(model, PLAN)` instead of through the bootstrap.
+with `dynaflow.apply(model, PLAN)` instead of through the bootstrap. --warmup
+runs the patterns once before the recorded run: under dynaflow apply the
+first call of each kind runs the original way (its audit), so the recorded
+run is split throughout.
 """
 
 import argparse
@@ -161,6 +164,9 @@ def main():
                     help="call the model once with every output asked for before applying")
     ap.add_argument("--inference-mode", action="store_true",
                     help="run under torch.inference_mode() instead of torch.no_grad()")
+    ap.add_argument("--warmup", action="store_true",
+                    help="run the patterns once before the run that is recorded (under "
+                         "dynaflow apply, the first call of each kind runs the original way)")
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
@@ -176,6 +182,8 @@ def main():
     names = list(PATTERNS) if args.patterns == "all" else args.patterns.split(",")
     results = {}
     with torch.inference_mode() if args.inference_mode else torch.no_grad():
+        for name in names if args.warmup else []:
+            {**PATTERNS, **EXTRA_PATTERNS}[name](model, prompts())
         for name in names:
             r = {**PATTERNS, **EXTRA_PATTERNS}[name](model, prompts())
             results[name] = {"tokens": r["tokens"].cpu(), "logits": [t.cpu() for t in r["logits"]]}

@@ -62,6 +62,7 @@ import os
 import sys
 import threading
 
+from ._rows import audit_key, make_audit
 from ._split import (MergeError, Refusal, SliceMerge, Unchanged, Unsplittable, check_module,
                      default_state_refusal, install_lazy_hooks, merge_outputs, split_call)
 
@@ -1057,6 +1058,10 @@ class _CollectiveCuts:
         self.tensor_reads = {}
 
 
+# Why the first call of each kind runs the original way (_PlannedForward._audited).
+_AUDITED = "the first call of its kind, run the original way to prove that its operators keep the rows apart"
+
+
 class _PlannedForward:
     """Replaces one module's forward: the plan's schedule for the call's bucket.
 
@@ -1078,6 +1083,7 @@ class _PlannedForward:
             self.signature = None
         self.schedules = {}  # splits -> (schedule handle, task function, state)
         self.regions = {}    # splits -> _Region, where the plan staggers the unit
+        self.audited = {}    # _rows.audit_key -> why its calls mix rows ("": they do not)
         # Under torch.compile the planned call is a graph break: the split,
         # the runtime's threads and streams, and the merge run as they do
         # eagerly, never traced into a graph that would bake in one call's
@@ -1100,10 +1106,11 @@ class _PlannedForward:
 
     def __call__(self, *args, **kwargs):
         a = self.applier
-        if getattr(_ON_THREAD, "in_plan", False):
+        if getattr(_ON_THREAD, "in_plan", False) or getattr(_ON_THREAD, "auditing", False):
             # A unit called from inside a planned call (one unit nested in
             # another) runs as its micro-batch calls it: splitting it again
-            # would wait for the executor the outer call holds.
+            # would wait for the executor the outer call holds. Inside an
+            # audited call, the audit covers its operators.
             a.report.original_calls += 1
             return self.original(*args, **kwargs)
         x = first_tensor(args, kwargs)
@@ -1126,6 +1133,9 @@ class _PlannedForward:
         except Unsplittable as e:
             a.report.unsplit_call(str(e))
             return self.original(*args, **kwargs)
+        key = audit_key(self.module, args, kwargs)
+        if key not in self.audited:
+            return self._audited(key, split, args, kwargs, batch)
         baseline = _Baseline(self.module, self.original, args, kwargs) if a.verify else None
         split.share_buffers(modules)  # after the baseline, which writes them back
         with a.lock:  # one call at a time per executor
@@ -1133,6 +1143,37 @@ class _PlannedForward:
         a.report.planned_calls += 1
         if baseline is not None:
             a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
+        return out
+
+    def _audited(self, key, split, args, kwargs, batch):
+        """The first call of its kind (`_rows.audit_key`) runs the original
+        way, once, under `_rows`' audit: the proof that its operators keep
+        the batch's rows apart. Calls of that kind split from then on; if
+        they would mix rows, the plan is refused (before any of them ran
+        split)."""
+        a = self.applier
+        audit = make_audit(batch)
+        for t, _ in split.row_views.values():
+            audit.tag_rows(t)
+        for adapter, original, _ in split.states:
+            for t in adapter.row_tensors(original):
+                audit.tag_rows(t)
+        handles = audit.watch(self.module)
+        _ON_THREAD.auditing = True
+        try:
+            with audit:
+                out = self.original(*args, **kwargs)
+        finally:
+            _ON_THREAD.auditing = False
+            for h in handles:
+                h.remove()
+        audit.check_result(_tensors_in(out), "the call")
+        for adapter, original, _ in split.states:
+            audit.check_result(adapter.row_tensors(original), type(original).__name__)
+        self.audited[key] = audit.mixed or ""
+        a.report.unsplit_call(f"{self.path}: {_AUDITED}")
+        if audit.mixed:
+            a.refuse(f"{self.path}: {audit.mixed}")
         return out
 
     def _overlapped(self, args, kwargs):

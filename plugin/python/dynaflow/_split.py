@@ -806,6 +806,19 @@ class _CacheAdapter:
             return f"grows layers of type {cache.layer_class_to_replicate.__qualname__}"
         return ""
 
+    def row_tensors(self, cache):
+        """The tensors of `cache` that hold the batch's rows (dimension 0)."""
+        return [t for layer in cache.layers for t in (getattr(layer, "keys", None),
+                                                     getattr(layer, "values", None))
+                if t is not None and t.dim() >= 1]
+
+    def audit_key(self, cache):
+        """What of `cache` a call's path depends on (_rows.audit_key): its
+        layers' types, and which hold tokens."""
+        return tuple((type(layer).__name__, bool(getattr(layer, "is_initialized", False)) and
+                      getattr(layer, "keys", None) is not None and layer.keys.numel() > 0)
+                     for layer in cache.layers)
+
     def view(self, cache, begin, count):
         v = copy.copy(cache)
         v.layers = [self.layer_adapters[type(layer)].view(layer, begin, count)

@@ -1,0 +1,1033 @@
+"""Proves, operator by operator, that a module call keeps the rows of its
+batch apart: the condition under which running it once per micro-batch and
+stacking the results gives the unsplit call's result.
+
+`RowAudit` is a torch dispatch mode run around one unsplit call (the first
+of its kind, `audit_key`: that call runs the original way, so nothing runs
+split before the proof). Each tensor that holds rows is tagged with where
+they are: (dimension, inner), the dimension whose index is row * inner + j,
+with the rows outermost (a batch flattened with its tokens, [rows x tokens,
+hidden], has inner = tokens). The inputs' per-row tensors (those `_split`
+would cut, and the rows of the state objects it splits) start tagged (0, 1);
+parameters, buffers and tensors made inside the call start untagged: the
+same for every row.
+
+Every operator on a tagged tensor must have a rule below that says where
+the rows go; one without a rule, or one that combines rows (a reduction,
+softmax, matmul contraction or index over the rows' dimension, an untagged
+tensor paired element by element with the rows that is not the same for
+each of them such as `arange(batch)`) ends the proof with one line naming
+the operator and the Python line that called it. A value reduced over the
+rows may only be read on the host by the guards of `_ROW_GUARDS`, reviewed
+to choose between forms that give each row the same result. Modules that
+implement transformers' experts interface are taken whole (`_is_experts`).
+
+What the proof covers is the path this call took: a forward whose
+operators depend on its inputs' values, or on the batch size as a number,
+beyond what `audit_key` distinguishes is not covered; nor are reads of a
+tensor's bytes that bypass torch's dispatcher (`tolist()`, `numpy()`) or
+operators compiled outside it (a torch.compile'd submodule).
+"""
+
+import functools
+import os
+import sys
+
+
+class _Mixed(Exception):
+    """The operator combines rows, or has no rule that says it does not."""
+
+
+# Host reads of values reduced over the rows, reviewed: each picks between
+# two forms of an attention mask that give every row the same result (no
+# mask, or a mask that masks nothing in that row), so micro-batches that pick
+# differently still compute each row as the unsplit call does.
+_ROW_GUARDS = frozenset({
+    ("transformers.masking_utils", "_ignore_causal_mask_sdpa"),
+    ("transformers.masking_utils", "_ignore_bidirectional_mask_sdpa"),
+    ("transformers.masking_utils", "find_packed_sequence_indices"),
+    ("transformers.masking_utils", "padding_mask_function"),
+    ("transformers.masking_utils", "flash_attention_mask"),
+    # Only decides whether to print a warning about padding.
+    ("transformers.modeling_utils", "warn_if_padding_and_no_attention_mask"),
+})
+
+REDUCED = "reduced"  # tag of a value reduced over the rows
+
+
+def _is_experts(module):
+    """Whether `module` is a transformers mixture-of-experts experts module
+    (its class decorated by transformers.integrations.moe's
+    use_experts_implementation): forward(hidden_states, top_k_index,
+    top_k_weights) computes each token's output from its own hidden state,
+    the experts its router picked and their weights, whichever kernel the
+    config selects. Taken whole: its loop over the experts the batch hits
+    reads the batch on the host, which no operator rule can prove."""
+    forward = type(module).forward
+    return getattr(forward, "__globals__", {}).get("__name__") == "transformers.integrations.moe" \
+        and getattr(forward, "__name__", "") == "forward"
+
+
+@functools.cache
+def _mode_base():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+def _reason(error):
+    """Why an operator ends the proof: its rule's reason, or the error that
+    kept the audit from following it (an argument form no rule expects)."""
+    if isinstance(error, _Mixed):
+        return str(error)
+    return f"could not be followed by the audit ({type(error).__name__}: {error})"
+
+
+def _outside(frame):
+    """Whether `frame` runs code outside torch and dynaflow."""
+    module = frame.f_globals.get("__name__", "")
+    return module.partition(".")[0] not in ("torch", "dynaflow")
+
+
+def _where():
+    """The first Python frame outside torch and dynaflow: file:line function."""
+    frame = sys._getframe(1)
+    while frame is not None and not _outside(frame):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    name = os.path.basename(frame.f_code.co_filename)
+    return f"{name}:{frame.f_lineno} {frame.f_code.co_name}"
+
+
+def _guard_caller():
+    """(module, function) of the first Python frame outside torch and dynaflow."""
+    frame = sys._getframe(1)
+    while frame is not None and not _outside(frame):
+        frame = frame.f_back
+    return (frame.f_globals.get("__name__", ""), frame.f_code.co_name) if frame else ("", "")
+
+
+def audit_key(module, args, kwargs):
+    """What a call's operators may depend on besides its values: the
+    module's mode, grad, inference mode and autocast, and the structure of
+    its arguments (types, flags, tensors' dtypes, devices, ranks and which of
+    their dimensions past the rows are 1: a prefill and a decode step of a
+    decoder differ, two decode steps do not). Calls with the same key take
+    the path the audited one took."""
+    import dataclasses
+    import enum
+
+    import torch
+
+    from ._split import state_adapter
+
+    key = [module.training, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+           tuple(d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d))]
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            key.append((v.dtype, v.device.type, v.dim(), tuple(s == 1 for s in v.shape[1:])))
+        elif v is None or isinstance(v, (bool, str, enum.Enum, torch.dtype, torch.device)):
+            key.append(v)
+        elif isinstance(v, (int, float)):
+            key.append(type(v))
+        elif isinstance(v, (tuple, list)):
+            key.append((type(v), len(v)))
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                key.append(k)
+                walk(x)
+        elif state_adapter(v) is not None:
+            key.append((type(v), state_adapter(v).audit_key(v)))
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            for f in dataclasses.fields(v):
+                key.append(f.name)
+                walk(getattr(v, f.name))
+        else:
+            key.append(type(v))
+
+    walk(args)
+    walk(kwargs)
+    return tuple(key)
+
+
+def make_audit(batch):
+    """A RowAudit for a call of `batch` rows (a class made on first use:
+    torch is imported lazily)."""
+    return _audit_class()(batch)
+
+
+@functools.cache
+def _audit_class():
+    import torch
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    aten = torch.ops.aten
+
+    class RowAudit(_mode_base()):
+        def __init__(self, batch):
+            super().__init__()
+            self.batch = batch
+            self.tags = WeakIdKeyDictionary()
+            # Tensors a factory made in the call (zeros, empty, ...) and the
+            # slices taken of them, by the tensor the factory made: rows may
+            # be written into them, and then all of them hold rows.
+            self.fresh = WeakIdKeyDictionary()
+            self.slices = WeakIdKeyDictionary()  # factory's tensor -> [its slices]
+            self.origin = WeakIdKeyDictionary()  # value reduced over the rows -> by what
+            self.mixed = None    # the first reason the proof failed
+            self.whole = 0       # depth inside a module taken whole
+
+        # Tags ----------------------------------------------------------
+        def tag_rows(self, t):
+            """Input tensor `t` holds the batch's rows in dimension 0."""
+            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == self.batch:
+                self.tags[t] = (0, 1)
+
+        def tag_of(self, t):
+            return self.tags.get(t) if isinstance(t, torch.Tensor) else None
+
+        def check_result(self, values, where):
+            """After the call: every tensor of `values` (outputs, the state
+            objects' tensors) holds its rows in dimension 0, as the merge
+            stacks them, or none that differ between rows."""
+            for t in values:
+                tag = self.tag_of(t)
+                if tag == REDUCED:
+                    self.fail(f"{where} returns a value reduced over the rows (by "
+                              f"{self.origin.get(t, '?')})")
+                elif tag is not None and tag[0] != 0:
+                    self.fail(f"{where} returns its rows in dimension {tag[0]}: the merge "
+                              f"stacks dimension 0")
+                elif tag is None and t.dim() >= 1 and t.shape[0] == self.batch:
+                    try:
+                        self.require_uniform(t, 0, 1)
+                    except _Mixed as e:
+                        self.fail(f"{where} {e}")
+
+        def note_reduced(self, func, args, kwargs, out):
+            """Remembers where each value reduced over the rows came from."""
+            made = [o for o in _flatten([out]) if self.tag_of(o) == REDUCED]
+            if not made:
+                return
+            inputs = [self.origin.get(t) for t in _flatten([args, list(kwargs.values())])
+                      if isinstance(t, torch.Tensor) and t in self.origin]
+            where = inputs[0] if inputs else f"{func.name()} at {_where()}"
+            for o in made:
+                self.origin[o] = where
+
+        def fail(self, why):
+            if self.mixed is None:
+                self.mixed = why
+
+        # Modules taken whole -------------------------------------------
+        def watch(self, module):
+            """Hooks the modules of `module` taken whole; returns the handles."""
+            handles = []
+            for m in module.modules():
+                if _is_experts(m):
+                    handles.append(m.register_forward_pre_hook(self._enter_whole,
+                                                               with_kwargs=True))
+                    handles.append(m.register_forward_hook(self._leave_whole,
+                                                           with_kwargs=True))
+            return handles
+
+        def _enter_whole(self, module, args, kwargs):
+            values = list(args) + [kwargs.get(k) for k in
+                                   ("hidden_states", "top_k_index", "top_k_weights") if k in kwargs]
+            tags = {self.tag_of(v) for v in values[:3]}
+            if len(values) < 3 or len(tags) != 1 or None in tags or REDUCED in tags or \
+                    next(iter(tags))[0] != 0:
+                self.fail(f"{type(module).__name__} (experts) gets its tokens "
+                          f"with rows in different places {sorted(map(str, tags))}")
+            self._whole_in = self.tag_of(values[0]) if values else None
+            self.whole += 1
+
+        def _leave_whole(self, module, args, kwargs, output):
+            self.whole -= 1
+            tag = getattr(self, "_whole_in", None)
+            if isinstance(output, torch.Tensor) and tag is not None and tag != REDUCED:
+                self.tags[output] = tag
+            else:
+                self.fail(f"{type(module).__name__} (experts) returns a "
+                          f"{type(output).__name__}")
+
+        # Dispatch --------------------------------------------------------
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if self.whole or self.mixed is not None:
+                return func(*args, **kwargs)
+            try:
+                tag_out = self.rule(func, args, kwargs)
+            except Exception as e:  # noqa: BLE001 - the call runs on, the proof fails
+                self.fail(f"{func.name()} {_reason(e)} (at {_where()})")
+                return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if tag_out is not None:
+                try:
+                    tag_out(out)
+                    self.note_reduced(func, args, kwargs, out)
+                except Exception as e:  # noqa: BLE001
+                    self.fail(f"{func.name()} {_reason(e)} (at {_where()})")
+            return out
+
+        def rule(self, func, args, kwargs):
+            """Checks the operator against its rule before it runs; returns
+            what tags its outputs (None: all untagged), or raises _Mixed."""
+            flat = [a for a in _flatten(args) if isinstance(a, torch.Tensor)] + \
+                [a for a in _flatten(kwargs.values()) if isinstance(a, torch.Tensor)]
+            tags = [self.tag_of(t) for t in flat]
+            if all(t is None for t in tags):
+                name = func.overloadpacket.__name__
+                if name in _FACTORIES:
+                    return self.set_fresh
+                if name in ("slice", "narrow", "detach", "alias") and args[0] in self.fresh:
+                    return self.slice_fresh(self.fresh[args[0]])
+                for t in flat:  # another view of it would hold rows unseen
+                    self.unfresh(t)
+                return None
+            if REDUCED in tags:
+                return self.reduced_rule(func, args, kwargs, tags)
+            name = func.overloadpacket.__name__
+            handler = _RULES.get(name)
+            if handler is not None:
+                return handler(self, func, args, kwargs)
+            if torch.Tag.pointwise in func.tags or name in _BROADCASTING:
+                return self.broadcast(func, args, kwargs)
+            raise _Mixed("has no rule proving that it keeps rows apart")
+
+        def reduced_rule(self, func, args, kwargs, tags):
+            """A value reduced over the rows goes on only into values
+            reduced over the rows, and is read on the host only by a guard
+            of _ROW_GUARDS."""
+            if any(t is not None and t != REDUCED for t in tags):
+                raise _Mixed("combines a value reduced over the rows with the rows")
+            written = self.written(func, args, kwargs)
+            if written is not None and self.tag_of(written) != REDUCED and \
+                    written not in self.fresh:
+                raise _Mixed("writes a value reduced over the rows into a tensor made "
+                             "before the call")
+            if func in (aten._local_scalar_dense.default, aten.is_nonzero.default,
+                        aten.item.default):
+                if _guard_caller() not in _ROW_GUARDS:
+                    raise _Mixed(f"reads on the host a value reduced over the rows (by "
+                                 f"{self.origin.get(args[0], '?')})")
+                return None
+            return self.set_all(REDUCED)
+
+        def writable(self, t, tag):
+            """Whether rows (at `tag`) may be written into untagged `t`: a
+            tensor made in the call by a factory, or a slice of one that
+            keeps the rows' dimension whole."""
+            root = self.fresh.get(t)
+            return root is not None and t.dim() == root.dim() and \
+                t.shape[tag[0]] == root.shape[tag[0]]
+
+        def unfresh(self, t):
+            root = self.fresh.get(t)
+            if root is not None:
+                for v in [root] + self.slices.pop(root, []):
+                    self.fresh.pop(v, None)
+
+        def fill_fresh(self, t, tag):
+            """Rows written into fresh `t`: it, the tensor it slices and its
+            other slices (which keep every dimension in place) hold them."""
+            root = self.fresh[t]
+            family = [root] + self.slices.get(root, [])
+            self.unfresh(t)
+            for v in family:
+                self.tags[v] = tag
+
+        # Output taggers ------------------------------------------------
+        def set_fresh(self, out):
+            if isinstance(out, torch.Tensor):
+                self.fresh[out] = out
+
+        def slice_fresh(self, root):
+            def tag_out(out):
+                self.fresh[out] = root
+                self.slices.setdefault(root, []).append(out)
+            return tag_out
+
+        def set_all(self, tag):
+            def tag_out(out):
+                for o in _flatten([out]):
+                    if isinstance(o, torch.Tensor):
+                        self.tags[o] = tag
+            return tag_out
+
+        def set_each(self, tagger):
+            """tagger(output tensor) -> tag or None, for each output."""
+            def tag_out(out):
+                for o in _flatten([out]):
+                    if isinstance(o, torch.Tensor):
+                        tag = tagger(o)
+                        if tag is not None:
+                            self.tags[o] = tag
+                        else:
+                            self.tags.pop(o, None)
+            return tag_out
+
+        def written(self, func, args, kwargs):
+            """The tensor an in-place or out= operator writes, or None."""
+            schema = func._schema
+            if schema.overload_name == "out" or "out" in kwargs:
+                return kwargs.get("out")
+            if schema.arguments and schema.arguments[0].alias_info is not None and \
+                    schema.arguments[0].alias_info.is_write:
+                return args[0]
+            return None
+
+        # Rules -----------------------------------------------------------
+        def require_uniform(self, t, dim, inner):
+            """Untagged `t` is paired, along `dim`, with rows of `inner`
+            elements each: it must be the same for every row."""
+            size = t.shape[dim]
+            if size == 1:
+                return
+            if size != self.batch * inner:
+                raise _Mixed(f"pairs rows with a tensor of {size} elements in their dimension")
+            from ._split import _capture_underway
+
+            if t.is_cuda and _capture_underway():
+                raise _Mixed("pairs rows with a tensor made in the call, which cannot be "
+                             "compared while a CUDA graph is captured")
+            blocks = t.unflatten(dim, (self.batch, inner))
+            first = blocks.narrow(dim, 0, 1)
+            if not bool((blocks == first).all()):
+                raise _Mixed(f"pairs rows with a tensor of {size} elements made in the call "
+                             f"that differs between rows (such as arange(batch))")
+
+        def broadcast(self, func, args, kwargs, out_dim=None):
+            """Element-wise operators (broadcasting): the rows of every
+            tagged input must land in the same output dimension."""
+            tensors = [a for a in _flatten([args, list(kwargs.values())])
+                       if isinstance(a, torch.Tensor)]
+            ndim = max(t.dim() for t in tensors) if out_dim is None else out_dim
+            target = None
+            for t in tensors:
+                tag = self.tag_of(t)
+                if tag is None:
+                    continue
+                where = (tag[0] + ndim - t.dim(), tag[1])
+                if target is not None and where != target:
+                    raise _Mixed(f"meets rows in dimensions {target[0]} and {where[0]}")
+                target = where
+            written = self.written(func, args, kwargs)
+            if written is not None and written.dim() != ndim:
+                raise _Mixed("writes rows into a tensor of another shape")
+            # Its other views, or its owner (a parameter, a buffer), would
+            # hold rows and not be known to.
+            if written is not None and self.tag_of(written) is None and \
+                    not self.writable(written, target):
+                raise _Mixed("writes rows into a tensor that does not hold rows")
+            overwritten = written if func.overloadpacket.__name__ in _OVERWRITE else None
+            for t in tensors:
+                if self.tag_of(t) is None and t is not overwritten:
+                    k = target[0] - (ndim - t.dim())
+                    if k >= 0:
+                        self.require_uniform(t, k, target[1])
+            if written is not None and self.tag_of(written) is None:
+                return lambda out: self.fill_fresh(written, target)
+            return self.set_all(target)
+
+        def same(self, func, args, kwargs):
+            """One tagged input, outputs shaped like it (conversions, copies,
+            random fills of its shape)."""
+            return self.set_all(self.tag_of(args[0]))
+
+        def reduce(self, func, args, kwargs, dims, keepdim):
+            """Reduction over `dims` (None: all) of args[0]."""
+            t = args[0]
+            tag = self.tag_of(t)
+            if tag is None:
+                return self.refuse_other_tags(func, args, kwargs)
+            if dims is None or len(dims) == 0:
+                dims = list(range(t.dim()))
+            dims = sorted(d % max(t.dim(), 1) for d in dims)
+            if tag[0] in dims:
+                return self.set_all(REDUCED)
+            if keepdim:
+                return self.set_all(tag)
+            d = tag[0] - sum(1 for k in dims if k < tag[0])
+            return self.set_all((d, tag[1]))
+
+        def refuse_other_tags(self, func, args, kwargs):
+            raise _Mixed("takes rows in an argument it has no rule for")
+
+        def along(self, func, args, kwargs, dim):
+            """Same-shaped result computed along `dim` (softmax, cumsum,
+            sort, topk): the rows' dimension must not be it."""
+            tag = self.tag_of(args[0])
+            if tag is None:
+                return self.refuse_other_tags(func, args, kwargs)
+            if dim % args[0].dim() == tag[0]:
+                raise _Mixed(f"computes along dimension {tag[0]}, where the rows are")
+            return self.set_all(tag)
+
+    _RULES.update(_rule_table(torch, RowAudit))
+    return RowAudit
+
+
+_RULES = {}
+
+# Operators that make a tensor from sizes and values only.
+_FACTORIES = frozenset({"zeros", "ones", "empty", "full", "empty_strided", "new_zeros",
+                        "new_ones", "new_empty", "new_full", "new_empty_strided", "empty_like",
+                        "zeros_like", "ones_like", "full_like"})
+
+# In-place operators whose result does not read what they overwrite.
+_OVERWRITE = frozenset({"copy_", "fill_", "zero_", "uniform_", "normal_", "bernoulli_"})
+
+# Broadcasting operators torch does not tag pointwise.
+_BROADCASTING = frozenset({"where", "masked_fill", "masked_fill_", "copy_", "copy", "lerp",
+                           "dropout", "feature_dropout", "alpha_dropout", "__and__", "__or__",
+                           "__xor__", "__iand__", "__ior__", "__ixor__",
+                           "lerp_", "clamp", "clamp_", "clamp_min", "clamp_max", "clamp_min_",
+                           "clamp_max_", "_to_copy", "clone", "alias", "detach", "lift_fresh",
+                           "lift_fresh_copy", "fill_", "fill", "zero_", "native_dropout",
+                           "bernoulli", "bernoulli_", "uniform_", "normal_", "_conj",
+                           "_neg_view", "resolve_conj", "resolve_neg",
+                           "logical_not", "bitwise_not"})
+
+
+def _flatten(values):
+    out = []
+    stack = [values]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            stack.extend(reversed(v))
+        elif isinstance(v, dict):
+            stack.extend(reversed(list(v.values())))
+        else:
+            out.append(v)
+    return out
+
+
+def _dims(value):
+    if value is None:
+        return None
+    return [value] if isinstance(value, int) else list(value)
+
+
+def _rule_table(torch, cls):
+    """{aten overload packet name: rule(audit, func, args, kwargs)}."""
+    rules = {}
+
+    def add(names, fn):
+        for n in names.split():
+            rules[n] = fn
+
+    def like(a, func, args, kwargs):  # zeros_like(rows): rows, the same in each
+        return a.set_all(a.tag_of(args[0]))
+
+    add("zeros_like ones_like empty_like full_like rand_like randn_like randint_like", like)
+
+    def untagged_factory(a, func, args, kwargs):  # new_zeros(rows, size): size given
+        return a.set_fresh
+
+    add("new_zeros new_ones new_empty new_full new_empty_strided", untagged_factory)
+
+    def reduction(a, func, args, kwargs):
+        schema_args = [x.name for x in func._schema.arguments]
+        values = dict(zip(schema_args, args))
+        values.update(kwargs)
+        dims = values.get("dim")
+        return a.reduce(func, args, kwargs, _dims(dims), bool(values.get("keepdim", False)))
+
+    add("sum mean amax amin max min argmax argmin var std var_mean std_mean norm "
+        "linalg_vector_norm prod logsumexp any all nansum count_nonzero aminmax", reduction)
+
+    def along_dim(a, func, args, kwargs):
+        schema_args = [x.name for x in func._schema.arguments]
+        values = dict(zip(schema_args, args))
+        values.update(kwargs)
+        return a.along(func, args, kwargs, values.get("dim", -1))
+
+    add("_softmax _safe_softmax _log_softmax softmax log_softmax cumsum cumsum_ cumprod topk sort argsort "
+        "cummax cummin _softmax_backward_data", along_dim)
+
+    def views(a, func, args, kwargs):
+        return a.set_all(_view_tag(a, func, args, kwargs))
+
+    add("view _unsafe_view reshape _reshape_alias expand permute transpose t unsqueeze "
+        "squeeze slice select narrow split split_with_sizes unbind chunk movedim unflatten "
+        "flatten alias_with_sizes_and_strides", views)
+
+    def each_view(a, func, args, kwargs):
+        tag = _view_tag(a, func, args, kwargs)
+        return a.set_all(tag)
+
+    def cat(a, func, args, kwargs):
+        tensors = [t for t in args[0] if not (t.dim() == 1 and t.numel() == 0)]
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        ndim = tensors[0].dim()
+        dim %= ndim
+        tags = {a.tag_of(t) for t in tensors} - {None}
+        if len(tags) != 1:
+            raise _Mixed("joins rows held in different places")
+        tag = tags.pop()
+        if tag == REDUCED:
+            return a.set_all(REDUCED)
+        if dim == tag[0]:
+            raise _Mixed(f"joins along dimension {dim}, where the rows are")
+        for t in tensors:
+            if a.tag_of(t) is None:
+                a.require_uniform(t, tag[0], tag[1])
+        return a.set_all(tag)
+
+    add("cat", cat)
+
+    def stack(a, func, args, kwargs):
+        tensors = args[0]
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        dim %= tensors[0].dim() + 1
+        tags = {a.tag_of(t) for t in tensors}
+        if len(tags) != 1 or None in tags:
+            raise _Mixed("stacks rows with values that are not rows")
+        tag = tags.pop()
+        return a.set_all((tag[0] + (dim <= tag[0]), tag[1]))
+
+    add("stack", stack)
+
+    def mm(a, func, args, kwargs):
+        m1, m2 = (args[1], args[2]) if func.overloadpacket.__name__ in ("addmm", "addmm_") \
+            else (args[0], args[1])
+        t1, t2 = a.tag_of(m1), a.tag_of(m2)
+        if t1 is not None and t2 is not None:
+            raise _Mixed("multiplies rows by rows")
+        if t1 is not None and t1[0] != 0 or t2 is not None and t2[0] != 1:
+            raise _Mixed("contracts over the dimension of the rows")
+        tag = t1 if t1 is not None else t2
+        if func.overloadpacket.__name__ in ("addmm", "addmm_"):
+            bias = args[0]
+            tb = a.tag_of(bias)
+            if tb is not None and (tb[0] + 2 - bias.dim(), tb[1]) != tag:
+                raise _Mixed("adds rows held in another place")
+            if tb is None and bias.dim() - 2 + tag[0] >= 0:
+                a.require_uniform(bias, tag[0] - (2 - bias.dim()), tag[1])
+        return a.set_all(tag)
+
+    add("mm addmm", mm)
+
+    def bmm(a, func, args, kwargs):
+        """[n, m, k] x [n, k, p] -> [n, m, p]: rows in n (both sides alike,
+        or one side with the other the same for every row), in m or in p."""
+        base = func.overloadpacket.__name__ == "baddbmm"
+        b1, b2 = (args[1], args[2]) if base else (args[0], args[1])
+        t1, t2 = a.tag_of(b1), a.tag_of(b2)
+        if t1 is not None and t1[0] == 2 or t2 is not None and t2[0] == 1:
+            raise _Mixed("contracts over the dimension of the rows")
+        where = {t for t in (t1, t2) if t is not None}
+        if len(where) != 1 or (t1 is not None and t2 is not None and t1[0] != 0):
+            raise _Mixed("multiplies rows by rows")
+        out = where.pop()
+        if out[0] == 0:
+            for t in (b1, b2):
+                if a.tag_of(t) is None:
+                    a.require_uniform(t, 0, out[1])
+        if base and a.tag_of(args[0]) not in (None, out):
+            raise _Mixed("adds rows held in another place")
+        return a.set_all(out)
+
+    add("bmm baddbmm", bmm)
+
+    def attention(a, func, args, kwargs):
+        """Scaled dot-product attention kernels: query, key, value
+        [..., tokens, head_dim], rows in a leading dimension; the mask
+        broadcasts against [..., query tokens, key tokens]."""
+        q, k, v = args[0], args[1], args[2]
+        tags = [a.tag_of(t) for t in (q, k, v)]
+        if len(set(tags)) != 1 or tags[0] is None or tags[0][0] >= q.dim() - 2:
+            raise _Mixed("gets query, key and value with rows in different places")
+        tag = tags[0]
+        mask = kwargs.get("attn_mask", args[3] if len(args) > 3 and
+                          isinstance(args[3], torch.Tensor) else None)
+        if isinstance(mask, torch.Tensor):
+            tm = a.tag_of(mask)
+            if tm is not None and (tm[0] + q.dim() - mask.dim(), tm[1]) != tag:
+                raise _Mixed("gets a mask with rows in another place")
+            if tm is None and tag[0] - (q.dim() - mask.dim()) >= 0:
+                a.require_uniform(mask, tag[0] - (q.dim() - mask.dim()), tag[1])
+        return a.set_each(lambda o: tag if o.dim() > tag[0] and o.dim() >= 2 else None)
+
+    add("_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_efficient_attention "
+        "_scaled_dot_product_flash_attention _scaled_dot_product_cudnn_attention "
+        "_flash_attention_forward _efficient_attention_forward scaled_dot_product_attention",
+        attention)
+
+    def embedding(a, func, args, kwargs):
+        weight, indices = args[0], args[1]
+        if a.tag_of(weight) is not None:
+            raise _Mixed("looks rows up in a table of rows")
+        return a.set_all(a.tag_of(indices))
+
+    add("embedding", embedding)
+
+    def index_select(a, func, args, kwargs):
+        t, dim, index = args[0], args[1], args[2]
+        tag = a.tag_of(t)
+        if tag is None or a.tag_of(index) is not None or dim % t.dim() == tag[0]:
+            raise _Mixed("selects along the dimension of the rows")
+        return a.set_all(tag)
+
+    add("index_select", index_select)
+
+    def index(a, func, args, kwargs):
+        """Advanced indexing t[i0, i1, ...] of rows with indices that do
+        not hold rows, off the rows' dimension, or on it with the identity
+        (`arange(batch)`, transformers' padding masks); or an untagged table
+        looked up with indices that hold rows (`cos[position_ids]`)."""
+        t, indices = args[0], list(args[1])
+        tag = a.tag_of(t)
+        positions = [k for k, i in enumerate(indices) if i is not None]
+        if any(indices[k].dtype == torch.bool for k in positions):
+            raise _Mixed("indexes with a boolean mask, which packs the rows it keeps")
+        shape = torch.broadcast_shapes(*[indices[k].shape for k in positions])
+        adjacent = positions == list(range(positions[0], positions[-1] + 1))
+        first = positions[0] if adjacent else 0
+        if tag is not None and tag[0] not in positions:
+            if any(a.tag_of(indices[k]) is not None for k in positions):
+                raise _Mixed("indexes rows with indices that hold rows")
+            before = sum(1 for k in positions if k < tag[0])
+            d = tag[0] - before + (len(shape) if (not adjacent or tag[0] > positions[0]) else 0)
+            return a.set_all((d, tag[1]))
+        rows = {}  # broadcast dimension -> inner, of every index that carries rows
+        for k in positions:
+            i = indices[k]
+            ti = a.tag_of(i)
+            if ti is not None:
+                rows[ti[0] + len(shape) - i.dim()] = ti[1]
+        if tag is not None:  # indexed on the rows' dimension: only by the identity
+            e = _row_identity(indices[tag[0]], a.batch, tag[1])
+            if e is None:
+                raise _Mixed("indexes the dimension of the rows with other than "
+                             "arange(batch)")
+            rows.setdefault(e + len(shape) - indices[tag[0]].dim(), 1)
+        if len(rows) != 1 or (tag is not None and set(rows.values()) != {1}):
+            raise _Mixed("indexes with rows held in different places")
+        d, inner = next(iter(rows.items()))
+        for k in positions:
+            i = indices[k]
+            if a.tag_of(i) is None and not (tag is not None and k == tag[0]):
+                if d - (len(shape) - i.dim()) >= 0:
+                    a.require_uniform(i, d - (len(shape) - i.dim()), inner)
+        return a.set_all((first + d, inner))
+
+    add("index", index)
+
+    def index_put(a, func, args, kwargs):
+        """t[i0, i1, ...] = values, into rows, at indices that do not hold
+        rows, off the rows' dimension; `values` broadcast like the indexed
+        part of t, holding its rows in the same place or the same for every
+        row."""
+        t, indices, values = args[0], list(args[1]), args[2]
+        tag = a.tag_of(t)
+        positions = [k for k, i in enumerate(indices) if i is not None]
+        if tag is None or tag[0] in positions or \
+                any(a.tag_of(indices[k]) is not None or indices[k].dtype == torch.bool
+                    for k in positions):
+            raise _Mixed("writes at positions that differ between rows, or into "
+                         "the dimension of the rows")
+        shape = torch.broadcast_shapes(*[indices[k].shape for k in positions])
+        adjacent = positions == list(range(positions[0], positions[-1] + 1))
+        before = sum(1 for k in positions if k < tag[0])
+        d = tag[0] - before + (len(shape) if (not adjacent or tag[0] > positions[0]) else 0)
+        ndim = t.dim() - len(positions) + len(shape)
+        tv = a.tag_of(values)
+        if tv is not None and (tv[0] + ndim - values.dim(), tv[1]) != (d, tag[1]):
+            raise _Mixed("writes rows into the rows of another place")
+        if tv is None and d - (ndim - values.dim()) >= 0:
+            a.require_uniform(values, d - (ndim - values.dim()), tag[1])
+        return a.set_all(tag)
+
+    add("index_put index_put_ _index_put_impl_", index_put)
+
+    def gather(a, func, args, kwargs):
+        t, dim, index = args[0], args[1], args[2]
+        tag, ti = a.tag_of(t), a.tag_of(index)
+        dim %= t.dim()
+        if tag is None or ti != tag or dim == tag[0]:
+            raise _Mixed("gathers along, or across, the dimension of the rows")
+        return a.set_all(tag)
+
+    add("gather", gather)
+
+    def index_write(a, func, args, kwargs):
+        """index_copy_ / index_add_ / scatter(_add) into rows, along another
+        dimension, of values whose rows are in the same place."""
+        t, dim = args[0], args[1] % args[0].dim()
+        source = args[3] if len(args) > 3 else kwargs.get("source", kwargs.get("src"))
+        tag = a.tag_of(t)
+        ts = a.tag_of(source) if isinstance(source, torch.Tensor) else None
+        index_tag = a.tag_of(args[2])
+        if tag is None and ts is not None and dim != ts[0] and a.writable(t, ts):
+            return lambda out: a.fill_fresh(t, ts)  # a tensor made in the call
+        if tag is None or dim == tag[0] or (ts is not None and ts != tag):
+            raise _Mixed("writes along, or across, the dimension of the rows")
+        if func.overloadpacket.__name__.startswith("scatter"):
+            if index_tag != tag:
+                raise _Mixed("scatters with an index that does not hold the rows")
+        elif index_tag is not None:
+            raise _Mixed("writes at positions that differ between rows")
+        if isinstance(source, torch.Tensor) and ts is None:
+            a.require_uniform(source, tag[0], tag[1])
+        return a.set_all(tag)
+
+    add("index_copy index_copy_ index_add index_add_ scatter scatter_ scatter_add "
+        "scatter_add_", index_write)
+
+    def norm_last(a, func, args, kwargs):
+        """layer_norm / rms_norm over the last len(normalized_shape)
+        dimensions (weights untagged): rows must be in a dimension before."""
+        t, normalized = args[0], args[1]
+        tag = a.tag_of(t)
+        if tag is None or any(a.tag_of(w) is not None for w in args[2:4]
+                              if isinstance(w, torch.Tensor)):
+            raise _Mixed("normalises with weights that hold rows")
+        if tag[0] >= t.dim() - len(normalized):
+            raise _Mixed(f"normalises over dimension {tag[0]}, where the rows are")
+        return a.set_each(lambda o: tag if o.dim() == t.dim() else None)
+
+    add("native_layer_norm _fused_rms_norm layer_norm rms_norm", norm_last)
+
+    def linear(a, func, args, kwargs):
+        """linear(input, weight, bias): rows in a dimension of input other
+        than its features."""
+        x = args[0]
+        tag = a.tag_of(x)
+        if tag is None or tag[0] == x.dim() - 1 or \
+                any(a.tag_of(w) is not None for w in args[1:] if isinstance(w, torch.Tensor)):
+            raise _Mixed("contracts over the dimension of the rows")
+        return a.set_all(tag)
+
+    add("linear", linear)
+
+    def matmul(a, func, args, kwargs):
+        """matmul([..., n, k], [..., k, m]) -> [..., n, m], leading
+        dimensions broadcast: rows in n, in m or in a leading dimension
+        (both sides alike, or one with the other the same for every row)."""
+        x, y = args[0], args[1]
+        if x.dim() < 2 or y.dim() < 2:
+            raise _Mixed("multiplies a vector by rows")
+        ndim = max(x.dim(), y.dim())
+        places = set()
+        for t, side in ((x, 0), (y, 1)):
+            tag = a.tag_of(t)
+            if tag is None:
+                continue
+            d = tag[0] + ndim - t.dim()
+            if (side == 0 and d == ndim - 1) or (side == 1 and d == ndim - 2):
+                raise _Mixed("contracts over the dimension of the rows")
+            places.add((d, tag[1]))
+        if len(places) != 1:
+            raise _Mixed("multiplies rows by rows")
+        d, inner = places.pop()
+        if a.tag_of(x) is not None and a.tag_of(y) is not None and d >= ndim - 2:
+            raise _Mixed("multiplies rows by rows")
+        for t in (x, y):
+            k = d - (ndim - t.dim())
+            if a.tag_of(t) is None and 0 <= k < t.dim() - 2:
+                a.require_uniform(t, k, inner)
+        return a.set_all((d, inner))
+
+    add("matmul", matmul)
+
+    def repeat_interleave(a, func, args, kwargs):
+        t = args[0]
+        tag = a.tag_of(t)
+        dim = args[2] if len(args) > 2 else kwargs.get("dim")
+        if tag is None or dim is None or dim % t.dim() == tag[0] or \
+                isinstance(args[1], torch.Tensor) and a.tag_of(args[1]) is not None:
+            raise _Mixed("repeats along the dimension of the rows")
+        return a.set_all(tag)
+
+    add("repeat_interleave", repeat_interleave)
+
+    def pad(a, func, args, kwargs):
+        """constant_pad_nd / pad: pads the last len(pad) / 2 dimensions."""
+        t = args[0]
+        tag = a.tag_of(t)
+        padded = len(args[1]) // 2
+        if tag is None or tag[0] >= t.dim() - padded:
+            raise _Mixed("pads the dimension of the rows")
+        return a.set_all(tag)
+
+    add("constant_pad_nd pad", pad)
+
+    def same(a, func, args, kwargs):
+        """Conversions of args[0] (to another tensor's dtype or device: of
+        that tensor only its dtype and device are read)."""
+        tag = a.tag_of(args[0])
+        if tag is None:
+            raise _Mixed("takes rows in an argument it has no rule for")
+        return a.set_all(tag)
+
+    add("to type_as contiguous", same)
+
+    def per_sample(a, func, args, kwargs):
+        """Operators that compute each sample of dimension 0 on its own:
+        convolutions, group norm, batch norm with running statistics
+        (inference); the weights must not hold rows."""
+        tag = a.tag_of(args[0])
+        if tag is None or tag[0] != 0 or any(a.tag_of(w) is not None for w in args[1:]
+                                             if isinstance(w, torch.Tensor)):
+            raise _Mixed("takes its samples other than in dimension 0")
+        if func.overloadpacket.__name__ in ("native_batch_norm", "batch_norm") and args[5]:
+            raise _Mixed("normalises by the statistics of the whole batch (training)")
+        return a.set_each(lambda o: tag if o.dim() >= 1 and o.shape[0] == args[0].shape[0] else None)
+
+    add("convolution native_group_norm native_batch_norm _native_batch_norm_legit_no_training "
+        "cudnn_batch_norm group_norm batch_norm conv1d conv2d conv3d", per_sample)
+
+    def roll(a, func, args, kwargs):
+        t = args[0]
+        tag = a.tag_of(t)
+        dims = _dims(args[2] if len(args) > 2 else kwargs.get("dims", ()))
+        if tag is None or not dims or tag[0] in [k % t.dim() for k in dims]:
+            raise _Mixed("rolls along the dimension of the rows")
+        return a.set_all(tag)
+
+    add("roll", roll)
+
+    def one_hot(a, func, args, kwargs):
+        return a.set_all(a.tag_of(args[0]))
+
+    add("one_hot", one_hot)
+
+    def c10d_same(a, func, args, kwargs):
+        """A tensor-parallel all-reduce: each element summed with the same
+        element of the other ranks, row by row."""
+        return a.set_all(next(a.tag_of(t) for t in _flatten(args) if a.tag_of(t) is not None))
+
+    add("all_reduce all_reduce_ allreduce_", c10d_same)
+    return rules
+
+
+def _row_identity(index, batch, inner):
+    """The dimension along which untagged integer `index` is arange(batch)
+    (the same along every other dimension), or None."""
+    import torch
+
+    from ._split import _capture_underway
+
+    if index.dtype == torch.bool or inner != 1 or (index.is_cuda and _capture_underway()):
+        return None  # (its bytes cannot be read while a CUDA graph is captured)
+    big = [k for k, s in enumerate(index.shape) if s != 1]
+    if len(big) != 1 or index.shape[big[0]] != batch:
+        return None
+    ids = torch.arange(batch, device=index.device, dtype=index.dtype)
+    return big[0] if torch.equal(index.flatten(), ids) else None
+
+
+def _view_tag(a, func, args, kwargs):
+    """Where the rows of args[0] are in the view `func` makes of it."""
+    import torch
+
+    t = args[0]
+    tag = a.tag_of(t)
+    if tag is None:
+        raise _Mixed("takes rows in an argument it has no rule for")
+    d, inner = tag
+    name = func.overloadpacket.__name__
+    n = t.dim()
+    if name in ("view", "_unsafe_view", "reshape", "_reshape_alias", "unflatten", "flatten",
+                "alias_with_sizes_and_strides"):
+        shape = _view_shape(func, args, kwargs, t)
+        return _reshape_tag(list(t.shape), d, inner, shape, a.batch)
+    if name == "expand":
+        return (d + len(args[1]) - n, inner)
+    if name == "permute":
+        dims = [x % n for x in args[1]]
+        return (dims.index(d), inner)
+    if name == "transpose":
+        i, j = args[1] % n, args[2] % n
+        return ((j if d == i else i if d == j else d), inner)
+    if name == "t":
+        return ((1 - d) if n == 2 else d, inner)
+    if name == "unsqueeze":
+        k = args[1] % (n + 1)
+        return (d + (k <= d), inner)
+    if name == "squeeze":
+        dims = range(n) if len(args) < 2 else _dims(args[1])
+        gone = [k % n for k in dims if t.shape[k % n] == 1]
+        return (d - sum(1 for k in gone if k < d), inner)
+    if name in ("slice", "narrow"):
+        dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % n
+        if dim != d:
+            return tag
+        size = t.shape[d]
+        if name == "narrow":
+            whole = args[2] == 0 and args[3] == size
+        else:
+            start, end = (list(args[2:4]) + [None, None])[:2]
+            step = args[4] if len(args) > 4 else kwargs.get("step", 1)
+            whole = (start or 0) == 0 and (end is None or end >= size) and step == 1
+        if whole:
+            return tag
+        raise _Mixed(f"takes part of dimension {d}, where the rows are")
+    if name == "select":
+        dim = args[1] % n
+        if dim == d:
+            raise _Mixed(f"picks one row (dimension {d})")
+        return (d - (dim < d), inner)
+    if name in ("split", "split_with_sizes", "chunk"):
+        dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) % n
+        if dim == d:
+            raise _Mixed(f"cuts dimension {d}, where the rows are")
+        return tag
+    if name == "unbind":
+        dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % n
+        if dim == d:
+            raise _Mixed(f"takes the rows apart one by one (dimension {d})")
+        return (d - (dim < d), inner)
+    raise _Mixed("has no rule proving that it keeps rows apart")
+
+
+def _view_shape(func, args, kwargs, t):
+    name = func.overloadpacket.__name__
+    if name == "unflatten":
+        dim, sizes = args[1] % t.dim(), list(args[2])
+        shape = list(t.shape[:dim]) + sizes + list(t.shape[dim + 1:])
+    elif name == "flatten":
+        start = (args[1] if len(args) > 1 else 0) % t.dim()
+        end = (args[2] if len(args) > 2 else -1) % t.dim()
+        merged = 1
+        for s in t.shape[start:end + 1]:
+            merged *= s
+        shape = list(t.shape[:start]) + [merged] + list(t.shape[end + 1:])
+    else:
+        shape = list(args[1])
+    if -1 in shape:
+        known = 1
+        for s in shape:
+            if s != -1:
+                known *= s
+        shape[shape.index(-1)] = t.numel() // known if known else 0
+    return shape
+
+
+def _reshape_tag(shape, d, inner, out, batch):
+    """Rows at dimension d of `shape` (row * inner + j, rows outermost):
+    where they are after a reshape to `out`, or _Mixed when the reshape cuts
+    them. The rows stay apart when some output dimension starts at the same
+    element stride as the rows' dimension (the product of the dimensions
+    before it is the same) and is a whole number of rows."""
+    prefix = 1
+    for s in shape[:d]:
+        prefix *= s
+    running = 1
+    for k, s in enumerate(out):
+        if running == prefix and s != 1:
+            if s % batch:
+                raise _Mixed(f"reshapes the rows' dimension {d} into one of {s} elements")
+            # inner of the new dimension: the elements per row inside it.
+            return (k, s // batch)
+        running *= s
+        if running > prefix:
+            break
+    raise _Mixed(f"reshapes the rows' dimension {d} across dimensions")

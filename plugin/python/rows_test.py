@@ -1,0 +1,166 @@
+"""Tests of dynaflow._rows: the audit that proves a call keeps its batch's
+rows apart, on functions written the ways models write them."""
+
+import importlib.util
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dynaflow import _rows  # noqa: E402 - after the path is set
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+if HAS_TORCH:
+    import torch
+    import torch.nn.functional as F
+
+B, T, H = 4, 6, 8
+
+
+def audit(fn, *inputs, rows=None, inference=False):
+    """Runs fn(*inputs) under a RowAudit whose per-row inputs are `rows`
+    (default: every input); returns (result, why it mixes rows or None).
+    Under inference mode the audit sees composite operators (linear,
+    matmul) that autograd otherwise decomposes first."""
+    a = _rows.make_audit(B)
+    for t in inputs if rows is None else rows:
+        a.tag_rows(t)
+    with a, torch.inference_mode(inference):
+        out = fn(*inputs)
+    outputs = [out] if isinstance(out, torch.Tensor) else \
+        [o for o in out if isinstance(o, torch.Tensor)]
+    a.check_result(outputs, "the call")
+    return out, a.mixed
+
+
+@unittest.skipUnless(HAS_TORCH, "needs torch")
+class RowAuditTest(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+        self.x = torch.randn(B, T, H)
+        self.w = torch.randn(H, H)
+
+    def assertKeeps(self, fn, *inputs, rows=None):
+        for inference in (False, True):
+            out, why = audit(fn, *inputs, rows=rows, inference=inference)
+            self.assertIsNone(why, f"inference mode {inference}")
+        return out
+
+    def assertMixes(self, fn, *inputs, why, rows=None):
+        for inference in (False, True):
+            _, mixed = audit(fn, *inputs, rows=rows, inference=inference)
+            self.assertIsNotNone(mixed, f"not caught, inference mode {inference}: {why}")
+            self.assertRegex(mixed, why)
+
+    def test_what_transformer_layers_do_keeps_rows_apart(self):
+        w, x = self.w, self.x
+        mask = torch.zeros(B, 1, T, T)  # the same for every row: made in the call
+        ids = torch.randint(0, 10, (B, T))
+        table = torch.randn(10, H)
+
+        def layer(x, ids):
+            h = F.layer_norm(x + F.embedding(ids, table), (H,))
+            q = (h @ w).view(B, T, 2, H // 2).transpose(1, 2)
+            k = torch.cat([q[..., :2], -q[..., 2:]], dim=-1)  # a rotation's halves
+            att = F.scaled_dot_product_attention(q, k, q, attn_mask=mask)
+            flat = att.transpose(1, 2).reshape(B * T, H)  # rows x tokens
+            y = F.linear(F.silu(flat), w).view(B, T, H)
+            return y.softmax(-1) + y.mean(-1, keepdim=True) + x[:, -1:]
+
+        self.assertKeeps(layer, x, ids)
+
+    def test_writes_into_a_tensor_made_in_the_call_keep_rows_apart(self):
+        def mla(x):
+            k = x.new_empty(B, T, 2 * H)  # transformers' multi-head latent attention
+            k[..., :H] = x
+            k[..., H:] = x * 2
+            final = torch.zeros_like(x)
+            final.index_add_(1, torch.tensor([0, 2]), x[:, :2])
+            return k.sum(-1) + final.sum(-1)
+
+        self.assertKeeps(mla, self.x)
+
+    def test_the_identity_on_rows_indexes_them_apart(self):
+        # GPT-2's pooled logits: each row's own last token.
+        lengths = torch.tensor([5, 3, 0, 2])
+        out = self.assertKeeps(lambda x, n: x[torch.arange(B), n], self.x, lengths)
+        torch.testing.assert_close(out[1], self.x[1, 3])
+
+    def test_operators_that_mix_rows_are_caught(self):
+        x = self.x
+        cases = {
+            "softmax over the batch": (lambda x: x.softmax(0),
+                                       r"aten::_?softmax\S* computes along dimension 0"),
+            "centering by the batch mean": (lambda x: x - x.mean(0),
+                                            r"combines a value reduced over the rows with the "
+                                            r"rows"),
+            "rows by rows (CLIP logits)": (lambda x: x[:, 0] @ x[:, 0].t(),
+                                           r"aten::(mm|matmul) multiplies rows by rows"),
+            "the first row added to all": (lambda x: x + x[0], r"picks one row"),
+            "a row number": (lambda x: x + torch.arange(B)[:, None, None],
+                             r"differs between rows \(such as arange\(batch\)\)"),
+            "a sort over the batch": (lambda x: x.sort(0).values,
+                                      r"aten::sort computes along dimension 0"),
+            "a running sum over the batch": (lambda x: x.cumsum(0), r"aten::cumsum"),
+            "batch norm in training": (lambda x: F.batch_norm(x, None, None, training=True),
+                                       r"statistics of the whole batch"),
+            "a linear layer across the rows": (lambda x: F.linear(x.transpose(0, 2),
+                                                                  torch.randn(3, B)),
+                                               r"contracts over the dimension of the rows"),
+            "a boolean mask": (lambda x: x[x.sum(-1) > 0], r"boolean mask"),
+            "rows regrouped": (lambda x: x.reshape(2, -1), r"reshapes the rows' dimension"),
+            "rows returned in dimension 1": (lambda x: x.transpose(0, 1),
+                                             r"returns its rows in dimension 1"),
+            "the batch read on the host": (lambda x: x * 2 if (x.sum() > 0).item() else x,
+                                           r"reads on the host a value reduced over the rows "
+                                           r"\(by aten::sum"),
+            "an operator without a rule": (lambda x: torch.nonzero(x), r"has no rule"),
+            "the batch's total returned": (lambda x: x.sum(), r"returns a value reduced over "
+                                                              r"the rows \(by aten::sum"),
+        }
+        for name, (fn, why) in cases.items():
+            with self.subTest(name):
+                self.assertMixes(fn, x, why=why)
+
+    def test_state_written_from_the_rows_is_caught(self):
+        running = torch.zeros(H)  # a buffer: made before the call
+        self.assertMixes(lambda x: running.copy_(x.mean((0, 1))), self.x,
+                         why=r"writes a value reduced over the rows into a tensor made before")
+        history = torch.zeros(B, T, H)
+        self.assertMixes(lambda x: history.add_(x), self.x,
+                         why=r"writes rows into a tensor that does not hold rows")
+
+    def test_a_rule_that_cannot_follow_an_operator_fails_the_proof_not_the_call(self):
+        from unittest import mock
+
+        def broken(a, func, args, kwargs):
+            raise IndexError("an argument form no rule expects")
+
+        _rows.make_audit(B)  # the rules are made on first use
+        with mock.patch.dict(_rows._RULES, {"cumsum": broken}):
+            out, why = audit(lambda x: x.cumsum(-1), self.x)
+        torch.testing.assert_close(out, self.x.cumsum(-1))
+        self.assertRegex(why, r"aten::cumsum could not be followed by the audit \(IndexError: "
+                              r"an argument form no rule expects\)")
+
+    def test_where_it_failed_names_the_line(self):
+        _, why = audit(lambda x: x.softmax(0), self.x)
+        self.assertRegex(why, r"\(at rows_test\.py:\d+ <lambda>\)$")
+
+    def test_calls_of_one_kind_share_a_key(self):
+        # A prefill and a decode step differ; two decode steps do not.
+        m = torch.nn.Linear(H, H)
+        prefill = _rows.audit_key(m, (torch.randn(B, T, H),), {"use_cache": True})
+        decode = _rows.audit_key(m, (torch.randn(B, 1, H),), {"use_cache": True})
+        later = _rows.audit_key(m, (torch.randn(B, 1, H),), {"use_cache": True})
+        self.assertNotEqual(prefill, decode)
+        self.assertEqual(decode, later)
+        self.assertNotEqual(decode, _rows.audit_key(m, (torch.randn(B, 1, H),),
+                                                     {"use_cache": False}))
+        m.eval()
+        self.assertNotEqual(later, _rows.audit_key(m, (torch.randn(B, 1, H),),
+                                                    {"use_cache": True}))
+
+
+if __name__ == "__main__":
+    unittest.main()
