@@ -149,7 +149,7 @@ expect_code "apply --verify tensor parallel" 0 "$bin" apply --verify --strict "$
   "${tp[@]}"
 check "tensor parallel: same outputs" has "$work/out" "$(cat "$work/tp_base.out")"
 check "tensor parallel: both ranks planned" has "$work/err" \
-  "4 planned and 2 original calls of 1 modules in 2 processes"
+  "4 planned and 4 original calls of 1 modules in 2 processes"
 check "tensor parallel: verify line" grep -qE '^verify: .* \(4 calls\)' "$work/out"
 check "tensor parallel: the sequencer's order on both ranks" has "$work/err" \
   "TPModel ran staggered (3 segments x 2 micro-batches) in the predicted order in 4 of 4 calls"

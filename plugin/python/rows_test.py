@@ -143,6 +143,58 @@ class RowAuditTest(unittest.TestCase):
         self.assertRegex(why, r"aten::cumsum could not be followed by the audit \(IndexError: "
                               r"an argument form no rule expects\)")
 
+    def test_only_the_reviewed_guards_read_a_value_reduced_over_the_rows(self):
+        # transformers' mask guard: "no row is padded, so no mask is needed".
+        source = ("def _ignore_causal_mask_sdpa(padding_mask):\n"
+                  "    return bool(padding_mask.all())\n")
+        guard, other = {"__name__": "transformers.masking_utils"}, {"__name__": "mymodel"}
+        exec(source, guard)
+        exec(source, other)
+        mask = torch.ones(B, T, dtype=torch.bool)
+
+        def attend(fn):
+            return lambda x, m: x * 2 if fn(m) else x
+
+        self.assertKeeps(attend(guard["_ignore_causal_mask_sdpa"]), self.x, mask)
+        self.assertMixes(attend(other["_ignore_causal_mask_sdpa"]), self.x, mask,
+                         why=r"reads on the host a value reduced over the rows \(by aten::all")
+
+    @unittest.skipUnless(importlib.util.find_spec("transformers"), "needs transformers")
+    def test_transformers_experts_are_taken_whole(self):
+        # Their loop over the experts the batch hits reads the batch on the
+        # host; each token's output still comes from its own experts.
+        import transformers as tf
+        from transformers.models.mixtral import modeling_mixtral as mm
+
+        config = tf.MixtralConfig(hidden_size=H, intermediate_size=16, num_local_experts=4,
+                                  num_experts_per_tok=2)
+        moe = mm.MixtralSparseMoeBlock(config)
+        for p in moe.parameters():
+            torch.nn.init.normal_(p)
+        self.assertTrue(_rows._is_experts(moe.experts))
+        self.assertFalse(_rows._is_experts(moe.gate))
+
+        def run(x):
+            a = _rows.make_audit(B)
+            a.tag_rows(x)
+            handles = a.watch(moe)
+            with a, torch.no_grad():
+                out = moe(x)
+            for h in handles:
+                h.remove()
+            a.check_result([out], "the call")
+            return out, a.mixed
+
+        out, why = run(self.x)
+        self.assertIsNone(why)
+        torch.testing.assert_close(out[:2], moe(self.x[:2]).detach())
+        # Unwatched, the loop's host read of the batch refuses.
+        a = _rows.make_audit(B)
+        a.tag_rows(self.x)
+        with a, torch.no_grad():
+            moe(self.x)
+        self.assertRegex(a.mixed, r"reads on the host a value reduced over the rows")
+
     def test_where_it_failed_names_the_line(self):
         _, why = audit(lambda x: x.softmax(0), self.x)
         self.assertRegex(why, r"\(at rows_test\.py:\d+ <lambda>\)$")

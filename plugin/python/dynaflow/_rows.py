@@ -38,17 +38,17 @@ class _Mixed(Exception):
     """The operator combines rows, or has no rule that says it does not."""
 
 
-# Host reads of values reduced over the rows, reviewed: each picks between
-# two forms of an attention mask that give every row the same result (no
-# mask, or a mask that masks nothing in that row), so micro-batches that pick
-# differently still compute each row as the unsplit call does.
+# Host reads of values reduced over the rows, reviewed, each seen on the
+# transformers models of tests/hf_apply_test.py (and BERT's encoder): the
+# first three pick between two forms of an attention mask that give every
+# row the same result (no mask, or a mask that masks nothing in that row:
+# no padding, no packed sequences), so micro-batches that pick differently
+# still compute each row as the unsplit call does; the last only decides
+# whether to print a warning about padding.
 _ROW_GUARDS = frozenset({
     ("transformers.masking_utils", "_ignore_causal_mask_sdpa"),
     ("transformers.masking_utils", "_ignore_bidirectional_mask_sdpa"),
     ("transformers.masking_utils", "find_packed_sequence_indices"),
-    ("transformers.masking_utils", "padding_mask_function"),
-    ("transformers.masking_utils", "flash_attention_mask"),
-    # Only decides whether to print a warning about padding.
     ("transformers.modeling_utils", "warn_if_padding_and_no_attention_mask"),
 })
 
@@ -904,7 +904,7 @@ def _rule_table(torch, cls):
         element of the other ranks, row by row."""
         return a.set_all(next(a.tag_of(t) for t in _flatten(args) if a.tag_of(t) is not None))
 
-    add("all_reduce all_reduce_ allreduce_", c10d_same)
+    add("all_reduce all_reduce_ allreduce_ wait_tensor", c10d_same)
     return rules
 
 
