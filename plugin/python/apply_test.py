@@ -560,15 +560,16 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual(net.layers[0].calls.item(), calls + 1)
 
     def test_a_module_that_changes_its_python_state_is_a_loud_error(self):
-        # A Python counter, a list appended to, a buffer made on the first
-        # call, an attribute set to the output: each micro-batch would do it
-        # again. Loud, and the plan is refused from then on.
+        # A Python counter, a list appended to, a dict entry replaced, an
+        # attribute set to the output: each micro-batch would do it again.
+        # Loud, and the plan is refused from then on.
         class Counting(nn.Module):
             def __init__(self, how):
                 super().__init__()
                 self.how = how
                 self.calls = 0
                 self.seen = []
+                self.slots = {"last": None}
 
             def forward(self, x):
                 if self.how == "count":
@@ -579,6 +580,8 @@ class ApplyTest(unittest.TestCase):
                     self.last = x * 2
                 elif self.how == "keep tuple":
                     self.seen = (x,)
+                elif self.how == "replace entry":  # a hand-written cache's slot
+                    self.slots["last"] = x * 2
                 elif self.how == "reset":  # deleted and set again: no change
                     calls = self.calls
                     del self.calls
@@ -611,7 +614,8 @@ class ApplyTest(unittest.TestCase):
                              ("append", f"attribute seen {changed}"),
                              ("keep", "attribute last is shared by the micro-batches and was "
                                       "replaced"),
-                             ("keep tuple", f"attribute seen {changed}")]:
+                             ("keep tuple", f"attribute seen {changed}"),
+                             ("replace entry", f"attribute slots {changed}")]:
             with self.subTest(how=how):
                 net = CountNet(how)
                 _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)

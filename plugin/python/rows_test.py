@@ -33,6 +33,23 @@ def audit(fn, *inputs, rows=None, inference=False):
     return out, a.mixed
 
 
+def _concat_into_new(x, stat):
+    """transformers' multi-head latent attention writes into slices of a
+    tensor it made; here a batch statistic goes into one of them."""
+    k = x.new_empty(B, T, 2 * H)
+    k[..., :H] = stat
+    k[..., H:] = x
+    return k
+
+
+def _shift_through_slices(x):
+    buf = torch.zeros(B, T, H)
+    lo, hi = buf[:-1], buf[1:]
+    buf.copy_(x)
+    hi.copy_(lo.clone())  # each row takes the previous row's values
+    return buf
+
+
 @unittest.skipUnless(HAS_TORCH, "needs torch")
 class RowAuditTest(unittest.TestCase):
     def setUp(self):
@@ -114,13 +131,65 @@ class RowAuditTest(unittest.TestCase):
             "the batch read on the host": (lambda x: x * 2 if (x.sum() > 0).item() else x,
                                            r"reads on the host a value reduced over the rows "
                                            r"\(by aten::sum"),
-            "an operator without a rule": (lambda x: torch.nonzero(x), r"has no rule"),
+            "positions of the batch's values": (lambda x: torch.nonzero(x),
+                                                r"computes from its inputs' values"),
+            "an operator without a rule": (lambda x: torch.kthvalue(x, 2, 0).values,
+                                           r"has no rule"),
             "the batch's total returned": (lambda x: x.sum(), r"returns a value reduced over "
                                                               r"the rows \(by aten::sum"),
+            # Found by review: each passed the audit once.
+            "torch.equal on the rows": (lambda x: x if torch.equal(x, x * 0) else x * 2,
+                                        r"aten::equal computes from its inputs' values"),
+            "allclose on a batch statistic": (
+                lambda x: x * 2 if torch.allclose(x.amax(0), x.amin(0)) else x,
+                r"aten::allclose reads on the host a value reduced over the rows"),
+            "a shape from a batch statistic": (
+                lambda x: x[:, :torch.nonzero(x.amax(0) > 0).shape[0]],
+                r"aten::nonzero reads on the host a value reduced over the rows"),
+            "a batch statistic written into part of a tensor made in the call": (
+                lambda x: _concat_into_new(x, x.mean(0)), r"combines a value reduced over "
+                                                          r"the rows with the rows"),
+            "rows shifted through slices of a tensor made in the call": (
+                _shift_through_slices, r"reads part of the rows' dimension of a tensor rows "
+                                       r"were written into"),
+            "a scatter whose index moves values between rows": (
+                lambda x: x.new_zeros(x.shape).scatter_(
+                    2, (torch.arange(B).view(B, 1, 1) + torch.arange(H)).remainder(H)
+                    .expand(x.shape).contiguous(), x),
+                r"scatters with an index that does not hold the rows"),
+            "a row number added by baddbmm": (
+                lambda x: torch.baddbmm(torch.arange(B).float().view(B, 1, 1), x,
+                                        x.transpose(1, 2)),
+                r"differs between rows"),
+            "a reduction into an out= buffer": (
+                lambda x: torch.mean(x, 0, out=torch.zeros(T, H)), r"out= tensor"),
+            "where's positions (one argument)": (lambda x: torch.where(x > 0)[0],
+                                                 r"aten::(where|nonzero) computes from its "
+                                                 r"inputs' values"),
         }
         for name, (fn, why) in cases.items():
             with self.subTest(name):
                 self.assertMixes(fn, x, why=why)
+
+    def test_an_index_that_holds_rows_is_not_the_identity(self):
+        # x[p] with p = arange(batch) in the audited call could be any
+        # permutation in a later call of the same kind.
+        p = torch.arange(B)
+        self.assertMixes(lambda x, p: x[p], self.x, p, why=r"indexes the dimension of the "
+                                                           r"rows with other than arange")
+
+    def test_shape_operators_keep_rows_apart(self):
+        # Seen undecomposed under inference mode.
+        x = self.x
+        self.assertKeeps(lambda x: x.expand_as(torch.empty(2, B, T, H)).sum(0), x)
+        self.assertKeeps(lambda x: x.view_as(torch.empty(B, T * H)), x)
+        self.assertKeeps(lambda x: x.swapaxes(1, 2).movedim(2, 1), x)
+        self.assertKeeps(lambda x: x @ x.mT, x)  # per row: [T, H] x [H, T]
+        self.assertMixes(lambda x: x[:, 0].T @ x[:, 0], x, why=r"contracts over|rows by rows")
+        self.assertKeeps(lambda x: torch.max(x, torch.zeros(H)).triu().flip(-1), x)
+        self.assertKeeps(lambda x: x.repeat(1, 2, 1), x)
+        self.assertMixes(lambda x: x.repeat(2, 1, 1), x, why=r"repeats the rows")
+        self.assertMixes(lambda x: x.flip(0), x, why=r"reverses the order of the rows")
 
     def test_state_written_from_the_rows_is_caught(self):
         running = torch.zeros(H)  # a buffer: made before the call

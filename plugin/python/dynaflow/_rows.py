@@ -32,6 +32,7 @@ operators compiled outside it (a torch.compile'd submodule).
 import functools
 import os
 import sys
+import weakref
 
 
 class _Mixed(Exception):
@@ -53,6 +54,7 @@ _ROW_GUARDS = frozenset({
 })
 
 REDUCED = "reduced"  # tag of a value reduced over the rows
+CUT = "cut"  # tag of a slice of part of the rows of a tensor rows were written into
 
 
 def _is_experts(module):
@@ -80,7 +82,7 @@ def _reason(error):
     kept the audit from following it (an argument form no rule expects)."""
     if isinstance(error, _Mixed):
         return str(error)
-    return f"could not be followed by the audit ({type(error).__name__}: {error})"
+    return f"could not be followed by the audit ({type(error).__name__}: {str(error)[:200]})"
 
 
 def _outside(frame):
@@ -166,6 +168,9 @@ def _audit_class():
     from torch.utils.weak import WeakIdKeyDictionary
 
     aten = torch.ops.aten
+    # Operators whose result, or its shape, is computed from their inputs'
+    # values on the host (torch.equal, nonzero, masked_select, ...).
+    data_dependent = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}
 
     class RowAudit(_mode_base()):
         def __init__(self, batch):
@@ -173,10 +178,11 @@ def _audit_class():
             self.batch = batch
             self.tags = WeakIdKeyDictionary()
             # Tensors a factory made in the call (zeros, empty, ...) and the
-            # slices taken of them, by the tensor the factory made: rows may
-            # be written into them, and then all of them hold rows.
+            # slices taken of them -> a weak reference to the tensor the
+            # factory made: rows may be written into them, and then all of
+            # them hold rows. Weak: the audit keeps no tensor alive.
             self.fresh = WeakIdKeyDictionary()
-            self.slices = WeakIdKeyDictionary()  # factory's tensor -> [its slices]
+            self.slices = WeakIdKeyDictionary()  # factory's tensor -> [weak refs to its slices]
             self.origin = WeakIdKeyDictionary()  # value reduced over the rows -> by what
             self.mixed = None    # the first reason the proof failed
             self.whole = 0       # depth inside a module taken whole
@@ -195,18 +201,23 @@ def _audit_class():
             objects' tensors) holds its rows in dimension 0, as the merge
             stacks them, or none that differ between rows."""
             for t in values:
-                tag = self.tag_of(t)
-                if tag == REDUCED:
-                    self.fail(f"{where} returns a value reduced over the rows (by "
-                              f"{self.origin.get(t, '?')})")
-                elif tag is not None and tag[0] != 0:
-                    self.fail(f"{where} returns its rows in dimension {tag[0]}: the merge "
-                              f"stacks dimension 0")
-                elif tag is None and t.dim() >= 1 and t.shape[0] == self.batch:
-                    try:
-                        self.require_uniform(t, 0, 1)
-                    except _Mixed as e:
-                        self.fail(f"{where} {e}")
+                try:
+                    self._check_one(t, where)
+                except Exception as e:  # noqa: BLE001 - the call's result stands
+                    self.fail(f"{where} {_reason(e)}")
+
+        def _check_one(self, t, where):
+            tag = self.tag_of(t)
+            if tag == CUT:
+                self.fail(f"{where} returns part of the rows of a tensor rows were written into")
+            elif tag == REDUCED:
+                self.fail(f"{where} returns a value reduced over the rows (by "
+                          f"{self.origin.get(t, '?')})")
+            elif tag is not None and tag[0] != 0:
+                self.fail(f"{where} returns its rows in dimension {tag[0]}: the merge "
+                          f"stacks dimension 0")
+            elif tag is None and t.dim() >= 1 and t.shape[0] == self.batch:
+                self.require_uniform(t, 0, 1)
 
         def note_reduced(self, func, args, kwargs, out):
             """Remembers where each value reduced over the rows came from."""
@@ -232,7 +243,7 @@ def _audit_class():
                     handles.append(m.register_forward_pre_hook(self._enter_whole,
                                                                with_kwargs=True))
                     handles.append(m.register_forward_hook(self._leave_whole,
-                                                           with_kwargs=True))
+                                                           with_kwargs=True, always_call=True))
             return handles
 
         def _enter_whole(self, module, args, kwargs):
@@ -284,17 +295,27 @@ def _audit_class():
                 name = func.overloadpacket.__name__
                 if name in _FACTORIES:
                     return self.set_fresh
-                if name in ("slice", "narrow", "detach", "alias") and args[0] in self.fresh:
-                    return self.slice_fresh(self.fresh[args[0]])
+                root = self.root_of(args[0]) if args else None
+                if name in ("slice", "narrow", "detach", "alias") and root is not None:
+                    return self.slice_fresh(root)
                 for t in flat:  # another view of it would hold rows unseen
                     self.unfresh(t)
                 return None
+            if CUT in tags:
+                raise _Mixed("reads part of the rows' dimension of a tensor rows were "
+                             "written into")
+            if any(x.alias_info is not None and x.alias_info.is_write and x.kwarg_only
+                   for x in func._schema.arguments):
+                raise _Mixed("writes into an out= tensor, which the audit does not follow")
             if REDUCED in tags:
                 return self.reduced_rule(func, args, kwargs, tags)
             name = func.overloadpacket.__name__
             handler = _RULES.get(name)
             if handler is not None:
                 return handler(self, func, args, kwargs)
+            if data_dependent & set(func.tags) or func is aten.where.default:
+                raise _Mixed("computes from its inputs' values what it returns or its shape "
+                             "(a value that depends on every row)")
             if torch.Tag.pointwise in func.tags or name in _BROADCASTING:
                 return self.broadcast(func, args, kwargs)
             raise _Mixed("has no rule proving that it keeps rows apart")
@@ -311,45 +332,61 @@ def _audit_class():
                 raise _Mixed("writes a value reduced over the rows into a tensor made "
                              "before the call")
             if func in (aten._local_scalar_dense.default, aten.is_nonzero.default,
-                        aten.item.default):
+                        aten.item.default) or data_dependent & set(func.tags):
                 if _guard_caller() not in _ROW_GUARDS:
                     raise _Mixed(f"reads on the host a value reduced over the rows (by "
                                  f"{self.origin.get(args[0], '?')})")
-                return None
+                if func in (aten._local_scalar_dense.default, aten.is_nonzero.default,
+                            aten.item.default):
+                    return None
+            if written is not None and written in self.fresh:
+                return lambda out: self.fill_fresh(written, REDUCED)
             return self.set_all(REDUCED)
+
+        def root_of(self, t):
+            ref = self.fresh.get(t) if isinstance(t, torch.Tensor) else None
+            return ref() if ref is not None else None
 
         def writable(self, t, tag):
             """Whether rows (at `tag`) may be written into untagged `t`: a
             tensor made in the call by a factory, or a slice of one that
             keeps the rows' dimension whole."""
-            root = self.fresh.get(t)
+            root = self.root_of(t)
             return root is not None and t.dim() == root.dim() and \
                 t.shape[tag[0]] == root.shape[tag[0]]
 
+        def family(self, t):
+            root = self.root_of(t)
+            if root is None:
+                return [t]
+            return [root] + [v for v in (r() for r in self.slices.get(root, [])) if v is not None]
+
         def unfresh(self, t):
-            root = self.fresh.get(t)
-            if root is not None:
-                for v in [root] + self.slices.pop(root, []):
-                    self.fresh.pop(v, None)
+            for v in self.family(t):
+                self.fresh.pop(v, None)
+                self.slices.pop(v, None)
 
         def fill_fresh(self, t, tag):
-            """Rows written into fresh `t`: it, the tensor it slices and its
-            other slices (which keep every dimension in place) hold them."""
-            root = self.fresh[t]
-            family = [root] + self.slices.get(root, [])
+            """Rows (or a value reduced over them) written into fresh `t`:
+            it, the tensor it slices and its other slices hold them; a
+            slice that keeps only part of the rows' dimension is cut."""
+            family = self.family(t)
             self.unfresh(t)
+            root = family[0]
             for v in family:
-                self.tags[v] = tag
+                whole = tag == REDUCED or (v.dim() == root.dim() and
+                                           v.shape[tag[0]] == root.shape[tag[0]])
+                self.tags[v] = tag if whole else CUT
 
         # Output taggers ------------------------------------------------
         def set_fresh(self, out):
             if isinstance(out, torch.Tensor):
-                self.fresh[out] = out
+                self.fresh[out] = weakref.ref(out)
 
         def slice_fresh(self, root):
             def tag_out(out):
-                self.fresh[out] = root
-                self.slices.setdefault(root, []).append(out)
+                self.fresh[out] = weakref.ref(root)
+                self.slices.setdefault(root, []).append(weakref.ref(out))
             return tag_out
 
         def set_all(self, tag):
@@ -494,6 +531,11 @@ _BROADCASTING = frozenset({"where", "masked_fill", "masked_fill_", "copy_", "cop
                            "logical_not", "bitwise_not"})
 
 
+# Batch norms whose argument 5 says training (statistics of the whole batch).
+_BATCH_NORMS = frozenset({"native_batch_norm", "batch_norm", "cudnn_batch_norm",
+                          "miopen_batch_norm"})
+
+
 def _flatten(values):
     out = []
     stack = [values]
@@ -533,6 +575,8 @@ def _rule_table(torch, cls):
     add("new_zeros new_ones new_empty new_full new_empty_strided", untagged_factory)
 
     def reduction(a, func, args, kwargs):
+        if func._schema.overload_name == "other":  # max(a, b): element-wise
+            return a.broadcast(func, args, kwargs)
         schema_args = [x.name for x in func._schema.arguments]
         values = dict(zip(schema_args, args))
         values.update(kwargs)
@@ -554,9 +598,9 @@ def _rule_table(torch, cls):
     def views(a, func, args, kwargs):
         return a.set_all(_view_tag(a, func, args, kwargs))
 
-    add("view _unsafe_view reshape _reshape_alias expand permute transpose t unsqueeze "
-        "squeeze slice select narrow split split_with_sizes unbind chunk movedim unflatten "
-        "flatten alias_with_sizes_and_strides", views)
+    add("view _unsafe_view reshape expand permute transpose t unsqueeze squeeze slice select "
+        "narrow split split_with_sizes unbind chunk movedim unflatten flatten view_as "
+        "reshape_as expand_as swapaxes swapdims mT mH numpy_T", views)
 
     def each_view(a, func, args, kwargs):
         tag = _view_tag(a, func, args, kwargs)
@@ -630,8 +674,14 @@ def _rule_table(torch, cls):
             for t in (b1, b2):
                 if a.tag_of(t) is None:
                     a.require_uniform(t, 0, out[1])
-        if base and a.tag_of(args[0]) not in (None, out):
-            raise _Mixed("adds rows held in another place")
+        if base:  # the added input broadcasts against [n, m, p]
+            added = args[0]
+            ta = a.tag_of(added)
+            if ta is not None and (ta[0] + 3 - added.dim(), ta[1]) != out:
+                raise _Mixed("adds rows held in another place")
+            k = out[0] - (3 - added.dim())
+            if ta is None and k >= 0:
+                a.require_uniform(added, k, out[1])
         return a.set_all(out)
 
     add("bmm baddbmm", bmm)
@@ -703,7 +753,8 @@ def _rule_table(torch, cls):
             if ti is not None:
                 rows[ti[0] + len(shape) - i.dim()] = ti[1]
         if tag is not None:  # indexed on the rows' dimension: only by the identity
-            e = _row_identity(indices[tag[0]], a.batch, tag[1])
+            e = None if a.tag_of(indices[tag[0]]) is not None else \
+                _row_identity(indices[tag[0]], a.batch, tag[1])
             if e is None:
                 raise _Mixed("indexes the dimension of the rows with other than "
                              "arange(batch)")
@@ -766,6 +817,10 @@ def _rule_table(torch, cls):
         ts = a.tag_of(source) if isinstance(source, torch.Tensor) else None
         index_tag = a.tag_of(args[2])
         if tag is None and ts is not None and dim != ts[0] and a.writable(t, ts):
+            if func.overloadpacket.__name__.startswith("scatter") and index_tag != ts:
+                raise _Mixed("scatters with an index that does not hold the rows")
+            if not func.overloadpacket.__name__.startswith("scatter") and index_tag is not None:
+                raise _Mixed("writes at positions that differ between rows")
             return lambda out: a.fill_fresh(t, ts)  # a tensor made in the call
         if tag is None or dim == tag[0] or (ts is not None and ts != tag):
             raise _Mixed("writes along, or across, the dimension of the rows")
@@ -877,12 +932,43 @@ def _rule_table(torch, cls):
         if tag is None or tag[0] != 0 or any(a.tag_of(w) is not None for w in args[1:]
                                              if isinstance(w, torch.Tensor)):
             raise _Mixed("takes its samples other than in dimension 0")
-        if func.overloadpacket.__name__ in ("native_batch_norm", "batch_norm") and args[5]:
+        if func.overloadpacket.__name__ in _BATCH_NORMS and args[5]:
             raise _Mixed("normalises by the statistics of the whole batch (training)")
         return a.set_each(lambda o: tag if o.dim() >= 1 and o.shape[0] == args[0].shape[0] else None)
 
     add("convolution native_group_norm native_batch_norm _native_batch_norm_legit_no_training "
-        "cudnn_batch_norm group_norm batch_norm conv1d conv2d conv3d", per_sample)
+        "cudnn_batch_norm miopen_batch_norm group_norm batch_norm conv1d conv2d conv3d",
+        per_sample)
+
+    def last_two(a, func, args, kwargs):
+        """tril / triu: per matrix of the last two dimensions."""
+        t = args[0]
+        tag = a.tag_of(t)
+        if tag is None or tag[0] >= t.dim() - 2:
+            raise _Mixed("masks across the dimension of the rows")
+        return a.set_all(tag)
+
+    add("tril triu tril_ triu_", last_two)
+
+    def flip(a, func, args, kwargs):
+        t = args[0]
+        tag = a.tag_of(t)
+        if tag is None or tag[0] in [k % t.dim() for k in _dims(args[1])]:
+            raise _Mixed("reverses the order of the rows")
+        return a.set_all(tag)
+
+    add("flip", flip)
+
+    def repeat(a, func, args, kwargs):
+        """repeat(sizes): new leading dimensions, the rows' one repeated once."""
+        t, sizes = args[0], list(args[1])
+        tag = a.tag_of(t)
+        d = None if tag is None else tag[0] + len(sizes) - t.dim()
+        if tag is None or sizes[d] != 1:
+            raise _Mixed("repeats the rows")
+        return a.set_all((d, tag[1]))
+
+    add("repeat", repeat)
 
     def roll(a, func, args, kwargs):
         t = args[0]
@@ -935,12 +1021,21 @@ def _view_tag(a, func, args, kwargs):
     d, inner = tag
     name = func.overloadpacket.__name__
     n = t.dim()
-    if name in ("view", "_unsafe_view", "reshape", "_reshape_alias", "unflatten", "flatten",
-                "alias_with_sizes_and_strides"):
-        shape = _view_shape(func, args, kwargs, t)
+    if name in ("view", "_unsafe_view", "reshape", "unflatten", "flatten", "view_as",
+                "reshape_as"):
+        if name in ("view_as", "reshape_as") and a.tag_of(args[1]) is not None:
+            raise _Mixed("takes its shape from rows")  # only args[1]'s shape is read
+        shape = list(args[1].shape) if name in ("view_as", "reshape_as") else \
+            _view_shape(func, args, kwargs, t)
         return _reshape_tag(list(t.shape), d, inner, shape, a.batch)
-    if name == "expand":
-        return (d + len(args[1]) - n, inner)
+    if name in ("expand", "expand_as"):
+        size = args[1].shape if name == "expand_as" else args[1]
+        return (d + len(size) - n, inner)
+    if name == "movedim":
+        return (_moved(n, _dims(args[1]), _dims(args[2])).index(d), inner)
+    if name in ("swapaxes", "swapdims"):
+        i, j = args[1] % n, args[2] % n
+        return ((j if d == i else i if d == j else d), inner)
     if name == "permute":
         dims = [x % n for x in args[1]]
         return (dims.index(d), inner)
@@ -949,6 +1044,10 @@ def _view_tag(a, func, args, kwargs):
         return ((j if d == i else i if d == j else d), inner)
     if name == "t":
         return ((1 - d) if n == 2 else d, inner)
+    if name in ("mT", "mH"):  # the last two dimensions swapped
+        return ((n - 3 - d) % n if d >= n - 2 else d, inner)
+    if name == "numpy_T":  # every dimension reversed
+        return (n - 1 - d, inner)
     if name == "unsqueeze":
         k = args[1] % (n + 1)
         return (d + (k <= d), inner)
@@ -986,6 +1085,18 @@ def _view_tag(a, func, args, kwargs):
             raise _Mixed(f"takes the rows apart one by one (dimension {d})")
         return (d - (dim < d), inner)
     raise _Mixed("has no rule proving that it keeps rows apart")
+
+
+def _moved(n, source, destination):
+    """The permutation movedim(source, destination) applies to n dimensions:
+    output dimension k holds input dimension perm[k]."""
+    source = [k % n for k in source]
+    destination = [k % n for k in destination]
+    perm = [None] * n
+    for src, dst in zip(source, destination):
+        perm[dst] = src
+    rest = iter(k for k in range(n) if k not in source)
+    return [p if p is not None else next(rest) for p in perm]
 
 
 def _view_shape(func, args, kwargs, t):

@@ -187,11 +187,12 @@ class ModuleState:
 
 
 # A module's Python state that a call could change once per micro-batch: a
-# counter (`self.calls += 1`), a flag, a list it appends to, an attribute it
-# sets (`self.last = y`). Scalars by value, containers by length (hook,
-# buffer and submodule tables too; an entry replaced in place is not seen),
-# anything else by identity. Not tuples by value: comparing one that holds
-# tensors would compare the tensors' elements.
+# counter (`self.calls += 1`), a flag, a list it appends to or whose entry it
+# replaces (`self.cache[i] = torch.cat(...)`), an attribute it sets
+# (`self.last = y`). Scalars by value, containers by their entries'
+# identities (nn.Module's own tables by length), anything else by identity.
+# Not tuples by value: comparing one that holds tensors would compare the
+# tensors' elements.
 _SCALAR_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes})
 _CONTAINER_TYPES = frozenset({dict, list, set, collections.OrderedDict})
 
@@ -199,27 +200,50 @@ _CONTAINER_TYPES = frozenset({dict, list, set, collections.OrderedDict})
 def _python_state(attributes, state, kept=None, tensors=None):
     """Appends to `state` (a list) a (name, type, value) triple for every
     attribute of `vars(module)`: the value itself for a type of
-    `_SCALAR_TYPES`, the length for one of `_CONTAINER_TYPES` (exactly: a
+    `_SCALAR_TYPES`, `_entries` for one of `_CONTAINER_TYPES` (exactly: a
     subclass is compared as an object), the object's id for any other (a
     tensor, a tuple, a config), so that rebinding, adding or deleting any
-    attribute shows, and appending to a list. References and ints only,
-    nothing the collector tracks. With `kept` (a list), keeps there the
+    attribute shows, and appending to a list or replacing an entry.
+    References and ints only, nothing the collector tracks. With `kept` (a list), keeps there the
     objects compared by id, so that no other object takes an id while the
     state is held; with `tensors`, appends the names of tensor attributes."""
     import torch
 
+    tables = _module_tables()
     for k, v in attributes.items():
         t = type(v)
         if t in _SCALAR_TYPES:
             state += (k, t, v)
         elif t in _CONTAINER_TYPES:
-            state += (k, t, len(v))
+            state += (k, t, len(v) if k in tables else _entries(v))
         else:
             state += (k, t, id(v))
             if kept is not None:
                 kept.append(v)
             if tensors is not None and issubclass(t, torch.Tensor):
                 tensors.append(k)
+
+
+@functools.cache
+def _module_tables():
+    """The names of the tables every nn.Module keeps (parameters, buffers,
+    submodules, hooks): compared by length only, which keeps the check cheap
+    (their tensors are checked by binding and version, hooks by
+    check_module)."""
+    from torch import nn
+
+    return frozenset(vars(nn.Module()))
+
+
+def _entries(container):
+    """An int that changes when an entry of `container` is added, removed or
+    replaced by another object: a hash of its length and of its entries'
+    identities (a dict's keys and values), computed without keeping them."""
+    if type(container) in (dict, collections.OrderedDict):
+        return hash((len(container), tuple(container), tuple(map(id, container.values()))))
+    if type(container) is set:
+        return hash((len(container), frozenset(map(id, container))))
+    return hash((len(container), tuple(map(id, container))))
 
 
 def _first_change(before, after):
