@@ -214,8 +214,8 @@ def _python_state(attributes, state, kept=None, tensors=None):
         t = type(v)
         if t in _SCALAR_TYPES:
             state += (k, t, v)
-        elif t in _CONTAINER_TYPES:
-            state += (k, t, len(v) if k in tables else _entries(v))
+        elif t in _CONTAINER_TYPES:  # most are empty hook tables
+            state += (k, t, (len(v) if k in tables else _entries(v)) if v else 0)
         else:
             state += (k, t, id(v))
             if kept is not None:
