@@ -409,10 +409,9 @@ def _audit_class():
             return tag_out
 
         def written(self, func, args, kwargs):
-            """The tensor an in-place or out= operator writes, or None."""
+            """The tensor an in-place operator writes (its first argument), or
+            None (out= arguments are refused in `rule`)."""
             schema = func._schema
-            if schema.overload_name == "out" or "out" in kwargs:
-                return kwargs.get("out")
             if schema.arguments and schema.arguments[0].alias_info is not None and \
                     schema.arguments[0].alias_info.is_write:
                 return args[0]
@@ -438,12 +437,12 @@ def _audit_class():
                 raise _Mixed(f"pairs rows with a tensor of {size} elements made in the call "
                              f"that differs between rows (such as arange(batch))")
 
-        def broadcast(self, func, args, kwargs, out_dim=None):
+        def broadcast(self, func, args, kwargs):
             """Element-wise operators (broadcasting): the rows of every
             tagged input must land in the same output dimension."""
             tensors = [a for a in _flatten([args, list(kwargs.values())])
                        if isinstance(a, torch.Tensor)]
-            ndim = max(t.dim() for t in tensors) if out_dim is None else out_dim
+            ndim = max(t.dim() for t in tensors)
             target = None
             for t in tensors:
                 tag = self.tag_of(t)
@@ -470,11 +469,6 @@ def _audit_class():
             if written is not None and self.tag_of(written) is None:
                 return lambda out: self.fill_fresh(written, target)
             return self.set_all(target)
-
-        def same(self, func, args, kwargs):
-            """One tagged input, outputs shaped like it (conversions, copies,
-            random fills of its shape)."""
-            return self.set_all(self.tag_of(args[0]))
 
         def reduce(self, func, args, kwargs, dims, keepdim):
             """Reduction over `dims` (None: all) of args[0]."""
