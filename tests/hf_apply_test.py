@@ -10,9 +10,9 @@ past_key_values, generate(), a static cache, left padding) unmodified and
 under `dynaflow apply --verify`: the first call of each kind audited (run
 the original way while its operators are proved to keep rows apart), every
 later stack call planned and run in the schedule's issue order, --verify
-passing, the same tokens and logits within float32's tolerance. Llama also runs in process (`dynaflow.apply(model,
-plan)`), with and without torch.compile; and once under
-torch.inference_mode(). LFM2 and Mamba, whose own caches hold state no
+passing, the same tokens and logits within float32's tolerance. Llama also
+runs in process (`dynaflow.apply(model, plan)`), with and without
+torch.compile; and once under torch.inference_mode(). LFM2 and Mamba, whose own caches hold state no
 adapter merges, are refused before they run.
 
 Env (ctest sets them): DYNAFLOW_BIN, DYNAFLOW_SOURCE_DIR, DYNAFLOW_PYTHON (a

@@ -1059,7 +1059,8 @@ class _CollectiveCuts:
 
 
 # Why the first call of each kind runs the original way (_PlannedForward._audited).
-_AUDITED = "the first call of its kind, run the original way to prove that its operators keep the rows apart"
+_AUDITED = ("the first call of its kind, run the original way to prove that its operators "
+            "keep the rows apart")
 
 
 class _PlannedForward:

@@ -586,8 +586,8 @@ def _rule_table(torch, cls):
         values.update(kwargs)
         return a.along(func, args, kwargs, values.get("dim", -1))
 
-    add("_softmax _safe_softmax _log_softmax softmax log_softmax cumsum cumsum_ cumprod topk sort argsort "
-        "cummax cummin _softmax_backward_data", along_dim)
+    add("_softmax _safe_softmax _log_softmax softmax log_softmax cumsum cumsum_ cumprod topk "
+        "sort argsort cummax cummin _softmax_backward_data", along_dim)
 
     def views(a, func, args, kwargs):
         return a.set_all(_view_tag(a, func, args, kwargs))
@@ -897,16 +897,22 @@ def _rule_table(torch, cls):
 
     add("repeat_interleave", repeat_interleave)
 
-    def pad(a, func, args, kwargs):
-        """constant_pad_nd / pad: pads the last len(pad) / 2 dimensions."""
-        t = args[0]
-        tag = a.tag_of(t)
-        padded = len(args[1]) // 2
-        if tag is None or tag[0] >= t.dim() - padded:
-            raise _Mixed("pads the dimension of the rows")
-        return a.set_all(tag)
+    def before_last(count, why):
+        """A rule for operators that act on the last count(args)
+        dimensions of args[0], each slice of the others on its own: the
+        rows must be in one of the others."""
+        def rule(a, func, args, kwargs):
+            t = args[0]
+            tag = a.tag_of(t)
+            if tag is None or tag[0] >= t.dim() - count(args):
+                raise _Mixed(why)
+            return a.set_all(tag)
+        return rule
 
-    add("constant_pad_nd pad", pad)
+    add("constant_pad_nd pad", before_last(lambda args: len(args[1]) // 2,
+                                           "pads the dimension of the rows"))
+    add("tril triu tril_ triu_", before_last(lambda args: 2,
+                                             "masks across the dimension of the rows"))
 
     def same(a, func, args, kwargs):
         """Conversions of args[0] (to another tensor's dtype or device: of
@@ -928,21 +934,12 @@ def _rule_table(torch, cls):
             raise _Mixed("takes its samples other than in dimension 0")
         if func.overloadpacket.__name__ in _BATCH_NORMS and args[5]:
             raise _Mixed("normalises by the statistics of the whole batch (training)")
-        return a.set_each(lambda o: tag if o.dim() >= 1 and o.shape[0] == args[0].shape[0] else None)
+        rows = args[0].shape[0]
+        return a.set_each(lambda o: tag if o.dim() >= 1 and o.shape[0] == rows else None)
 
     add("convolution native_group_norm native_batch_norm _native_batch_norm_legit_no_training "
         "cudnn_batch_norm miopen_batch_norm group_norm batch_norm conv1d conv2d conv3d",
         per_sample)
-
-    def last_two(a, func, args, kwargs):
-        """tril / triu: per matrix of the last two dimensions."""
-        t = args[0]
-        tag = a.tag_of(t)
-        if tag is None or tag[0] >= t.dim() - 2:
-            raise _Mixed("masks across the dimension of the rows")
-        return a.set_all(tag)
-
-    add("tril triu tril_ triu_", last_two)
 
     def flip(a, func, args, kwargs):
         t = args[0]
