@@ -723,6 +723,18 @@ class ApplyTest(unittest.TestCase):
         # Then both split, layers.0's micro-batches calling layers.1 each.
         self.assertEqual((report.planned_calls, report.original_calls), (2, 5))
 
+    def test_a_compiled_submodule_inside_a_unit_is_audited_and_splits(self):
+        # torch.compile runs under the audit's dispatch mode (its operators
+        # are seen), and split later like any other code.
+        inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        net = nn.Sequential(nn.Sequential(torch.compile(inner, backend="eager")))
+        x = torch.randn(4, 8)
+        expected = net(x)
+        _apply.apply(net, plan(["Sequential.*"]), runtime_lib=RUNTIME)
+        torch.testing.assert_close(self.audit(net, x, units=1), expected)
+        torch.testing.assert_close(net(x), expected)
+        self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
+
     def test_autocast_holds_in_the_micro_batches(self):
         net, x = nn.Sequential(nn.Linear(3, 3)), torch.randn(4, 3)
         with torch.autocast("cpu", dtype=torch.bfloat16):
