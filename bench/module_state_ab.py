@@ -4,8 +4,8 @@ another version of plugin/python/dynaflow/_split.py and this checkout's,
 loaded side by side in one process and alternated, on a 32-layer
 transformers Llama with tiny widths (421 modules).
 
-    git show REV:plugin/python/dynaflow/_split.py > /tmp/old_split.py
-    .venv/bin/python bench/module_state_ab.py /tmp/old_split.py
+    git show REV:plugin/python/dynaflow/_split.py > old_split.py
+    .venv/bin/python bench/module_state_ab.py old_split.py
 """
 
 import importlib.util
