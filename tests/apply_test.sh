@@ -229,63 +229,47 @@ check "refusal said once" test "$(grep -c "plan refused" "$work/err")" -eq 1
 check "batch norm: unmodified result" has "$work/out" "$(cat "$work/bn_base.out")"
 expect_code "batch norm --strict" 2 "$bin" apply --strict "$work/bn.json" -- "$py" "$work/bn.py"
 
-# A module that mixes rows in its own code (it centres each column on the
-# batch's mean): the audit of its first call, which runs the original way,
-# refuses the plan before any call runs split; the program's result is its own.
-cat >"$work/mix.py" <<'PY'
-import torch
+# Two blocks a plan may not split as is. Center mixes rows in its own code (it
+# centres each column on the batch's mean): the audit of its first call, which
+# runs the original way, refuses the plan before any call runs split, and the
+# program's result is its own. Noise adds noise drawn once per call for every
+# row: the audit passes it (the same for each row), each micro-batch draws its
+# own, and --verify says so.
+cat >"$work/blocks.py" <<'PY'
+import sys, torch
 from torch import nn
 
 class Center(nn.Module):
     def forward(self, x):
         return x - x.mean(0, keepdim=True)
 
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList(Center() for _ in range(2))
-
-    def forward(self, x):
-        for b in self.blocks:
-            x = b(x)
-        return x
-
-net, x = Net(), torch.arange(16.0).reshape(8, 2)
-for _ in range(2):
-    print("sum of squares", float((net(x) ** 2).sum()))
-PY
-"$py" "$work/mix.py" >"$work/mix_base.out"
-expect_code "row mixing refused" 0 "$bin" apply "$work/bn.json" -- "$py" "$work/mix.py"
-check "row mixing named" has "$work/err" \
-  "plan refused: Net.blocks.0: aten::sub.Tensor combines a value reduced over the rows with the rows (at mix.py:6 forward)"
-check "row mixing: unmodified result" has "$work/out" "$(cat "$work/mix_base.out")"
-expect_code "row mixing --strict" 2 "$bin" apply --strict "$work/bn.json" -- "$py" "$work/mix.py"
-
-# Noise drawn once per call for every row: the audit passes it (the same for
-# each row), each micro-batch draws its own, and --verify says so.
-cat >"$work/noise.py" <<'PY'
-import torch
-from torch import nn
-
 class Noise(nn.Module):
     def forward(self, x):
         return x + torch.rand(x.shape[1])
 
 class Net(nn.Module):
-    def __init__(self):
+    def __init__(self, block):
         super().__init__()
-        self.blocks = nn.ModuleList(Noise() for _ in range(2))
+        self.blocks = nn.ModuleList(block() for _ in range(2))
 
     def forward(self, x):
         for b in self.blocks:
             x = b(x)
         return x
 
-net = Net()
+net = Net({"center": Center, "noise": Noise}[sys.argv[1]])
+x = torch.arange(16.0).reshape(8, 2)
 for _ in range(2):
-    net(torch.zeros(8, 2))
+    print("sum of squares", float((net(x) ** 2).sum()))
 PY
-expect_code "verify fails" 1 "$bin" apply --verify "$work/bn.json" -- "$py" "$work/noise.py"
+"$py" "$work/blocks.py" center >"$work/mix_base.out"
+expect_code "row mixing refused" 0 "$bin" apply "$work/bn.json" -- "$py" "$work/blocks.py" center
+check "row mixing named" has "$work/err" \
+  "plan refused: Net.blocks.0: aten::sub.Tensor combines a value reduced over the rows with the rows (at blocks.py:6 forward)"
+check "row mixing: unmodified result" has "$work/out" "$(cat "$work/mix_base.out")"
+expect_code "row mixing --strict" 2 "$bin" apply --strict "$work/bn.json" -- "$py" \
+  "$work/blocks.py" center
+expect_code "verify fails" 1 "$bin" apply --verify "$work/bn.json" -- "$py" "$work/blocks.py" noise
 check "verify failure named" has "$work/err" "verify: FAILED: Net.blocks.0: output"
 
 # --- calls that run unsplit for a reason that passes, counted by reason: the

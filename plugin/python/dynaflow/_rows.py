@@ -29,10 +29,14 @@ tensor's bytes that bypass torch's dispatcher (`tolist()`, `numpy()`) or
 operators compiled outside it (a torch.compile'd submodule).
 """
 
+import dataclasses
+import enum
 import functools
 import os
 import sys
 import weakref
+
+from ._split import state_adapter
 
 
 class _Mixed(Exception):
@@ -70,13 +74,6 @@ def _is_experts(module):
         and getattr(forward, "__name__", "") == "forward"
 
 
-@functools.cache
-def _mode_base():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    return TorchDispatchMode
-
-
 def _reason(error):
     """Why an operator ends the proof: its rule's reason, or the error that
     kept the audit from following it (an argument form no rule expects)."""
@@ -91,11 +88,18 @@ def _outside(frame):
     return module.partition(".")[0] not in ("torch", "dynaflow")
 
 
-def _where():
-    """The first Python frame outside torch and dynaflow: file:line function."""
+def _caller():
+    """The first Python frame outside torch and dynaflow (the model's code
+    that called the operator), or None."""
     frame = sys._getframe(1)
     while frame is not None and not _outside(frame):
         frame = frame.f_back
+    return frame
+
+
+def _where():
+    """The model's line that called the operator: file:line function."""
+    frame = _caller()
     if frame is None:
         return "?"
     name = os.path.basename(frame.f_code.co_filename)
@@ -103,10 +107,8 @@ def _where():
 
 
 def _guard_caller():
-    """(module, function) of the first Python frame outside torch and dynaflow."""
-    frame = sys._getframe(1)
-    while frame is not None and not _outside(frame):
-        frame = frame.f_back
+    """(module, function) of the model's code that called the operator."""
+    frame = _caller()
     return (frame.f_globals.get("__name__", ""), frame.f_code.co_name) if frame else ("", "")
 
 
@@ -117,12 +119,7 @@ def audit_key(module, args, kwargs):
     their dimensions past the rows are 1: a prefill and a decode step of a
     decoder differ, two decode steps do not). Calls with the same key take
     the path the audited one took."""
-    import dataclasses
-    import enum
-
     import torch
-
-    from ._split import state_adapter
 
     key = [module.training, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
            tuple(d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d))]
@@ -142,8 +139,8 @@ def audit_key(module, args, kwargs):
             for k, x in v.items():
                 key.append(k)
                 walk(x)
-        elif state_adapter(v) is not None:
-            key.append((type(v), state_adapter(v).audit_key(v)))
+        elif (adapter := state_adapter(v)) is not None:
+            key.append((type(v), adapter.audit_key(v)))
         elif dataclasses.is_dataclass(v) and not isinstance(v, type):
             for f in dataclasses.fields(v):
                 key.append(f.name)
@@ -165,6 +162,7 @@ def make_audit(batch):
 @functools.cache
 def _audit_class():
     import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.weak import WeakIdKeyDictionary
 
     aten = torch.ops.aten
@@ -172,7 +170,7 @@ def _audit_class():
     # values on the host (torch.equal, nonzero, masked_select, ...).
     data_dependent = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}
 
-    class RowAudit(_mode_base()):
+    class RowAudit(TorchDispatchMode):
         def __init__(self, batch):
             super().__init__()
             self.batch = batch
@@ -186,6 +184,7 @@ def _audit_class():
             self.origin = WeakIdKeyDictionary()  # value reduced over the rows -> by what
             self.mixed = None    # the first reason the proof failed
             self.whole = 0       # depth inside a module taken whole
+            self.whole_in = None  # the rows' place in its tokens
 
         # Tags ----------------------------------------------------------
         def tag_rows(self, t):
@@ -254,12 +253,12 @@ def _audit_class():
                     next(iter(tags))[0] != 0:
                 self.fail(f"{type(module).__name__} (experts) gets its tokens "
                           f"with rows in different places {sorted(map(str, tags))}")
-            self._whole_in = self.tag_of(values[0]) if values else None
+            self.whole_in = self.tag_of(values[0]) if values else None
             self.whole += 1
 
         def _leave_whole(self, module, args, kwargs, output):
             self.whole -= 1
-            tag = getattr(self, "_whole_in", None)
+            tag = self.whole_in
             if isinstance(output, torch.Tensor) and tag is not None and tag != REDUCED:
                 self.tags[output] = tag
             else:

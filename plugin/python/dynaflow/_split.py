@@ -204,9 +204,10 @@ def _python_state(attributes, state, kept=None, tensors=None):
     subclass is compared as an object), the object's id for any other (a
     tensor, a tuple, a config), so that rebinding, adding or deleting any
     attribute shows, and appending to a list or replacing an entry.
-    References and ints only, nothing the collector tracks. With `kept` (a list), keeps there the
-    objects compared by id, so that no other object takes an id while the
-    state is held; with `tensors`, appends the names of tensor attributes."""
+    References and ints only, nothing the collector tracks. With `kept` (a
+    list), keeps there the objects compared by id, so that no other object
+    takes an id while the state is held; with `tensors`, appends the names of
+    tensor attributes."""
     import torch
 
     tables = _module_tables()
@@ -393,21 +394,25 @@ def check_module(module_path, module):
     modules = list(module.named_modules())
     for name, m in modules:
         if isinstance(m, lazy) and m.has_uninitialized_params():
-            where = f"{module_path}.{name}" if name else module_path
-            raise Unsplittable(f"{where}: {type(m).__name__} infers its parameters on its "
-                               f"first call")
+            raise Unsplittable(f"{_path(module_path, name)}: {type(m).__name__} infers its "
+                               f"parameters on its first call")
         if isinstance(m, row_mixing):
-            _check_rows_independent(f"{module_path}.{name}" if name else module_path, m)
+            _check_rows_independent(_path(module_path, name), m)
         if capturing:
-            _check_buffers_checkable(f"{module_path}.{name}" if name else module_path, m)
+            _check_buffers_checkable(_path(module_path, name), m)
         # The unit's own hooks run once, around the whole planned call.
         if name and (m._forward_pre_hooks or m._forward_hooks or m._backward_pre_hooks
                      or m._backward_hooks):
-            _check_hooks(f"{module_path}.{name}", [("forward pre-", m._forward_pre_hooks),
+            _check_hooks(_path(module_path, name), [("forward pre-", m._forward_pre_hooks),
                                                    ("forward ", m._forward_hooks),
                                                    ("backward pre-", m._backward_pre_hooks),
                                                    ("backward ", m._backward_hooks)], collecting)
     return modules
+
+
+def _path(unit_path, name):
+    """A submodule's path: `name` (from named_modules, "" for the unit) under the unit's."""
+    return f"{unit_path}.{name}" if name else unit_path
 
 
 def install_lazy_hooks(module):
