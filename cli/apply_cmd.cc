@@ -1,4 +1,4 @@
-// dynaflow apply PLAN [--strict] [--verify] -- CMD ARGS...
+// dynaflow apply PLAN [--strict] [--verify] [--no-graphs] -- CMD ARGS...
 //
 // Runs CMD with the Python bootstrap first on PYTHONPATH and the plan in its
 // environment: when the program imports torch, the bootstrap replaces the
@@ -38,6 +38,7 @@ struct ApplyArgs {
   std::string plan;
   bool strict = false;
   bool verify = false;
+  bool no_graphs = false;
   std::vector<std::string> command;
 };
 
@@ -126,6 +127,11 @@ struct ApplySummary {
     int64_t unplanned = 0;
   };
   std::map<std::string, PhaseCalls> phases;
+  // CUDA graphs (plugin/python/dynaflow/_graphs.py): graphs captured, calls
+  // replayed, and planned calls that ran eagerly: why -> calls.
+  int64_t graphs_captured = 0;
+  int64_t graph_replays = 0;
+  std::map<std::string, int64_t> graph_eager;
 };
 
 ApplySummary MergeReports(const std::string& dir) {
@@ -166,6 +172,13 @@ ApplySummary MergeReports(const std::string& dir) {
       s.phases[it.key()].calls += it.value().value("calls", int64_t{0});
       s.phases[it.key()].unplanned += it.value().value("unplanned", int64_t{0});
     }
+    const nlohmann::json graphs = r.value("graphs", nlohmann::json::object());
+    s.graphs_captured += graphs.value("captured", int64_t{0});
+    s.graph_replays += graphs.value("replayed", int64_t{0});
+    const nlohmann::json eager = graphs.value("eager_calls", nlohmann::json::object());
+    for (auto it = eager.begin(); eager.is_object() && it != eager.end(); ++it) {
+      if (it.value().is_number_integer()) s.graph_eager[it.key()] += it.value().get<int64_t>();
+    }
     const nlohmann::json unsplit = r.value("unsplit_calls", nlohmann::json::object());
     for (auto it = unsplit.begin(); unsplit.is_object() && it != unsplit.end(); ++it) {
       if (it.value().is_number_integer()) s.unsplit[it.key()] += it.value().get<int64_t>();
@@ -194,8 +207,30 @@ std::vector<std::string> ChildEnvironment(const ApplyArgs& args, const ApplyTool
   ReplaceEnv(&env, "DYNAFLOW_APPLY_LIB", tools.runtime_lib);
   ReplaceEnv(&env, "DYNAFLOW_APPLY_STRICT", args.strict ? "1" : "0");
   ReplaceEnv(&env, "DYNAFLOW_APPLY_VERIFY", args.verify ? "1" : "0");
+  ReplaceEnv(&env, "DYNAFLOW_APPLY_GRAPHS", args.no_graphs ? "0" : "1");
   ReplaceEnv(&env, "DYNAFLOW_APPLY_REPORT", report);
   return env;
+}
+
+// CUDA graphs: how many planned calls replayed one, and why the others ran
+// eagerly (the most frequent reasons; each names its unit).
+void PrintGraphs(const ApplySummary& r) {
+  if (r.graphs_captured == 0 && r.graph_eager.empty()) return;
+  std::cerr << "dynaflow apply: " << r.graph_replays << " planned calls replayed "
+            << r.graphs_captured << " CUDA graphs (each captured once per unit and shape)\n";
+  std::vector<std::pair<int64_t, std::string>> reasons;
+  for (const auto& [why, calls] : r.graph_eager) reasons.emplace_back(-calls, why);
+  std::sort(reasons.begin(), reasons.end());
+  constexpr size_t kReasons = 3;
+  for (size_t i = 0; i < std::min(reasons.size(), kReasons); ++i) {
+    const int64_t calls = -reasons[i].first;
+    std::cerr << "dynaflow apply: " << calls << (calls == 1 ? " planned call" : " planned calls")
+              << " ran eagerly, not as a CUDA graph: " << Shorten(reasons[i].second, 300) << "\n";
+  }
+  if (reasons.size() > kReasons) {
+    std::cerr << "dynaflow apply: and " << reasons.size() - kReasons
+              << " more reasons for planned calls that ran eagerly\n";
+  }
 }
 
 // Prints what the program reported; the exit code that follows from it given
@@ -259,6 +294,7 @@ int Summarize(const ApplyArgs& args, const std::string& report_dir, int exit_cod
       }
       std::cerr << "\n";
     }
+    PrintGraphs(r);
     // Whether the calls ran the schedule the prediction simulated.
     for (const auto& [path, g] : r.regions) {
       const bool dual = g.kind == "dual-batch";
@@ -333,6 +369,9 @@ void AddApplyCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--verify", args->verify,
                 "Run every planned call the original way too, print 'verify: max_abs_diff=... "
                 "max_rel_diff=...', and exit 1 when they differ beyond the dtype's tolerance");
+  cmd->add_flag("--no-graphs", args->no_graphs,
+                "On CUDA, run every planned call eagerly instead of capturing each unit's "
+                "schedule once per shape into a CUDA graph and replaying it (to compare the two)");
   cmd->add_option("CMD", args->command,
                   "The program and its arguments; after -- when they include options")
       ->required();

@@ -318,6 +318,32 @@ expect_code "no fingerprint --strict" 2 "$bin" apply --strict "$work/nofp.json" 
 check "no fingerprint said" has "$work/err" "the plan records no module fingerprint"
 expect_code "no fingerprint" 0 "$bin" apply "$work/nofp.json" -- "${decode[@]}"
 
+# --- CUDA graphs (dynaflow/_graphs.py, on CUDA only): --no-graphs reaches the
+# program; what the processes report about graphs is merged and printed.
+expect_code "--no-graphs" 0 "$bin" apply --no-graphs "$work/plan.json" -- /usr/bin/env
+check "--no-graphs: in the environment" has "$work/out" "DYNAFLOW_APPLY_GRAPHS=0"
+expect_code "graphs by default" 0 "$bin" apply "$work/plan.json" -- /usr/bin/env
+check "graphs by default: in the environment" has "$work/out" "DYNAFLOW_APPLY_GRAPHS=1"
+# Two processes' summaries, as _apply.Report.as_json writes them on CUDA.
+cat >"$work/graphs_report.py" <<'PY'
+import json, os, sys
+for pid, (captured, replayed, eager) in enumerate([(2, 10, {"M.layers.0: autograd is recording, "
+        "and a replay returns outputs without their backward": 3}), (1, 5, {"M.layers.0: "
+        "autograd is recording, and a replay returns outputs without their backward": 1,
+        "M.layers.1: its capture failed: RuntimeError: operation not permitted": 2})]):
+    json.dump({"ran_model": True, "planned_calls": replayed + 4, "original_calls": 1,
+               "units": ["M.layers.0", "M.layers.1"],
+               "graphs": {"captured": captured, "replayed": replayed, "eager_calls": eager}},
+              open(os.path.join(os.environ["DYNAFLOW_APPLY_REPORT"], f"{pid}.json"), "w"))
+PY
+expect_code "graphs summary" 0 "$bin" apply "$work/plan.json" -- "$py" "$work/graphs_report.py"
+check "graphs summary: replays" has "$work/err" \
+  "dynaflow apply: 15 planned calls replayed 3 CUDA graphs (each captured once per unit and shape)"
+check "graphs summary: most frequent reason first" grep -qxF \
+  "dynaflow apply: 4 planned calls ran eagerly, not as a CUDA graph: M.layers.0: autograd is recording, and a replay returns outputs without their backward" "$work/err"
+check "graphs summary: the other reason" has "$work/err" \
+  "dynaflow apply: 2 planned calls ran eagerly, not as a CUDA graph: M.layers.1: its capture failed"
+
 # --- a forced split that finds nothing to split is an error, not an empty plan
 expect_code "trace one layer" 0 "$bin" trace -o "$work/lin.db" -- "$py" -c \
   "import torch; torch.nn.Linear(4, 4)(torch.randn(2, 4))"

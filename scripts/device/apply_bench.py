@@ -5,7 +5,9 @@ of examples/llama_decode.py's decoder with `dynaflow trace`, asks `dynaflow
 advise` for a plan, then times every workload three ways in one process:
 baseline eager, baseline captured in one CUDA graph, and the plan applied
 (dynaflow.apply) and captured in one CUDA graph (on the CPU: eager only).
-Prints the predicted speedup of the plan's bucket beside the measured one.
+Prints the predicted speedup of the plan's bucket beside the measured one,
+and the plan run with apply's own graphs (dynaflow._graphs: each unit's
+schedule captured once per shape), against the same reference.
 """
 
 import argparse
@@ -147,6 +149,21 @@ def graphed_plan(step, row):
         return None
 
 
+def unit_graphs(model, plan, opts, step, row):
+    """The plan applied with apply's own CUDA graphs (each unit's schedule
+    captured once per shape, dynaflow._graphs): times it into
+    row["planned_unit_graphs_ms"], with the graphs captured and replayed
+    and why calls ran eagerly; returns its output, as a list."""
+    model._dynaflow_applier.detach()
+    dynaflow.apply(model, plan, runtime_lib=opts.runtime, graphs=True)
+    report = model._dynaflow_applier.report
+    row["planned_unit_graphs_ms"] = time_ms(step, SIZES[opts.device]["iters"], opts.device)
+    out = step()
+    row["unit_graphs"] = {"captured": report.graphs_captured, "replayed": report.graph_replays,
+                          "eager_calls": dict(list(report.graph_eager_calls.items())[:3])}
+    return [out]
+
+
 def bucket_of(plan, tokens):
     for b in plan["buckets"]:
         top = b["max_tokens"]
@@ -197,7 +214,7 @@ def measure(opts, kind, plan):
         if opts.device == "cuda":
             replay, _ = graphed(step)
             row["graph_ms"] = time_ms(replay, sizes["iters"], opts.device)
-        dynaflow.apply(model, plan, runtime_lib=opts.runtime)
+        dynaflow.apply(model, plan, runtime_lib=opts.runtime, graphs=False)
         row["units"] = len(model._dynaflow_applier.forwards)  # modules running the plan
         row["planned_eager_ms"] = time_ms(step, sizes["iters"], opts.device)
         planned_out = step()
@@ -211,6 +228,8 @@ def measure(opts, kind, plan):
                 outputs.append(replay_output(replay, static_out))
                 row["planned_graph_max_abs_diff"] = float(
                     (outputs[-1].float() - base_out.float()).abs().max())
+        if opts.device == "cuda":
+            outputs += unit_graphs(model, plan, opts, step, row)
         row["outputs_ok"] = all(within_tolerance(o, base_out) for o in outputs)
         # Without the planned graph, eager against eager (said in the row).
         graph_pair = "graph_ms" in row and "planned_graph_ms" in row
@@ -265,6 +284,9 @@ def main():
                      f"{'yes' if r['met'] else 'NO'}")
         if "planned_graph_error" in r:
             lines.append(f"  the planned step was not captured: {r['planned_graph_error']}")
+        if "planned_unit_graphs_ms" in r:
+            lines.append(f"  apply's own graphs (one per unit and shape): "
+                         f"{r['planned_unit_graphs_ms']:.3f} ms, {r['unit_graphs']}")
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(opts.out, "summary.txt"), "w", encoding="utf-8") as f:

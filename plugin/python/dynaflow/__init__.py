@@ -15,7 +15,7 @@ from dynaflow._apply import PlanMismatch
 __all__ = ["apply", "enable_module_paths", "PlanMismatch"]
 
 
-def apply(model, plan, verify=False, runtime_lib=None, strict=False):
+def apply(model, plan, verify=False, runtime_lib=None, strict=False, graphs=True):
     """Runs the modules of `model` that `plan` (plan.json from `dynaflow advise
     --plan`, or its loaded dict) splits through dynaflow's overlap runtime
     (`runtime_lib`, default env DYNAFLOW_APPLY_LIB: libdynaflow_apply.so).
@@ -26,10 +26,14 @@ def apply(model, plan, verify=False, runtime_lib=None, strict=False):
     model is said in one line on stderr and the plan applied.
     With verify, every planned call also runs the original forward and the
     differences are kept in model._dynaflow_applier.report.
+    On CUDA, with graphs, each unit's planned schedule is captured once per
+    shape into a CUDA graph and replayed (dynaflow._graphs says which calls
+    cannot be, and why); without, every planned call runs eagerly.
     """
     from dynaflow import _apply
 
-    return _apply.apply(model, plan, verify=verify, runtime_lib=runtime_lib, strict=strict)
+    return _apply.apply(model, plan, verify=verify, runtime_lib=runtime_lib, strict=strict,
+                        graphs=graphs)
 
 
 def enable_module_paths(model, extension=None):

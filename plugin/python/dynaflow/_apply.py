@@ -23,6 +23,10 @@ whose token count falls in a bucket that splits the batch:
     one after the other from the caller's thread, ordered by events);
   - merges the micro-batches' outputs by rows and their state into the
     caller's state objects, so both equal the unsplit call's.
+  - on CUDA, once a kind of call has run eagerly, captures its whole planned
+    schedule into a CUDA graph (rows padded to a power of two within the
+    bucket, static inputs and outputs) and replays it on later calls of that
+    shape; a call a graph cannot replay runs eagerly, said once (`_graphs`).
 Calls in a sequential bucket, or with fewer rows than splits, run the original
 forward after one policy lookup. A plan whose buckets name phases (a trace with
 prefill and decode steps gets a tiling for each) picks the tiling by the
@@ -45,9 +49,10 @@ unmodified; with strict, the process exits with code 2 instead.
 Environment (set by `dynaflow apply`): DYNAFLOW_PLAN, DYNAFLOW_APPLY_LIB (the
 runtime library), DYNAFLOW_APPLY_STRICT=1, DYNAFLOW_APPLY_VERIFY=1 (run the
 original forward on a snapshot of each planned call's arguments and state, and
-compare outputs and state), DYNAFLOW_APPLY_REPORT (a folder: each process
-writes its JSON summary there at exit, <pid>.json, which the CLI merges and
-prints).
+compare outputs and state), DYNAFLOW_APPLY_GRAPHS=0 (on CUDA, run every
+planned call eagerly instead of replaying CUDA graphs of them, `_graphs`),
+DYNAFLOW_APPLY_REPORT (a folder: each process writes its JSON summary there
+at exit, <pid>.json, which the CLI merges and prints).
 """
 
 import atexit
@@ -62,6 +67,7 @@ import os
 import sys
 import threading
 
+from ._graphs import EAGER, CudaGraphs, NoGraph, UnitGraphs, rebuild
 from ._rows import audit_key, make_audit
 from ._split import (MergeError, Refusal, SliceMerge, Unchanged, Unsplittable, check_module,
                      default_state_refusal, install_lazy_hooks, merge_outputs, split_call)
@@ -589,11 +595,28 @@ class Report:
         # Calls that ran the original way for a reason that passes
         # (_split.Unsplittable): why -> how many.
         self.unsplit = {}
+        # CUDA graphs (_graphs): captured and replayed calls, and the planned
+        # calls that ran eagerly although a graph backend was there: why -> how many.
+        self.graphs_captured = 0
+        self.graph_replays = 0
+        self.graph_eager_calls = {}
 
     def unsplit_call(self, why):
         with self.lock:
             self.original_calls += 1
             self.unsplit[why] = self.unsplit.get(why, 0) + 1
+
+    def graph_captured(self):
+        with self.lock:
+            self.graphs_captured += 1
+
+    def graph_replayed(self):
+        with self.lock:
+            self.graph_replays += 1
+
+    def graph_eager(self, why):
+        with self.lock:
+            self.graph_eager_calls[why] = self.graph_eager_calls.get(why, 0) + 1
 
     def region_call(self, region, executed, skipped, extra):
         """One call of a region: the tasks in the order the host issued them
@@ -700,6 +723,9 @@ class Report:
             out["phase_calls"] = self.phase_calls
         if self.unsplit:
             out["unsplit_calls"] = self.unsplit
+        if self.graphs_captured or self.graph_eager_calls:
+            out["graphs"] = {"captured": self.graphs_captured, "replayed": self.graph_replays,
+                             "eager_calls": self.graph_eager_calls}
         if verify:
             out["verify"] = {
                 "calls": self.verified_calls,
@@ -774,7 +800,7 @@ class _Region:
         # The order an inline call issues the tasks in: micro-batch by micro-batch.
         self.inline_order = [self.task_of[(seg, mb)] for mb in range(splits) for seg in range(n)]
         self.edges = None
-        if cuda and kind == STAGGERED:
+        if kind == STAGGERED:
             self.edges = [runtime.edges(self.handle, t) for t in range(len(self.tasks))]
         self.current = [None] * splits  # per micro-batch: (task, signal)
         self.cut = [False] * splits     # per micro-batch: a stage has been called
@@ -1085,6 +1111,7 @@ class _PlannedForward:
         self.schedules = {}  # splits -> (schedule handle, task function, state)
         self.regions = {}    # splits -> _Region, where the plan staggers the unit
         self.audited = {}    # _rows.audit_key -> why its calls mix rows ("": they do not)
+        self.graphs = None   # _graphs.UnitGraphs, made at the first call with a graph backend
         # Under torch.compile the planned call is a graph break: the split,
         # the runtime's threads and streams, and the merge run as they do
         # eagerly, never traced into a graph that would bake in one call's
@@ -1104,6 +1131,8 @@ class _PlannedForward:
         for region in self.regions.values():
             region.free()
         self.regions = {}
+        if self.graphs is not None:
+            self.graphs.clear()
 
     def __call__(self, *args, **kwargs):
         a = self.applier
@@ -1139,8 +1168,30 @@ class _PlannedForward:
             return self._audited(key, split, args, kwargs, batch)
         baseline = _Baseline(self.module, self.original, args, kwargs) if a.verify else None
         split.share_buffers(modules)  # after the baseline, which writes them back
+        prepared = None
+        if a.graph_backend is not None:
+            if self.graphs is None:
+                self.graphs = UnitGraphs(self.path, a.graph_backend, a.report, _say)
+            tokens, pick = tokens_of(x), a.runtime.pick
+            prepared = self.graphs.prepare(
+                key, split, args, kwargs,
+                lambda padded: pick(policy, tokens * padded // batch) == index)
         with a.lock:  # one call at a time per executor
-            out = self._run(split)
+            out = EAGER
+            if prepared is not None:
+                out = self.graphs.call(
+                    prepared, split, lambda: self._run(split),
+                    lambda static, padded: self._capture(static, padded, args, kwargs, modules,
+                                                         split.parts))
+                if out is EAGER and a.executor is None:
+                    # The capture's merge refused the plan (the modules are
+                    # restored). Nothing of the call ran on the device, and
+                    # its warm-up showed it changes no state of its modules:
+                    # it runs once, the original way.
+                    a.report.original_calls += 1
+                    return self.original(*args, **kwargs)
+            if out is EAGER:
+                out = self._run(split)
         a.report.planned_calls += 1
         if baseline is not None:
             a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
@@ -1177,6 +1228,27 @@ class _PlannedForward:
             a.refuse(f"{self.path}: {audit.mixed}")
         return out
 
+    def _capture(self, static, padded, args, kwargs, modules, parts):
+        """(graph, output) of the planned call on `static` (the call's tensors'
+        static copies, `padded` rows) captured by the applier's graph
+        backend (_graphs.UnitGraphs.call)."""
+        region = self.regions.get(parts)
+        if region is not None and region.kind == DUAL_BATCH:
+            raise NoGraph("a dual-batch region issues each micro-batch from its own host "
+                          "thread, which one capture cannot follow")
+        for path, m in modules:
+            for name, b in m._buffers.items():
+                if b is not None and b.is_inference():
+                    raise NoGraph(f"buffer {path}.{name} is an inference tensor: only its "
+                                  f"bytes could show a write, and nothing runs to compare "
+                                  f"them during a capture")
+        tensors = iter(static)
+        static_args, static_kwargs = rebuild(args, tensors), rebuild(kwargs, tensors)
+        split = split_call(self.path, self.signature, static_args, static_kwargs, padded,
+                           even_bounds(padded, parts))
+        split.share_buffers(modules)
+        return self.applier.graph_backend.capture(lambda: self._run(split, capture=True))
+
     def _overlapped(self, args, kwargs):
         """Communication overlap: the call runs once, unsplit; each
         torch.distributed collective it makes is launched asynchronously (on
@@ -1200,7 +1272,13 @@ class _PlannedForward:
             a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
         return out
 
-    def _run(self, split):
+    def _run(self, split, capture=False):
+        """The planned call of `split`. `capture`: it runs under a graph
+        backend's capture, which follows one host thread: every micro-batch
+        is issued from this one (a staggered region inline; on CUDA the
+        executor's task callbacks run on the calling thread anyway; on the
+        CPU, whose graph backend is a test double, the micro-batches run one
+        after the other)."""
         import torch
 
         a = self.applier
@@ -1231,9 +1309,9 @@ class _PlannedForward:
         if a.cuda or SLICES_ON_CPU:
             split.slices = SliceMerge(split, state["caller"])
         if region is not None:
-            region.start_call(state["caller"],
-                              inline=a.cuda and torch.cuda.is_current_stream_capturing())
-        if region is not None and region.inline:
+            region.start_call(state["caller"], inline=capture or (
+                a.cuda and torch.cuda.is_current_stream_capturing()))
+        if (region is not None and region.inline) or (region is None and capture and not a.cuda):
             rc, message = 0, ""
             for mb in range(split.parts):
                 if self._task(state, mb, 0) != 0:
@@ -1461,9 +1539,13 @@ def _tensor_pairs(expected, actual, where):
 class Applier:
     """A plan applied to one model."""
 
-    def __init__(self, plan, runtime_lib, verify=False, report=None):
+    def __init__(self, plan, runtime_lib, verify=False, report=None, graphs=True):
         self.plan = plan
         self.verify = verify
+        # Whether planned calls on CUDA are replayed from CUDA graphs; the
+        # backend (_graphs.CudaGraphs) is made by attach for a CUDA model.
+        self.graphs = graphs
+        self.graph_backend = None
         self.report = report or Report()
         self.lock = threading.Lock()
         self.merge_lock = threading.Lock()
@@ -1498,6 +1580,8 @@ class Applier:
             return self
         param = next(model.parameters(), None)
         self.cuda = param is not None and param.device.type == "cuda"
+        if self.cuda and self.graphs:
+            self.graph_backend = CudaGraphs()
         regions = region_rules(self.plan)
         # Every unit's stages are counted before anything is installed: a
         # model whose stage calls differ from the plan's segments would run
@@ -1575,14 +1659,15 @@ class Applier:
         self.on_refuse(message)
 
 
-def apply(model, plan, verify=False, runtime_lib=None, strict=False):
+def apply(model, plan, verify=False, runtime_lib=None, strict=False, graphs=True):
     """Applies `plan` (a path or a loaded dict) to `model` in place and returns
     model. Raises PlanMismatch when the plan does not fit (with strict, also
     when it was made for another model or cannot say); nothing is changed
     then."""
     if not isinstance(plan, dict):
         plan = load_plan(plan)
-    applier = Applier(plan, runtime_lib or os.environ.get("DYNAFLOW_APPLY_LIB"), verify)
+    applier = Applier(plan, runtime_lib or os.environ.get("DYNAFLOW_APPLY_LIB"), verify,
+                      graphs=graphs)
     try:
         applier.attach(model, strict)
     except PlanMismatch:
@@ -1600,6 +1685,7 @@ class _FromEnvironment:
     def __init__(self):
         self.strict = os.environ.get("DYNAFLOW_APPLY_STRICT") == "1"
         self.verify = os.environ.get("DYNAFLOW_APPLY_VERIFY") == "1"
+        self.graphs = os.environ.get("DYNAFLOW_APPLY_GRAPHS", "1") != "0"
         self.report_path = os.environ.get("DYNAFLOW_APPLY_REPORT")
         self.report = Report()
         self.report.plan = os.environ.get("DYNAFLOW_PLAN", "")
@@ -1630,7 +1716,7 @@ class _FromEnvironment:
         self.hook.remove()
         try:
             self.applier = Applier(self.plan, os.environ.get("DYNAFLOW_APPLY_LIB"), self.verify,
-                                   self.report)
+                                   self.report, self.graphs)
             self.applier.on_refuse = self.refuse
             self.applier.attach(module, self.strict)
             # The runtime's worker threads are joined at interpreter exit,

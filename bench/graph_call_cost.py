@@ -1,0 +1,155 @@
+"""What a planned call replayed from a CUDA graph (`dynaflow._graphs`) costs
+on the host, against the same call run eagerly through the runtime, on the
+CPU, in one run: the original forward; the planned call split in 2, eager
+(the runtime's workers, the merge); and the same call replayed, with a
+graph backend whose replay launches nothing (`NullGraphs`), so what is
+left is the Python of a replayed call: the policy lookup, the split proof
+and audit key, the graph key, copying the arguments into the static
+inputs, and cloning the outputs out. On CUDA a replay adds the graph launch
+(cudaGraphLaunch, a few microseconds) to this and removes every
+micro-batch's Python. Two modules: a Linear(8, 8) on 8 rows, and a layer
+called with a transformers decoder layer's arguments without a cache (a
+(cos, sin) tuple, a mask, position ids, cache_position).
+
+    .venv/bin/python bench/graph_call_cost.py build/plugin/apply/libdynaflow_apply.so
+"""
+
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugin",
+                                "python"))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from dynaflow import _apply  # noqa: E402
+
+CALLS, RUNS = 1000, 7
+
+
+class NullGraphs:
+    """A graph backend whose capture runs the call once and whose replay
+    does nothing: the host side of a replayed call, measured alone."""
+
+    @staticmethod
+    def accepts(_t):
+        return True
+
+    @staticmethod
+    def in_capture():
+        return False
+
+    @staticmethod
+    def capture(fn):
+        return None, fn()
+
+    @staticmethod
+    def replay(_graph):
+        pass
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(8, 8)])
+
+    def forward(self, x):
+        return self.blocks[0](x)
+
+
+class Layer(nn.Module):
+    """A decoder layer's call signature and a little work on each argument."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask, position_ids,
+                cache_position):
+        cos, sin = position_embeddings
+        h = self.proj(hidden_states) * cos + sin
+        return h.masked_fill(~attention_mask[:, 0, :, :1], 0.0)
+
+
+class LayerNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Layer()])
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        cos, sin = torch.ones(batch, seq, 64), torch.zeros(batch, seq, 64)
+        mask = torch.ones(batch, 1, seq, seq, dtype=torch.bool)
+        positions = torch.arange(seq)
+        return self.layers[0](x, position_embeddings=(cos, sin), attention_mask=mask,
+                              position_ids=positions[None], cache_position=positions)
+
+
+def plan(units):
+    return {"schema": _apply.PLAN_SCHEMA, "device": {"name": ""},
+            "partition_rules": [{"name": "split", "role": "split", "operators": [],
+                                 "modules": units}],
+            "buckets": [{"min_tokens": 0, "max_tokens": None, "strategy": "nanobatch_overlap",
+                         "splits": 2, "rules": ["split"], "streams": []}]}
+
+
+def per_call_us(fn, x):
+    start = time.perf_counter()
+    for _ in range(CALLS):
+        fn(x)
+    return (time.perf_counter() - start) / CALLS * 1e6
+
+
+def variants(runtime, make, units, x):
+    """{name: callable} of one module: original, planned eager, planned replayed."""
+    torch.manual_seed(0)
+    original = make()
+    eager = make()
+    eager.load_state_dict(original.state_dict())
+    replayed = make()
+    replayed.load_state_dict(original.state_dict())
+    _apply.apply(eager, plan(units), runtime_lib=runtime, graphs=False)
+    _apply.apply(replayed, plan(units), runtime_lib=runtime)
+    replayed._dynaflow_applier.graph_backend = NullGraphs()
+    for net in (eager, replayed):
+        for _ in range(3):  # the audit, the warm-up, the capture
+            net(x)
+    report = replayed._dynaflow_applier.report
+    assert report.graphs_captured == 1 and report.graph_eager_calls == {}, report.as_json(False)
+    expected = original(x)
+    for net in (eager, replayed):
+        torch.testing.assert_close(net(x), expected, rtol=1e-5, atol=1e-6)
+    return {"original": original, "planned, eager": eager, "planned, replayed": replayed}
+
+
+def main():
+    runtime = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("DYNAFLOW_APPLY_LIB", "")
+    torch.set_num_threads(1)
+    cases = {
+        "Linear(8, 8), 8 rows": (Net, ["Net.blocks.*"], torch.randn(8, 8)),
+        "decoder-layer arguments, 8 x 16 tokens": (LayerNet, ["LayerNet.layers.*"],
+                                                   torch.randn(8, 16, 64)),
+    }
+    with torch.no_grad():
+        for case, (make, units, x) in cases.items():
+            nets = variants(runtime, make, units, x)
+            samples = {name: [] for name in nets}
+            for _ in range(RUNS):  # alternating, so that load hits every variant alike
+                for name, net in nets.items():
+                    samples[name].append(per_call_us(net, x))
+            base = statistics.median(samples["original"])
+            print(f"{case} ({CALLS} calls x {RUNS} runs, median µs per call):")
+            for name, s in samples.items():
+                m = statistics.median(s)
+                print(f"  {name:18s} {m:8.1f}" + (f"  (+{m - base:.1f})" if name != "original"
+                                                 else ""))
+            eager = statistics.median(samples["planned, eager"]) - base
+            replayed = statistics.median(samples["planned, replayed"]) - base
+            print(f"  replayed / eager, added over the original: {replayed / eager:.2f}")
+
+
+if __name__ == "__main__":
+    main()

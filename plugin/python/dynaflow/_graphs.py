@@ -1,0 +1,431 @@
+"""CUDA graphs of planned calls: a unit's whole split schedule, every
+micro-batch on its stream with the schedule's events, captured once per
+shape and replayed on later calls (issue 9, item 4).
+
+Which calls. A planned call (its split proved safe, its kind audited) is
+graphed when everything it reads from the program is a tensor or a plain
+value (`flatten_inputs`): a state object such as a transformers KV cache is
+rebuilt on the host at every call, which a replay would skip, so its calls
+run eagerly. So do calls while autograd records (a replay returns outputs
+without their backward), calls of a dual-batch region (its micro-batches are
+issued from one host thread each, which one capture cannot follow), and
+calls of a unit with an inference buffer (only its bytes could show a write,
+and nothing runs during a capture to compare them). Each such reason is said
+once per unit, in one line, and the call runs the planned schedule eagerly.
+
+Per unit and graph key (the call's kind, `_rows.audit_key`, every tensor's
+shape with the rows padded, and every plain value):
+  1. the first call runs eagerly: the warm-up torch asks for before a
+     capture (lazy library state, such as a cuBLAS workspace per stream, is
+     made outside it). It shows which tensor arguments the call writes in
+     place (a preallocated KV cache): the graph uses those tensors
+     themselves, not copies, and replays only for calls that pass that same
+     memory, unpadded (others run eagerly). An output that is not tensors
+     and plain values, or an argument returned as the output, keeps the key
+     eager;
+  2. the second is captured (`CudaGraphs.capture`): the call runs once, on
+     static copies of its tensors, with the planned schedule issued from
+     this thread into the capture; then it is replayed. A capture that fails
+     (a host read of a device value, `.item()` or `nonzero`, inside the
+     call) is said once and the key runs eagerly from then on. The failed
+     capture ran the unit's Python once without running its device work;
+     the warm-up showed that the call changes no Python state of its
+     modules (ModuleState), so running it eagerly next leaves the program
+     as one call would;
+  3. later calls are replayed: their tensors are copied into the static
+     inputs, the graph replayed on the caller's stream, and the outputs
+     cloned out of the static outputs (the next replay overwrites those).
+
+Padding. The rows are padded to the next power of two when the padded call
+falls in the same bucket of the plan (same schedule), so a server's varying
+batch sizes share a few graphs. The audit proved that no operator of the
+call mixes rows, so the padded rows (copies of the first row at capture, of
+earlier calls afterwards) cannot change the real rows' results; every
+tensor output holds rows (the merge refuses any other) and is cut back.
+
+The graph's memory: torch.cuda.CUDAGraph is at::cuda::CUDAGraph, and each
+graph's allocations come from its own pool of torch's caching allocator, so
+torch's rules for memory under capture and replay hold (the micro-batches'
+tensors are record_stream'ed on the caller's stream as in an eager call)."""
+
+import dataclasses
+
+from ._split import Unchanged, _capture_underway, _is_immutable, _sequence_builder
+
+# Graphs one unit keeps (one per padded shape and kind): beyond, new shapes
+# run eagerly. A decode server padded to powers of two needs about
+# log2(largest batch) + 1 per phase; each graph holds its own memory pool.
+MAX_GRAPHS_PER_UNIT = 16
+
+# A graph key whose first call ran (checked) and whose graph is not yet captured.
+_READY = "ready"
+
+# What UnitGraphs.call returns when the caller runs the call eagerly (a
+# module may return None).
+EAGER = object()
+
+
+class NoGraph(Exception):
+    """Why a call cannot be replayed from a graph (it runs eagerly)."""
+
+
+class CudaGraphs:
+    """The graph backend on CUDA: torch.cuda.CUDAGraph, captured on a side
+    stream after a device synchronize (as torch.cuda.graph does), in
+    "thread_local" mode so that other threads of the program (a data
+    loader's) may keep calling CUDA. torch.cuda.graph itself is not used: a
+    body that fails leaves its capture stream current."""
+
+    def __init__(self):
+        self.stream = None
+
+    @staticmethod
+    def accepts(t):
+        return t.is_cuda
+
+    @staticmethod
+    def in_capture():
+        """Whether the caller is capturing a graph of its own (which then
+        takes the planned call in as it is issued)."""
+        return _capture_underway()
+
+    def capture(self, fn):
+        """(graph, fn's result), fn run once under capture; raises what fn
+        or the capture raised, with the capture ended."""
+        import torch
+
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
+        caller = torch.cuda.current_stream()
+        torch.cuda.synchronize()
+        self.stream.wait_stream(caller)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                out = fn()
+            except BaseException:
+                try:
+                    graph.capture_end()
+                except RuntimeError:
+                    pass  # the capture was invalidated: ended all the same
+                raise
+            graph.capture_end()
+        caller.wait_stream(self.stream)
+        return graph, out
+
+    @staticmethod
+    def replay(graph):
+        graph.replay()  # on the current stream: the caller's
+
+
+def padded_rows(rows, fits):
+    """`rows` rounded up to a power of two when `fits(padded)` (the padded
+    call falls in the same bucket), else `rows`."""
+    padded = 1 << (rows - 1).bit_length()
+    return padded if padded != rows and fits(padded) else rows
+
+
+def flatten_inputs(args, kwargs, row_args, padded):
+    """(key, leaves) of a call: `leaves` every tensor of the arguments in walk
+    order as (tensor, holds rows, where), `key` their structure, shapes (rows
+    padded to `padded`), dtypes and devices, and every plain value. The
+    tensors that hold rows are those the split cut (`row_args`: their ids).
+    Raises NoGraph for anything else."""
+    import torch
+
+    key, leaves = [], []
+
+    def walk(value, where):
+        if isinstance(value, torch.Tensor):
+            rows = id(value) in row_args
+            shape = (padded,) + tuple(value.shape[1:]) if rows else tuple(value.shape)
+            key.append((shape, value.dtype, value.device, rows))
+            leaves.append((value, rows, where))
+        elif _is_immutable(value):
+            key.append((type(value), value))
+        elif type(value) in (tuple, list):
+            key.append((type(value), len(value)))
+            for k, v in enumerate(value):
+                walk(v, f"{where}[{k}]")
+        elif type(value) is dict:
+            key.append((dict, tuple(value)))
+            for k, v in value.items():
+                walk(v, f"{where}[{k!r}]")
+        elif _plain_dataclass(value):
+            key.append((type(value),))
+            for f in dataclasses.fields(value):
+                walk(getattr(value, f.name), f"{where}.{f.name}")
+        else:
+            raise NoGraph(f"{where} is a {type(value).__qualname__}: a replay would skip what "
+                          f"the call does to it on the host")
+
+    for k, v in enumerate(args):
+        walk(v, f"argument {k}")
+    for k, v in kwargs.items():
+        walk(v, f"argument {k}")
+    return tuple(key), leaves
+
+
+def rebuild(value, tensors):
+    """`value` (arguments) with its tensors replaced, in walk order, by the
+    next items of the iterator `tensors`."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return next(tensors)
+    if type(value) in (tuple, list):
+        return type(value)(rebuild(v, tensors) for v in value)
+    if type(value) is dict:
+        return {k: rebuild(v, tensors) for k, v in value.items()}
+    if _plain_dataclass(value):
+        return dataclasses.replace(value, **{f.name: rebuild(getattr(value, f.name), tensors)
+                                             for f in dataclasses.fields(value)})
+    return value
+
+
+def _plain_dataclass(value):
+    """A dataclass instance whose fields are all set by its constructor (a
+    container of tensors such as a hand-written KV cache), walked field by
+    field."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type) and \
+        all(f.init for f in dataclasses.fields(value))
+
+
+def map_outputs(value, fn, where="output"):
+    """`value` (a call's output) with every tensor t replaced by fn(t): the
+    structures a merge builds (tuples, named tuples, lists, dicts,
+    dataclasses such as transformers' outputs); NoGraph for any other
+    object."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if _is_immutable(value):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value)(**{f.name: map_outputs(getattr(value, f.name), fn, f"{where}.{f.name}")
+                              for f in dataclasses.fields(value) if f.init})
+    if isinstance(value, (tuple, list)):
+        return _sequence_builder(value)([map_outputs(v, fn, f"{where}[{k}]")
+                                         for k, v in enumerate(value)])
+    if type(value) is dict:
+        return {k: map_outputs(v, fn, f"{where}[{k!r}]") for k, v in value.items()}
+    raise NoGraph(f"{where} is a {type(value).__qualname__}, which a replay cannot return anew")
+
+
+class _Graph:
+    """A captured call: the graph, the static input of each leaf (its own
+    copy, or the program's tensor itself for a bound leaf), the addresses
+    of the bound leaves, and the output its capture returned, at `padded`
+    rows."""
+
+    def __init__(self, graph, static, bound, out, padded):
+        self.graph = graph
+        self.static = static
+        self.bound = bound  # leaf index -> _address of the program's tensor
+        self.out = out
+        self.padded = padded
+
+
+def _address(t):
+    """What a graph that uses `t` itself depends on."""
+    return t.data_ptr(), t.dtype, tuple(t.shape), t.stride()
+
+
+class _WarmUp:
+    """The first call of a key: which tensor arguments it writes in place.
+    A graph writes only memory it captured, so those are bound: the graph
+    uses the program's tensor itself (not a copy), and is replayed only
+    while a call passes that same memory (a preallocated KV cache)."""
+
+    def __init__(self, leaves):
+        self.unchanged = [Unchanged(t) for t, _, _ in leaves]
+        self.addresses = [_address(t) for t, _, _ in leaves]
+
+    def bound(self, leaves, out):
+        """{leaf index: address} of the arguments the call wrote in place;
+        raises NoGraph when a replay would not give what this call gave."""
+        import torch
+
+        bound = {k: self.addresses[k] for k, (t, _, _) in enumerate(leaves)
+                 if not self.unchanged[k](t)}
+        inputs = {id(t) for t, _, _ in leaves}
+
+        def leaf(o):
+            if id(o) in inputs:
+                raise NoGraph("the call returns an argument: a replay would return a copy")
+            if not isinstance(o, torch.Tensor) or o.dim() < 1:
+                raise NoGraph("an output has no rows")
+            return o
+
+        map_outputs(out, leaf)
+        return bound
+
+
+class UnitGraphs:
+    """One planned unit's graphs, by key (see the module comment)."""
+
+    def __init__(self, path, backend, report, say):
+        self.path = path
+        self.backend = backend
+        self.report = report
+        self.say = say  # prints one line
+        # key -> _READY (with self.bound[key]), a _Graph, or why it runs eagerly
+        self.entries = {}
+        self.bound = {}  # key -> _WarmUp.bound of its first call
+        self.said = set()
+        self.graphs = 0
+
+    def clear(self):
+        self.entries = {}
+        self.bound = {}
+        self.graphs = 0
+
+    def eager(self, why):
+        """A call runs eagerly for `why`: counted, and said once."""
+        self.report.graph_eager(f"{self.path}: {why}")
+        if why not in self.said:
+            self.said.add(why)
+            self.say(f"{self.path}: runs eagerly, not as a CUDA graph: {why}")
+
+    def prepare(self, kind, split, args, kwargs, fits):
+        """This call's graph key and leaves: (key, leaves, padded), or None
+        when it cannot be graphed (said, unless the caller's own capture
+        is underway: that graph takes the call in). `kind` is the call's
+        `_rows.audit_key`, `fits(padded)` whether a padded call falls in
+        this call's bucket."""
+        import torch
+
+        if self.backend.in_capture():
+            return None
+        try:
+            if torch.is_grad_enabled():
+                raise NoGraph("autograd is recording, and a replay returns outputs without "
+                              "their backward (torch.no_grad() or torch.inference_mode() "
+                              "around inference lets it replay)")
+            if split.states:
+                raise NoGraph(f"it passes a {type(split.states[0][1]).__name__}, which the call "
+                              f"updates on the host")
+            rows = split.bounds[-1]
+            padded = padded_rows(rows, fits)
+            row_args = {id(owner) for owner, _ in split.row_views.values()}
+            key, leaves = flatten_inputs(args, kwargs, row_args, padded)
+            for t, _, where in leaves:
+                if not self.backend.accepts(t):
+                    raise NoGraph(f"{where} is on {t.device}: a graph would keep its first "
+                                  f"value")
+            return (kind, key), leaves, padded
+        except NoGraph as e:
+            self.eager(str(e))
+            return None
+
+    def call(self, prepared, split, run_eager, capture):
+        """The call's output: replayed, or captured and replayed, or EAGER
+        when the caller runs it eagerly with `run_eager()` (this calls it
+        itself for a warm-up, and returns its output). `capture(static,
+        padded)` runs the planned call on the static inputs (one per leaf,
+        in order) under the backend's capture and returns (graph, output);
+        it raises NoGraph for a call it cannot capture."""
+        key, leaves, padded = prepared
+        entry = self.entries.get(key)
+        rows = split.bounds[-1]
+        if entry is None:
+            if self.graphs >= MAX_GRAPHS_PER_UNIT:
+                self.eager(f"more than {MAX_GRAPHS_PER_UNIT} shapes of its calls")
+                return EAGER
+            warm_up = _WarmUp(leaves)
+            out = run_eager()
+            try:
+                self.bound[key] = warm_up.bound(leaves, out)
+                self.entries[key] = _READY
+            except NoGraph as e:
+                self.entries[key] = str(e)
+                self.eager(str(e))
+            return out
+        if isinstance(entry, str) and entry != _READY:
+            self.eager(entry)
+            return EAGER
+        bound = self.bound[key] if entry == _READY else entry.bound
+        why = _unbindable(leaves, bound, rows, padded)
+        if why:  # this call only: the next may pass the bound memory again
+            self.eager(why)
+            return EAGER
+        if entry == _READY:
+            entry = self._capture(key, leaves, rows, padded, capture)
+            if entry is None:
+                return EAGER
+        return self._replay(entry, leaves, rows)
+
+    def _capture(self, key, leaves, rows, padded, capture):
+        import torch
+
+        bound = self.bound.pop(key)
+        static = []
+        with torch.inference_mode(False):  # version counters: checkable under capture
+            for k, (t, is_row, _) in enumerate(leaves):
+                if k in bound:
+                    static.append(t)
+                    continue
+                shape = (padded,) + tuple(t.shape[1:]) if is_row else tuple(t.shape)
+                s = torch.empty(shape, dtype=t.dtype, device=t.device)
+                if is_row and padded > rows:
+                    s.narrow(0, rows, padded - rows).copy_(t[:1].expand(padded - rows,
+                                                                       *t.shape[1:]))
+                static.append(s)
+        self._copy_in(static, bound, leaves, rows)
+        try:
+            graph, out = capture(static, padded)
+            map_outputs(out, lambda o: _check_rows(o, padded))
+        except NoGraph as e:
+            self.entries[key] = str(e)
+            self.eager(str(e))
+            return None
+        except Exception as e:  # noqa: BLE001 - a capture that fails runs eagerly
+            why = f"its capture failed: {type(e).__name__}: {_first_line(e)}"
+            self.entries[key] = why
+            self.eager(why)
+            return None
+        entry = _Graph(graph, static, bound, out, padded)
+        self.entries[key] = entry
+        self.graphs += 1
+        self.report.graph_captured()
+        return entry
+
+    @staticmethod
+    def _copy_in(static, bound, leaves, rows):
+        for k, ((t, is_row, _), s) in enumerate(zip(leaves, static)):
+            if k not in bound:
+                (s.narrow(0, 0, rows) if is_row and rows != s.shape[0] else s).copy_(t)
+
+    def _replay(self, entry, leaves, rows):
+        self._copy_in(entry.static, entry.bound, leaves, rows)
+        self.backend.replay(entry.graph)
+        self.report.graph_replayed()
+        padded = entry.padded
+        return map_outputs(entry.out,
+                           lambda o: o.narrow(0, 0, rows * (o.shape[0] // padded)).clone())
+
+
+def _unbindable(leaves, bound, rows, padded):
+    """Why this call cannot use a graph whose `bound` leaves are the
+    program's own tensors, or ""."""
+    for k, address in bound.items():
+        t, is_row, where = leaves[k]
+        if _address(t) != address:
+            return (f"{where}, which the call writes in place, is not the memory its graph "
+                    f"was captured with")
+        if is_row and rows != padded:
+            return f"{where}, which the call writes in place, would need its rows padded"
+    return ""
+
+
+def _check_rows(o, padded):
+    if o.dim() < 1 or o.shape[0] % padded:
+        raise NoGraph("an output does not hold the call's rows")
+    return o
+
+
+def _first_line(e):
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else "")[:200]

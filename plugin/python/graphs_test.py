@@ -1,0 +1,417 @@
+"""Tests of dynaflow._graphs: planned calls captured once per shape and
+replayed, run on the CPU through a test double of CUDA graphs (FakeGraphs)
+and the real runtime library (env DYNAFLOW_APPLY_LIB_BUILT), compared with
+the original forwards."""
+
+import contextlib
+import importlib.util
+import io
+import os
+import sys
+import unittest
+from contextlib import redirect_stderr
+from unittest import mock
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from dynaflow import _apply, _graphs  # noqa: E402 - after the path is set
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_TRANSFORMERS = HAS_TORCH and importlib.util.find_spec("transformers") is not None
+RUNTIME = os.environ.get("DYNAFLOW_APPLY_LIB_BUILT", "")
+if HAS_TORCH:
+    import torch
+    from torch import nn
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Block(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.up = nn.Linear(width, 2 * width)
+            self.down = nn.Linear(2 * width, width)
+
+        def forward(self, x, scale=1.0, cache=None):
+            if cache is not None:
+                cache.copy_(x[:, :1])  # in place through the micro-batch's rows
+            return x + scale * self.down(torch.relu(self.up(x)))
+
+    class Net(nn.Module):
+        def __init__(self, width=16, blocks=3):
+            super().__init__()
+            self.blocks = nn.ModuleList(Block(width) for _ in range(blocks))
+            self.head = nn.Linear(width, 4)
+
+        def forward(self, x, cache=None):
+            for b in self.blocks:
+                x = b(x, scale=0.5, cache=cache)
+            return self.head(x)
+
+    # Operators that read a device value on the host: on CUDA they fail a
+    # capture ("operation not permitted when stream is capturing").
+    _HOST_READS = frozenset({"aten::_local_scalar_dense", "aten::nonzero",
+                             "aten::masked_select", "aten::equal", "aten::is_nonzero",
+                             "aten::unique_consecutive", "aten::_unique2", "aten::unique_dim"})
+
+    class _Recorder(TorchDispatchMode):
+        """The ATen operators a capture issues on its thread, with the
+        tensors they were given."""
+
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func._schema.name in _HOST_READS:
+                raise RuntimeError(f"CUDA error: operation not permitted when stream is "
+                                   f"capturing ({func._schema.name}, FakeGraphs)")
+            out = func(*args, **kwargs)
+            self.ops.append((func, args, kwargs, out))
+            return out
+
+    class FakeGraphs:
+        """A CUDA graph's contract on the CPU. Capture records the ATen
+        operators the call issues, on the tensors they were given; replay
+        runs those operators again on the same tensors and writes each
+        fresh result into the tensor the capture made, so a replay runs no
+        Python of the call and reads only the memory the capture read: a
+        value the call took from anywhere else stays baked in, as on CUDA.
+        A host read fails the capture, as on CUDA."""
+
+        def __init__(self):
+            self.captures = 0
+            self.replays = 0
+
+        @staticmethod
+        def accepts(_t):
+            return True
+
+        @staticmethod
+        def in_capture():
+            return False
+
+        def capture(self, fn):
+            recorder = _Recorder()
+            with recorder:
+                out = fn()
+            self.captures += 1
+            return recorder.ops, out
+
+        def replay(self, ops):
+            self.replays += 1
+            with torch.no_grad():
+                for func, args, kwargs, out in ops:
+                    fresh = func(*args, **kwargs)
+                    for o, f in zip(tree_leaves(out), tree_leaves(fresh)):
+                        if isinstance(o, torch.Tensor) and o is not f and \
+                                o.untyped_storage().data_ptr() != f.untyped_storage().data_ptr():
+                            o.copy_(f)  # a view of memory the graph owns is current already
+
+
+def plan(units, splits=2, min_split_tokens=0, stages=None, segments=None):
+    """A plan: sequential up to min_split_tokens tokens, then split (with
+    `stages` and `segments`: a staggered region)."""
+    split = {"min_tokens": min_split_tokens, "max_tokens": None, "strategy": "nanobatch_overlap",
+             "splits": splits, "rules": ["split"], "streams": [{"id": 0, "role": "compute"}]}
+    rules = [{"name": "split", "role": "split", "operators": [], "modules": units}]
+    if stages:
+        split["rules"].append("stage")
+        split["segments"] = segments
+        rules.append({"name": "stage", "role": "stage", "operators": [], "modules": stages})
+    buckets = [split]
+    if min_split_tokens > 0:
+        buckets = [{"min_tokens": 0, "max_tokens": min_split_tokens, "strategy": "sequential",
+                    "splits": 1, "rules": [], "streams": [{"id": 0, "role": "compute"}]}, split]
+    return {"schema": _apply.PLAN_SCHEMA, "device": {"name": ""}, "partition_rules": rules,
+            "buckets": buckets}
+
+
+def graphed(model, the_plan):
+    """`model` with `the_plan` applied and FakeGraphs as its graph backend;
+    (model, backend, report, stderr)."""
+    _apply.apply(model, the_plan, runtime_lib=RUNTIME)
+    applier = model._dynaflow_applier
+    applier.graph_backend = FakeGraphs()
+    return applier.graph_backend, applier.report
+
+
+@unittest.skipUnless(HAS_TORCH and RUNTIME, "needs torch and the runtime library")
+class GraphsTest(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+        self.net = Net()
+        self.err = io.StringIO()
+        self.quiet = redirect_stderr(self.err)
+        self.quiet.__enter__()
+        self.addCleanup(self.quiet.__exit__, None, None, None)
+
+    def calls(self, model, inputs, **kwargs):
+        """Runs `model` on each input under no_grad; returns the outputs and
+        the original model's (the plan detached meanwhile)."""
+        with torch.no_grad():
+            return [model(x, **kwargs) for x in inputs]
+
+    def expected(self, inputs, **kwargs):
+        with torch.no_grad():
+            return [self.net(x, **kwargs) for x in inputs]
+
+    def test_each_kind_warms_up_then_is_captured_once_and_replayed_with_new_inputs(self):
+        inputs = [torch.randn(8, 5, 16) for _ in range(5)]
+        expected = self.expected(inputs)
+        backend, report = graphed(self.net, plan(["Net.blocks.*"]))
+        actual = self.calls(self.net, inputs)
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+        # Per block: the audit (original), the warm-up (eager, planned), the
+        # capture (then replayed), two replays.
+        self.assertEqual(report.original_calls, 3)
+        self.assertEqual(report.planned_calls, 12)
+        self.assertEqual((report.graphs_captured, report.graph_replays), (3, 9))
+        self.assertEqual((backend.captures, backend.replays), (3, 9))
+        self.assertEqual(report.graph_eager_calls, {})
+        # The replayed outputs are the caller's own: the next replay leaves them.
+        before = actual[-1].clone()
+        self.calls(self.net, [torch.randn(8, 5, 16)])
+        torch.testing.assert_close(actual[-1], before, rtol=0, atol=0)
+
+    def test_rows_padded_to_a_power_of_two_share_one_graph(self):
+        inputs = [torch.randn(rows, 5, 16) for rows in (6, 5, 7, 6, 3, 3, 3)]
+        expected = self.expected(inputs)
+        backend, report = graphed(self.net, plan(["Net.blocks.*"]))
+        actual = self.calls(self.net, inputs)
+        for a, e in zip(actual, expected):
+            self.assertEqual(a.shape, e.shape)
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+        # 6, 5, 7 and 6 rows are padded to 8: one kind (audit), its warm-up,
+        # one capture per block; 3 rows are padded to 4: a second graph.
+        graphs = self.net._dynaflow_applier.forwards[0].graphs
+        padded = sorted(e.padded for e in graphs.entries.values() if isinstance(e, _graphs._Graph))
+        self.assertEqual(padded, [4, 8])
+        self.assertEqual((report.graphs_captured, report.graph_replays), (6, 12))
+        self.assertEqual(backend.replays, 12)
+
+    def test_padding_stays_inside_the_call_bucket(self):
+        # Splits from 16 tokens (rows x 5): 3 rows padded to 4 would be 20
+        # tokens, the same bucket; with the split starting at 16 tokens and
+        # 3 rows = 15 tokens sequential, nothing is padded into it.
+        rows = _graphs.padded_rows(5, lambda p: p * 5 <= 30)
+        self.assertEqual(rows, 5)
+        self.assertEqual(_graphs.padded_rows(5, lambda p: True), 8)
+        self.assertEqual(_graphs.padded_rows(8, lambda p: True), 8)
+        self.assertEqual(_graphs.padded_rows(1, lambda p: True), 1)
+
+    def test_a_host_read_fails_the_capture_and_the_unit_runs_eagerly(self):
+        class Gated(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gain = nn.Parameter(torch.tensor(2.0))
+                self.lin = nn.Linear(16, 16)
+
+            def forward(self, x):
+                if self.gain.item() > 1:  # a host read of a device value
+                    x = x * 2
+                return self.lin(x)
+
+        class GatedNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([Gated()])
+
+            def forward(self, x):
+                return self.layers[0](x)
+
+        net = GatedNet()
+        inputs = [torch.randn(4, 16) for _ in range(4)]
+        with torch.no_grad():
+            expected = [net(x) for x in inputs]
+        backend, report = graphed(net, plan(["GatedNet.layers.*"]))
+        actual = self.calls(net, inputs)
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+        self.assertEqual(backend.captures, 0)
+        why = ("GatedNet.layers.0: its capture failed: RuntimeError: CUDA error: operation not "
+               "permitted when stream is capturing (aten::_local_scalar_dense, FakeGraphs)")
+        self.assertEqual(report.graph_eager_calls, {why: 2})  # the capture's call and the next
+        self.assertEqual(self.err.getvalue().count("runs eagerly, not as a CUDA graph"), 1)
+        self.assertEqual(report.planned_calls, 3)
+
+    def test_calls_under_autograd_run_eagerly_said_once(self):
+        inputs = [torch.randn(4, 5, 16) for _ in range(3)]
+        expected = [self.net(x) for x in inputs]
+        backend, report = graphed(self.net, plan(["Net.blocks.0"]))
+        actual = [self.net(x) for x in inputs]
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+        self.assertTrue(actual[-1].requires_grad)
+        self.assertEqual(backend.captures, 0)
+        self.assertEqual(list(report.graph_eager_calls.values()), [2])
+        self.assertIn("autograd is recording", self.err.getvalue())
+        self.assertEqual(self.err.getvalue().count("runs eagerly"), 1)
+
+    def test_an_argument_written_in_place_is_bound_not_copied(self):
+        inputs = [torch.randn(4, 5, 16) for _ in range(4)]
+        expected, cache = torch.zeros(4, 1, 16), torch.zeros(4, 1, 16)
+        self.expected(inputs, cache=expected)
+        backend, report = graphed(self.net, plan(["Net.blocks.*"]))
+        self.calls(self.net, inputs, cache=cache)
+        # The replays wrote the program's cache itself.
+        torch.testing.assert_close(cache, expected, rtol=1e-5, atol=1e-6)
+        self.assertEqual((backend.captures, backend.replays), (3, 6))
+        self.assertEqual(report.graph_eager_calls, {})
+        # Another cache tensor is other memory than the graph's: eager, said.
+        other = torch.zeros(4, 1, 16)
+        self.calls(self.net, inputs[:1], cache=other)
+        torch.testing.assert_close(other, self.expected_cache(inputs[0]))
+        self.assertEqual(backend.replays, 6)
+        self.assertIn("Net.blocks.0: argument cache, which the call writes in place, is not "
+                      "the memory its graph was captured with", report.graph_eager_calls)
+
+    def expected_cache(self, x):
+        """The cache the unplanned net leaves after one call on `x`."""
+        applier = self.net._dynaflow_applier
+        applier.detach()
+        cache = torch.zeros(x.shape[0], 1, 16)
+        self.expected([x], cache=cache)
+        return cache
+
+    def test_the_graph_count_per_unit_is_bounded(self):
+        backend, report = graphed(self.net, plan(["Net.blocks.0"]))
+        with mock.patch.object(_graphs, "MAX_GRAPHS_PER_UNIT", 1):
+            outs = self.calls(self.net, [torch.randn(rows, 5, 16) for rows in (4, 4, 4, 2, 2)])
+        # 4 rows: the audit, the warm-up, the capture; 2 rows: past the bound.
+        self.assertEqual(backend.captures, 1)
+        self.assertEqual(report.graph_eager_calls,
+                         {"Net.blocks.0: more than 1 shapes of its calls": 2})
+        self.assertEqual(outs[-1].shape, (2, 5, 4))
+
+    def test_a_staggered_region_is_captured_from_one_thread(self):
+        inputs = [torch.randn(4, 5, 16) for _ in range(4)]
+        expected = self.expected(inputs)
+        backend, report = graphed(self.net, plan(["Net"], stages=["Net.blocks.*"], segments=3))
+        actual = self.calls(self.net, inputs)
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+        self.assertEqual((backend.captures, backend.replays), (1, 2))
+        region = report.regions["Net"]
+        # The warm-up took turns on the CPU workers, the capture ran inline;
+        # replays issue nothing from the host.
+        self.assertEqual((region["calls"], region["off_schedule_calls"],
+                          region["calls_issued_by_micro_batch"]), (2, 0, 1))
+
+    def test_a_cpu_argument_cannot_be_graphed_on_cuda(self):
+        graphs = _graphs.UnitGraphs("M", _graphs.CudaGraphs(), _apply.Report(), lambda _m: None)
+        split = mock.Mock(states=[], bounds=[0, 2, 4], row_views={})
+        with torch.no_grad():
+            self.assertIsNone(graphs.prepare("kind", split, (torch.ones(4, 2),), {},
+                                             lambda p: True))
+        self.assertEqual(graphs.report.graph_eager_calls,
+                         {"M: argument 0 is on cpu: a graph would keep its first value": 1})
+
+    def test_arguments_flatten_into_a_key_of_shapes_and_values(self):
+        x, pos = torch.ones(3, 4), torch.arange(4)
+        key, leaves = _graphs.flatten_inputs((x,), {"pos": pos, "scale": 0.5, "t": (x, None)},
+                                             {id(x)}, 4)
+        self.assertEqual([(tuple(t.shape), rows, where) for t, rows, where in leaves],
+                         [((3, 4), True, "argument 0"), ((4,), False, "argument pos"),
+                          ((3, 4), True, "argument t[0]")])
+        self.assertEqual(key[0], ((4, 4), torch.float32, x.device, True))
+        self.assertIn((float, 0.5), key)
+        with self.assertRaisesRegex(_graphs.NoGraph, r"argument cache is a object"):
+            _graphs.flatten_inputs((), {"cache": object()}, set(), 4)
+
+
+@unittest.skipUnless(HAS_TORCH and RUNTIME, "needs torch and the runtime library")
+class ExampleDecoderGraphsTest(unittest.TestCase):
+    """examples/llama_decode.py's decoder: a stack called with a KV cache (a
+    dataclass of per-layer lists of preallocated tensors) that each layer
+    writes in place, under inference_mode, as a server's decode step."""
+
+    def test_decode_steps_replay_into_the_program_cache(self):
+        import argparse
+
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                        "examples"))
+        import llama_decode as ld
+
+        parser = argparse.ArgumentParser()
+        ld.add_model_args(parser)
+        args = parser.parse_args(["--hidden", "64", "--heads", "4", "--kv-heads", "2",
+                                  "--vocab", "128", "--device", "cpu"])
+        ld.check_model_args(parser, args)
+        err = io.StringIO()
+
+        def run(model):
+            """A prefill of 6 positions, then 4 decode steps at position 6 (the same
+            shape and cache each time); the logits of each call and the cache."""
+            g = torch.Generator().manual_seed(1)
+            cache = ld.KVCache.empty(args.layers, 4, args.kv_heads, 8, 16, args.dtype, "cpu")
+            with torch.inference_mode():
+                logits = [model(torch.randint(128, (4, 6), generator=g), 0, cache)]
+                logits += [model(torch.randint(128, (4, 1), generator=g), 6, cache)
+                           for _ in range(4)]
+            return logits, cache
+
+        expected, expected_cache = run(ld.build_model(args, 8))
+        model = ld.build_model(args, 8)
+        with redirect_stderr(err):
+            backend, report = graphed(model, plan(["LlamaForCausalLM.model.layers.*"]))
+            actual, cache = run(model)
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+        for a, e in zip(cache.k + cache.v, expected_cache.k + expected_cache.v):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+        # Per layer: the prefill and the first decode step audited, the second
+        # the warm-up, the third captured and replayed, the fourth replayed.
+        self.assertEqual((backend.captures, backend.replays), (2, 4))
+        self.assertEqual(report.graph_eager_calls, {})
+        self.assertEqual(report.refused, "")
+
+
+@unittest.skipUnless(HAS_TRANSFORMERS and RUNTIME, "needs transformers and the runtime library")
+class TransformersGraphsTest(unittest.TestCase):
+    """A tiny transformers Llama (random weights, built from a config): its
+    decoder layers graphed with attention masks and rotary embeddings as
+    arguments; a KV cache keeps its calls eager."""
+
+    def setUp(self):
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                             max_position_embeddings=64)
+        self.model = LlamaForCausalLM(config).eval()
+        self.err = io.StringIO()
+        quiet = redirect_stderr(self.err)
+        quiet.__enter__()
+        self.addCleanup(quiet.__exit__, None, None, None)
+
+    def test_decoder_layers_replay_with_the_unmodified_logits(self):
+        inputs = [torch.randint(0, 128, (rows, 12)) for rows in (4, 4, 3, 4, 3)]
+        with torch.no_grad():
+            expected = [self.model(ids, use_cache=False).logits for ids in inputs]
+        backend, report = graphed(self.model, plan(["LlamaForCausalLM.model.layers.*"]))
+        with torch.no_grad():
+            actual = [self.model(ids, use_cache=False).logits for ids in inputs]
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+        self.assertEqual(report.refused, "")
+        self.assertEqual(report.graph_eager_calls, {})
+        # 3 rows pad to 4: one graph per layer; calls 3 to 5 replay.
+        self.assertEqual((backend.captures, backend.replays), (2, 6))
+
+    def test_a_kv_cache_keeps_the_calls_eager(self):
+        ids = torch.randint(0, 128, (4, 8))
+        backend, report = graphed(self.model, plan(["LlamaForCausalLM.model"]))
+        with torch.no_grad():
+            for _ in range(3):
+                self.model(ids)  # builds a DynamicCache per call
+        self.assertEqual(backend.captures, 0)
+        self.assertEqual(report.refused, "")
+        self.assertTrue(any("DynamicCache" in why for why in report.graph_eager_calls),
+                        report.graph_eager_calls)
+
+
+if __name__ == "__main__":
+    unittest.main()
