@@ -1,7 +1,9 @@
 """Tests of dynaflow._graphs: planned calls captured once per shape and
-replayed, run on the CPU through a test double of CUDA graphs (FakeGraphs)
-and the real runtime library (env DYNAFLOW_APPLY_LIB_BUILT), compared with
-the original forwards."""
+replayed, through the real runtime library (env DYNAFLOW_APPLY_LIB_BUILT),
+compared with the original forwards. On the CPU (the default) the graphs
+are a test double of CUDA graphs (FakeGraphs); with
+DYNAFLOW_GRAPHS_DEVICE=cuda the same tests run on a GPU with torch's CUDA
+graphs (scripts/device/gpu_truth.sh)."""
 
 import contextlib
 import importlib.util
@@ -19,6 +21,10 @@ from dynaflow import _apply, _graphs  # noqa: E402 - after the path is set
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_TRANSFORMERS = HAS_TORCH and importlib.util.find_spec("transformers") is not None
 RUNTIME = os.environ.get("DYNAFLOW_APPLY_LIB_BUILT", "")
+DEVICE = os.environ.get("DYNAFLOW_GRAPHS_DEVICE", "cpu")
+# Split GEMMs may take other kernels than the unsplit ones: on a GPU their
+# float32 sums differ in the last bits.
+TOLERANCE = dict(rtol=1e-5, atol=1e-6) if DEVICE == "cpu" else dict(rtol=1e-4, atol=1e-4)
 if HAS_TORCH:
     import torch
     from torch import nn
@@ -128,19 +134,32 @@ def plan(units, splits=2, min_split_tokens=0, stages=None, segments=None):
 
 
 def graphed(model, the_plan):
-    """`model` with `the_plan` applied and FakeGraphs as its graph backend;
-    (model, backend, report, stderr)."""
+    """The report of `model` with `the_plan` applied, on DEVICE; on the CPU
+    FakeGraphs is its graph backend (on CUDA apply makes torch's)."""
     _apply.apply(model, the_plan, runtime_lib=RUNTIME)
     applier = model._dynaflow_applier
-    applier.graph_backend = FakeGraphs()
-    return applier.graph_backend, applier.report
+    if DEVICE == "cpu":
+        applier.graph_backend = FakeGraphs()
+    return applier.report
 
 
-@unittest.skipUnless(HAS_TORCH and RUNTIME, "needs torch and the runtime library")
+def close(actual, expected):
+    torch.testing.assert_close(actual, expected, **TOLERANCE)
+
+
+def counts(report):
+    return report.graphs_captured, report.graph_replays
+
+
+def runnable():
+    return HAS_TORCH and RUNTIME and (DEVICE == "cpu" or torch.cuda.is_available())
+
+
+@unittest.skipUnless(runnable(), "needs torch, the runtime library and DYNAFLOW_GRAPHS_DEVICE")
 class GraphsTest(unittest.TestCase):
     def setUp(self):
         torch.manual_seed(0)
-        self.net = Net()
+        self.net = Net().to(DEVICE)
         self.err = io.StringIO()
         self.quiet = redirect_stderr(self.err)
         self.quiet.__enter__()
@@ -157,39 +176,41 @@ class GraphsTest(unittest.TestCase):
             return [self.net(x, **kwargs) for x in inputs]
 
     def test_each_kind_warms_up_then_is_captured_once_and_replayed_with_new_inputs(self):
-        inputs = [torch.randn(8, 5, 16) for _ in range(5)]
+        inputs = [torch.randn(8, 5, 16, device=DEVICE) for _ in range(5)]
         expected = self.expected(inputs)
-        backend, report = graphed(self.net, plan(["Net.blocks.*"]))
+        report = graphed(self.net, plan(["Net.blocks.*"]))
         actual = self.calls(self.net, inputs)
         for a, e in zip(actual, expected):
-            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+            close(a, e)
         # Per block: the audit (original), the warm-up (eager, planned), the
         # capture (then replayed), two replays.
         self.assertEqual(report.original_calls, 3)
         self.assertEqual(report.planned_calls, 12)
-        self.assertEqual((report.graphs_captured, report.graph_replays), (3, 9))
-        self.assertEqual((backend.captures, backend.replays), (3, 9))
+        self.assertEqual(counts(report), (3, 9))
+        if DEVICE == "cpu":  # what the report counts is what the graphs did
+            fake = self.net._dynaflow_applier.graph_backend
+            self.assertEqual((fake.captures, fake.replays), (3, 9))
         self.assertEqual(report.graph_eager_calls, {})
         # The replayed outputs are the caller's own: the next replay leaves them.
         before = actual[-1].clone()
-        self.calls(self.net, [torch.randn(8, 5, 16)])
+        self.calls(self.net, [torch.randn(8, 5, 16, device=DEVICE)])
         torch.testing.assert_close(actual[-1], before, rtol=0, atol=0)
 
     def test_rows_padded_to_a_power_of_two_share_one_graph(self):
-        inputs = [torch.randn(rows, 5, 16) for rows in (6, 5, 7, 6, 3, 3, 3)]
+        inputs = [torch.randn(rows, 5, 16, device=DEVICE) for rows in (6, 5, 7, 6, 3, 3, 3)]
         expected = self.expected(inputs)
-        backend, report = graphed(self.net, plan(["Net.blocks.*"]))
+        report = graphed(self.net, plan(["Net.blocks.*"]))
         actual = self.calls(self.net, inputs)
         for a, e in zip(actual, expected):
             self.assertEqual(a.shape, e.shape)
-            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+            close(a, e)
         # 6, 5, 7 and 6 rows are padded to 8: one kind (audit), its warm-up,
         # one capture per block; 3 rows are padded to 4: a second graph.
         graphs = self.net._dynaflow_applier.forwards[0].graphs
         padded = sorted(e.padded for e in graphs.entries.values() if isinstance(e, _graphs._Graph))
         self.assertEqual(padded, [4, 8])
         self.assertEqual((report.graphs_captured, report.graph_replays), (6, 12))
-        self.assertEqual(backend.replays, 12)
+        self.assertEqual(report.graph_replays, 12)
 
     def test_padding_stays_inside_the_call_bucket(self):
         # Splits from 16 tokens (rows x 5): 3 rows padded to 4 would be 20
@@ -221,49 +242,51 @@ class GraphsTest(unittest.TestCase):
             def forward(self, x):
                 return self.layers[0](x)
 
-        net = GatedNet()
-        inputs = [torch.randn(4, 16) for _ in range(4)]
+        net = GatedNet().to(DEVICE)
+        inputs = [torch.randn(4, 16, device=DEVICE) for _ in range(4)]
         with torch.no_grad():
             expected = [net(x) for x in inputs]
-        backend, report = graphed(net, plan(["GatedNet.layers.*"]))
+        report = graphed(net, plan(["GatedNet.layers.*"]))
         actual = self.calls(net, inputs)
         for a, e in zip(actual, expected):
-            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
-        self.assertEqual(backend.captures, 0)
-        why = ("GatedNet.layers.0: its capture failed: RuntimeError: CUDA error: operation not "
-               "permitted when stream is capturing (aten::_local_scalar_dense, FakeGraphs)")
-        self.assertEqual(report.graph_eager_calls, {why: 2})  # the capture's call and the next
+            close(a, e)
+        self.assertEqual(report.graphs_captured, 0)
+        [(why, calls)] = report.graph_eager_calls.items()
+        self.assertEqual(calls, 2)  # the capture's call and the next
+        # On the CPU: "RuntimeError: CUDA error: operation not permitted when
+        # stream is capturing (aten::_local_scalar_dense, FakeGraphs)".
+        self.assertRegex(why, r"^GatedNet\.layers\.0: its capture failed: \w+: .*captur")
         self.assertEqual(self.err.getvalue().count("runs eagerly, not as a CUDA graph"), 1)
         self.assertEqual(report.planned_calls, 3)
 
     def test_calls_under_autograd_run_eagerly_said_once(self):
-        inputs = [torch.randn(4, 5, 16) for _ in range(3)]
+        inputs = [torch.randn(4, 5, 16, device=DEVICE) for _ in range(3)]
         expected = [self.net(x) for x in inputs]
-        backend, report = graphed(self.net, plan(["Net.blocks.0"]))
+        report = graphed(self.net, plan(["Net.blocks.0"]))
         actual = [self.net(x) for x in inputs]
         for a, e in zip(actual, expected):
-            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+            close(a, e)
         self.assertTrue(actual[-1].requires_grad)
-        self.assertEqual(backend.captures, 0)
+        self.assertEqual(report.graphs_captured, 0)
         self.assertEqual(list(report.graph_eager_calls.values()), [2])
         self.assertIn("autograd is recording", self.err.getvalue())
         self.assertEqual(self.err.getvalue().count("runs eagerly"), 1)
 
     def test_an_argument_written_in_place_is_bound_not_copied(self):
-        inputs = [torch.randn(4, 5, 16) for _ in range(4)]
-        expected, cache = torch.zeros(4, 1, 16), torch.zeros(4, 1, 16)
+        inputs = [torch.randn(4, 5, 16, device=DEVICE) for _ in range(4)]
+        expected, cache = torch.zeros(4, 1, 16, device=DEVICE), torch.zeros(4, 1, 16, device=DEVICE)
         self.expected(inputs, cache=expected)
-        backend, report = graphed(self.net, plan(["Net.blocks.*"]))
+        report = graphed(self.net, plan(["Net.blocks.*"]))
         self.calls(self.net, inputs, cache=cache)
         # The replays wrote the program's cache itself.
-        torch.testing.assert_close(cache, expected, rtol=1e-5, atol=1e-6)
-        self.assertEqual((backend.captures, backend.replays), (3, 6))
+        close(cache, expected)
+        self.assertEqual(counts(report), (3, 6))
         self.assertEqual(report.graph_eager_calls, {})
         # Another cache tensor is other memory than the graph's: eager, said.
-        other = torch.zeros(4, 1, 16)
+        other = torch.zeros(4, 1, 16, device=DEVICE)
         self.calls(self.net, inputs[:1], cache=other)
-        torch.testing.assert_close(other, self.expected_cache(inputs[0]))
-        self.assertEqual(backend.replays, 6)
+        close(other, self.expected_cache(inputs[0]))
+        self.assertEqual(report.graph_replays, 6)
         self.assertIn("Net.blocks.0: argument cache, which the call writes in place, is not "
                       "the memory its graph was captured with", report.graph_eager_calls)
 
@@ -271,28 +294,78 @@ class GraphsTest(unittest.TestCase):
         """The cache the unplanned net leaves after one call on `x`."""
         applier = self.net._dynaflow_applier
         applier.detach()
-        cache = torch.zeros(x.shape[0], 1, 16)
+        cache = torch.zeros(x.shape[0], 1, 16, device=DEVICE)
         self.expected([x], cache=cache)
         return cache
 
+    def test_a_graph_whose_modules_changed_is_captured_again(self):
+        import copy
+
+        reference = copy.deepcopy(self.net)
+        inputs = [torch.randn(4, 5, 16, device=DEVICE) for _ in range(8)]
+        report = graphed(self.net, plan(["Net.blocks.0"]))
+        self.calls(self.net, inputs[:4])  # audit, warm-up, capture, replay
+        self.assertEqual(counts(report), (1, 2))
+        # A weight rebound: the graph holds the old one's memory.
+        for net in (self.net, reference):
+            with torch.no_grad():
+                net.blocks[0].up.weight = nn.Parameter(net.blocks[0].up.weight * 2)
+        with torch.no_grad():
+            expected = [reference(x) for x in inputs[4:]]
+        actual = self.calls(self.net, inputs[4:])
+        for a, e in zip(actual, expected):
+            close(a, e)
+        why = ("Net.blocks.0: its modules changed since its graph was captured (a tensor rebound "
+               "or written, an attribute set): captured again")
+        self.assertEqual(report.graph_eager_calls, {why: 1})
+        # The stale call found it and ran as the warm-up; then a capture, two replays.
+        self.assertEqual(counts(report), (2, 5))
+        # A weight written in place, an attribute set: each found at the next call.
+        with torch.no_grad():
+            self.net.blocks[0].up.weight.mul_(1)
+        self.calls(self.net, inputs[:1])  # stale: the warm-up
+        self.net.blocks[0].extra = "set"  # before the capture: in its snapshot
+        self.calls(self.net, inputs[:3])  # a capture, two replays
+        self.assertEqual(report.graph_eager_calls, {why: 2})
+        self.assertEqual(counts(report), (3, 8))
+        self.net.blocks[0].extra = "set again"
+        self.calls(self.net, inputs[:1])
+        self.assertEqual(report.graph_eager_calls, {why: 3})
+
+    def test_verify_compares_replays_and_drops_a_stale_graph_too(self):
+        inputs = [torch.randn(4, 5, 16, device=DEVICE) for _ in range(6)]
+        _apply.apply(self.net, plan(["Net.blocks.0"]), verify=True, runtime_lib=RUNTIME)
+        applier = self.net._dynaflow_applier
+        if DEVICE == "cpu":
+            applier.graph_backend = FakeGraphs()
+        report = applier.report
+        self.calls(self.net, inputs[:4])  # audit, warm-up, capture, replay: each verified
+        self.assertEqual(counts(report), (1, 2))
+        with torch.no_grad():
+            self.net.blocks[0].down.bias.add_(1.0)  # in place: the graph reads it as it is
+        self.calls(self.net, inputs[4:])  # stale: warm-up, then captured again
+        self.assertEqual(counts(report), (2, 3))
+        self.assertEqual(report.verified_calls, 5)
+        self.assertTrue(report.verify_ok, report.worst)
+
     def test_the_graph_count_per_unit_is_bounded(self):
-        backend, report = graphed(self.net, plan(["Net.blocks.0"]))
+        report = graphed(self.net, plan(["Net.blocks.0"]))
         with mock.patch.object(_graphs, "MAX_GRAPHS_PER_UNIT", 1):
-            outs = self.calls(self.net, [torch.randn(rows, 5, 16) for rows in (4, 4, 4, 2, 2)])
+            outs = self.calls(self.net, [torch.randn(rows, 5, 16, device=DEVICE) for rows in (4, 4, 4, 2, 2)])
         # 4 rows: the audit, the warm-up, the capture; 2 rows: past the bound.
-        self.assertEqual(backend.captures, 1)
+        self.assertEqual(report.graphs_captured, 1)
         self.assertEqual(report.graph_eager_calls,
                          {"Net.blocks.0: more than 1 shapes of its calls": 2})
         self.assertEqual(outs[-1].shape, (2, 5, 4))
 
     def test_a_staggered_region_is_captured_from_one_thread(self):
-        inputs = [torch.randn(4, 5, 16) for _ in range(4)]
+        inputs = [torch.randn(4, 5, 16, device=DEVICE) for _ in range(4)]
         expected = self.expected(inputs)
-        backend, report = graphed(self.net, plan(["Net"], stages=["Net.blocks.*"], segments=3))
+        report = graphed(self.net, plan(["Net"], stages=["Net.blocks.*"], segments=3))
         actual = self.calls(self.net, inputs)
         for a, e in zip(actual, expected):
-            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
-        self.assertEqual((backend.captures, backend.replays), (1, 2))
+            close(a, e)
+        self.assertEqual(counts(report), (1, 2))
         region = report.regions["Net"]
         # The warm-up took turns on the CPU workers, the capture ran inline;
         # replays issue nothing from the host.
@@ -301,27 +374,27 @@ class GraphsTest(unittest.TestCase):
 
     def test_a_cpu_argument_cannot_be_graphed_on_cuda(self):
         graphs = _graphs.UnitGraphs("M", _graphs.CudaGraphs(), _apply.Report(), lambda _m: None)
-        split = mock.Mock(states=[], bounds=[0, 2, 4], row_views={})
+        x = torch.ones(4, 2)
+        split = mock.Mock(states=[], bounds=[0, 2, 4], row_views={1: (x, 0), 2: (x, 1)})
         with torch.no_grad():
-            self.assertIsNone(graphs.prepare("kind", split, (torch.ones(4, 2),), {},
-                                             lambda p: True))
+            self.assertIsNone(graphs.prepare("kind", split, (x,), {}, lambda p: True))
         self.assertEqual(graphs.report.graph_eager_calls,
                          {"M: argument 0 is on cpu: a graph would keep its first value": 1})
 
     def test_arguments_flatten_into_a_key_of_shapes_and_values(self):
         x, pos = torch.ones(3, 4), torch.arange(4)
         key, leaves = _graphs.flatten_inputs((x,), {"pos": pos, "scale": 0.5, "t": (x, None)},
-                                             {id(x)}, 4)
+                                             3, 4)
         self.assertEqual([(tuple(t.shape), rows, where) for t, rows, where in leaves],
                          [((3, 4), True, "argument 0"), ((4,), False, "argument pos"),
                           ((3, 4), True, "argument t[0]")])
         self.assertEqual(key[0], ((4, 4), torch.float32, x.device, True))
         self.assertIn((float, 0.5), key)
         with self.assertRaisesRegex(_graphs.NoGraph, r"argument cache is a object"):
-            _graphs.flatten_inputs((), {"cache": object()}, set(), 4)
+            _graphs.flatten_inputs((), {"cache": object()}, 3, 4)
 
 
-@unittest.skipUnless(HAS_TORCH and RUNTIME, "needs torch and the runtime library")
+@unittest.skipUnless(runnable(), "needs torch, the runtime library and DYNAFLOW_GRAPHS_DEVICE")
 class ExampleDecoderGraphsTest(unittest.TestCase):
     """examples/llama_decode.py's decoder: a stack called with a KV cache (a
     dataclass of per-layer lists of preallocated tensors) that each layer
@@ -337,7 +410,8 @@ class ExampleDecoderGraphsTest(unittest.TestCase):
         parser = argparse.ArgumentParser()
         ld.add_model_args(parser)
         args = parser.parse_args(["--hidden", "64", "--heads", "4", "--kv-heads", "2",
-                                  "--vocab", "128", "--device", "cpu"])
+                                  "--vocab", "128", "--device", DEVICE,
+                                  "--dtype", "float32"])
         ld.check_model_args(parser, args)
         err = io.StringIO()
 
@@ -345,17 +419,17 @@ class ExampleDecoderGraphsTest(unittest.TestCase):
             """A prefill of 6 positions, then 4 decode steps at position 6 (the same
             shape and cache each time); the logits of each call and the cache."""
             g = torch.Generator().manual_seed(1)
-            cache = ld.KVCache.empty(args.layers, 4, args.kv_heads, 8, 16, args.dtype, "cpu")
+            cache = ld.KVCache.empty(args.layers, 4, args.kv_heads, 8, 16, args.dtype, DEVICE)
             with torch.inference_mode():
-                logits = [model(torch.randint(128, (4, 6), generator=g), 0, cache)]
-                logits += [model(torch.randint(128, (4, 1), generator=g), 6, cache)
+                logits = [model(torch.randint(128, (4, 6), generator=g).to(DEVICE), 0, cache)]
+                logits += [model(torch.randint(128, (4, 1), generator=g).to(DEVICE), 6, cache)
                            for _ in range(4)]
             return logits, cache
 
         expected, expected_cache = run(ld.build_model(args, 8))
         model = ld.build_model(args, 8)
         with redirect_stderr(err):
-            backend, report = graphed(model, plan(["LlamaForCausalLM.model.layers.*"]))
+            report = graphed(model, plan(["LlamaForCausalLM.model.layers.*"]))
             actual, cache = run(model)
         for a, e in zip(actual, expected):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
@@ -363,12 +437,13 @@ class ExampleDecoderGraphsTest(unittest.TestCase):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
         # Per layer: the prefill and the first decode step audited, the second
         # the warm-up, the third captured and replayed, the fourth replayed.
-        self.assertEqual((backend.captures, backend.replays), (2, 4))
+        self.assertEqual(counts(report), (2, 4))
         self.assertEqual(report.graph_eager_calls, {})
         self.assertEqual(report.refused, "")
 
 
-@unittest.skipUnless(HAS_TRANSFORMERS and RUNTIME, "needs transformers and the runtime library")
+@unittest.skipUnless(HAS_TRANSFORMERS and runnable(), "needs transformers, the runtime library "
+                     "and DYNAFLOW_GRAPHS_DEVICE")
 class TransformersGraphsTest(unittest.TestCase):
     """A tiny transformers Llama (random weights, built from a config): its
     decoder layers graphed with attention masks and rotary embeddings as
@@ -381,17 +456,17 @@ class TransformersGraphsTest(unittest.TestCase):
         config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                              max_position_embeddings=64)
-        self.model = LlamaForCausalLM(config).eval()
+        self.model = LlamaForCausalLM(config).eval().to(DEVICE)
         self.err = io.StringIO()
         quiet = redirect_stderr(self.err)
         quiet.__enter__()
         self.addCleanup(quiet.__exit__, None, None, None)
 
     def test_decoder_layers_replay_with_the_unmodified_logits(self):
-        inputs = [torch.randint(0, 128, (rows, 12)) for rows in (4, 4, 3, 4, 3)]
+        inputs = [torch.randint(0, 128, (rows, 12), device=DEVICE) for rows in (4, 4, 3, 4, 3)]
         with torch.no_grad():
             expected = [self.model(ids, use_cache=False).logits for ids in inputs]
-        backend, report = graphed(self.model, plan(["LlamaForCausalLM.model.layers.*"]))
+        report = graphed(self.model, plan(["LlamaForCausalLM.model.layers.*"]))
         with torch.no_grad():
             actual = [self.model(ids, use_cache=False).logits for ids in inputs]
         for a, e in zip(actual, expected):
@@ -399,15 +474,15 @@ class TransformersGraphsTest(unittest.TestCase):
         self.assertEqual(report.refused, "")
         self.assertEqual(report.graph_eager_calls, {})
         # 3 rows pad to 4: one graph per layer; calls 3 to 5 replay.
-        self.assertEqual((backend.captures, backend.replays), (2, 6))
+        self.assertEqual(counts(report), (2, 6))
 
     def test_a_kv_cache_keeps_the_calls_eager(self):
-        ids = torch.randint(0, 128, (4, 8))
-        backend, report = graphed(self.model, plan(["LlamaForCausalLM.model"]))
+        ids = torch.randint(0, 128, (4, 8), device=DEVICE)
+        report = graphed(self.model, plan(["LlamaForCausalLM.model"]))
         with torch.no_grad():
             for _ in range(3):
                 self.model(ids)  # builds a DynamicCache per call
-        self.assertEqual(backend.captures, 0)
+        self.assertEqual(report.graphs_captured, 0)
         self.assertEqual(report.refused, "")
         self.assertTrue(any("DynamicCache" in why for why in report.graph_eager_calls),
                         report.graph_eager_calls)

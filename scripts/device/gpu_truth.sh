@@ -16,12 +16,16 @@
 #               advised plan, predicted and measured speedups side by side;
 #   5. hf       tests/hf_apply_test.py on the GPU: tiny Hugging Face models
 #               under a forced plan through the runtime's CUDA streams, outputs
-#               against the unmodified run.
+#               against the unmodified run;
+#   6. graphs   plugin/python/graphs_test.py on the GPU: apply's own CUDA
+#               graphs (dynaflow/_graphs.py) captured and replayed with torch's
+#               CUDA graphs, outputs against the unmodified run, and a capture
+#               that fails (a host read) running eagerly.
 #
 #   bash scripts/device/gpu_truth.sh fetch     # here, once: .device-deps/*.deb
-#   run(command="bash scripts/device/gpu_truth.sh", carry=[".device-deps"], timeout_s=420)
+#   run(command="bash scripts/device/gpu_truth.sh", carry=[".device-deps"], timeout_s=450)
 #
-# The time limits (seconds, TRUTH_*_S to change) add up to 6.2 minutes, so
+# The time limits (seconds, TRUTH_*_S to change) add up to 6.8 minutes, so
 # that a 15-minute lease holds a rerun; TRUTH_STEPS=trace,apply (a comma list
 # of the step names above) reruns only those. Results in $OUT (at most 8 files come
 # back from the device tool): summary.txt (every step's output and exit
@@ -48,7 +52,9 @@ APPLY_S=${TRUTH_APPLY_S:-50}
 # Two tests of about 12 Python processes each (trace, advise, every usage
 # pattern unmodified and applied); one took 24 s on the 2-core CPU VM.
 HF_S=${TRUTH_HF_S:-60}
-STEPS=",${TRUTH_STEPS:-trace,predict,micro,apply,hf},"
+# 13 tests, 8 s on the 2-core CPU VM with the test double.
+GRAPHS_S=${TRUTH_GRAPHS_S:-35}
+STEPS=",${TRUTH_STEPS:-trace,predict,micro,apply,hf,graphs},"
 
 failed=0
 
@@ -135,6 +141,10 @@ main() {
   step hf "$HF_S" env DYNAFLOW_BIN="$bin" DYNAFLOW_SOURCE_DIR="$root" DYNAFLOW_PYTHON="$python" \
     DYNAFLOW_APPLY_LIB_BUILT="$runtime" DYNAFLOW_HF_DEVICE="$device" \
     "$python" "$root/tests/hf_apply_test.py" HfApplyTest.test_llama HfApplyTest.test_mixtral
+  # Every test must run there: a skip (no GPU seen) fails the step.
+  step graphs "$GRAPHS_S" env DYNAFLOW_APPLY_LIB_BUILT="$runtime" DYNAFLOW_GRAPHS_DEVICE="$device" \
+    bash -c 'cd "$1/plugin/python" && "$2" -m unittest -v graphs_test 2>&1 | tee /dev/stderr |
+             tail -n 1 | grep -qx OK' graphs "$root" "$python"
   collect
   echo "gpu_truth: $( [ "$failed" -eq 0 ] && echo "every step passed" || echo "a step failed" ) \
 (summary.txt, results.json in $out)" | tee -a "$out/summary.txt"

@@ -69,8 +69,9 @@ import threading
 
 from ._graphs import EAGER, CudaGraphs, NoGraph, UnitGraphs, rebuild
 from ._rows import audit_key, make_audit
-from ._split import (MergeError, Refusal, SliceMerge, Unchanged, Unsplittable, check_module,
-                     default_state_refusal, install_lazy_hooks, merge_outputs, split_call)
+from ._split import (MergeError, ModuleState, Refusal, SliceMerge, Unchanged, Unsplittable,
+                     check_module, default_state_refusal, install_lazy_hooks, merge_outputs,
+                     split_call)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -1154,6 +1155,17 @@ class _PlannedForward:
         batch = x.shape[0]
         try:
             modules = check_module(self.path, self.module)
+            key = audit_key(self.module, args, kwargs)
+            fits = None
+            if a.graph_backend is not None and not a.verify and self.audited.get(key) == "":
+                # A call of a kind with a graph of its shape replays it: the
+                # split its capture proved holds for the same arguments'
+                # structure, shapes and values (the graph key).
+                fits = self._fits(policy, index, x)
+                out = self._graphs().replay_hit(key, batch, args, kwargs, fits, modules)
+                if out is not EAGER:
+                    a.report.planned_calls += 1
+                    return out
             split = split_call(self.path, self.signature, args, kwargs, batch,
                                even_bounds(batch, a.splits_of[index]))
         except Refusal as e:
@@ -1163,24 +1175,19 @@ class _PlannedForward:
         except Unsplittable as e:
             a.report.unsplit_call(str(e))
             return self.original(*args, **kwargs)
-        key = audit_key(self.module, args, kwargs)
         if key not in self.audited:
             return self._audited(key, split, args, kwargs, batch)
         baseline = _Baseline(self.module, self.original, args, kwargs) if a.verify else None
         split.share_buffers(modules)  # after the baseline, which writes them back
         prepared = None
         if a.graph_backend is not None:
-            if self.graphs is None:
-                self.graphs = UnitGraphs(self.path, a.graph_backend, a.report, _say)
-            tokens, pick = tokens_of(x), a.runtime.pick
-            prepared = self.graphs.prepare(
-                key, split, args, kwargs,
-                lambda padded: pick(policy, tokens * padded // batch) == index)
+            prepared = self._graphs().prepare(key, split, args, kwargs,
+                                              fits or self._fits(policy, index, x))
         with a.lock:  # one call at a time per executor
             out = EAGER
             if prepared is not None:
                 out = self.graphs.call(
-                    prepared, split, lambda: self._run(split),
+                    prepared, split, modules, lambda: self._run(split),
                     lambda static, padded: self._capture(static, padded, args, kwargs, modules,
                                                          split.parts))
                 if out is EAGER and a.executor is None:
@@ -1228,6 +1235,18 @@ class _PlannedForward:
             a.refuse(f"{self.path}: {audit.mixed}")
         return out
 
+    def _graphs(self):
+        if self.graphs is None:
+            self.graphs = UnitGraphs(self.path, self.applier.graph_backend, self.applier.report,
+                                     _say)
+        return self.graphs
+
+    def _fits(self, policy, index, x):
+        """Whether a call padded to `padded` rows falls in the bucket of this
+        call (batch tensor `x`, schedule `index` of `policy`)."""
+        tokens, batch, pick = tokens_of(x), x.shape[0], self.applier.runtime.pick
+        return lambda padded: pick(policy, tokens * padded // batch) == index
+
     def _capture(self, static, padded, args, kwargs, modules, parts):
         """(graph, output) of the planned call on `static` (the call's tensors'
         static copies, `padded` rows) captured by the applier's graph
@@ -1247,7 +1266,8 @@ class _PlannedForward:
         split = split_call(self.path, self.signature, static_args, static_kwargs, padded,
                            even_bounds(padded, parts))
         split.share_buffers(modules)
-        return self.applier.graph_backend.capture(lambda: self._run(split, capture=True))
+        graph, out = self.applier.graph_backend.capture(lambda: self._run(split, capture=True))
+        return graph, out, ModuleState(modules)
 
     def _overlapped(self, args, kwargs):
         """Communication overlap: the call runs once, unsplit; each

@@ -50,7 +50,7 @@ tensors are record_stream'ed on the caller's stream as in an eager call)."""
 
 import dataclasses
 
-from ._split import Unchanged, _capture_underway, _is_immutable, _sequence_builder
+from ._split import MergeError, Unchanged, _capture_underway, _is_immutable, _sequence_builder
 
 # Graphs one unit keeps (one per padded shape and kind): beyond, new shapes
 # run eagerly. A decode server padded to powers of two needs about
@@ -126,11 +126,12 @@ def padded_rows(rows, fits):
     return padded if padded != rows and fits(padded) else rows
 
 
-def flatten_inputs(args, kwargs, row_args, padded):
+def flatten_inputs(args, kwargs, batch, padded):
     """(key, leaves) of a call: `leaves` every tensor of the arguments in walk
     order as (tensor, holds rows, where), `key` their structure, shapes (rows
     padded to `padded`), dtypes and devices, and every plain value. The
-    tensors that hold rows are those the split cut (`row_args`: their ids).
+    tensors that hold rows are those whose first dimension is the batch's
+    `batch` rows: those the split cuts (UnitGraphs.prepare checks that).
     Raises NoGraph for anything else."""
     import torch
 
@@ -138,7 +139,7 @@ def flatten_inputs(args, kwargs, row_args, padded):
 
     def walk(value, where):
         if isinstance(value, torch.Tensor):
-            rows = id(value) in row_args
+            rows = value.dim() >= 1 and value.shape[0] == batch
             shape = (padded,) + tuple(value.shape[1:]) if rows else tuple(value.shape)
             key.append((shape, value.dtype, value.device, rows))
             leaves.append((value, rows, where))
@@ -217,15 +218,17 @@ def map_outputs(value, fn, where="output"):
 class _Graph:
     """A captured call: the graph, the static input of each leaf (its own
     copy, or the program's tensor itself for a bound leaf), the addresses
-    of the bound leaves, and the output its capture returned, at `padded`
-    rows."""
+    of the bound leaves, the output its capture returned, at `padded` rows,
+    and the unit's modules as the capture left them: the graph holds their
+    tensors' memory and what their Python attributes made the call do."""
 
-    def __init__(self, graph, static, bound, out, padded):
+    def __init__(self, graph, static, bound, out, padded, state):
         self.graph = graph
         self.static = static
         self.bound = bound  # leaf index -> _address of the program's tensor
         self.out = out
         self.padded = padded
+        self.state = state  # _split.ModuleState of the unit after the capture
 
 
 def _address(t):
@@ -309,8 +312,11 @@ class UnitGraphs:
                               f"updates on the host")
             rows = split.bounds[-1]
             padded = padded_rows(rows, fits)
-            row_args = {id(owner) for owner, _ in split.row_views.values()}
-            key, leaves = flatten_inputs(args, kwargs, row_args, padded)
+            key, leaves = flatten_inputs(args, kwargs, rows, padded)
+            cut = {id(owner) for owner, _ in split.row_views.values()}
+            if any((id(t) in cut) != is_row for t, is_row, _ in leaves):
+                raise NoGraph("its split does not cut every tensor whose first dimension is "
+                              "the batch")
             for t, _, where in leaves:
                 if not self.backend.accepts(t):
                     raise NoGraph(f"{where} is on {t.device}: a graph would keep its first "
@@ -320,15 +326,51 @@ class UnitGraphs:
             self.eager(str(e))
             return None
 
-    def call(self, prepared, split, run_eager, capture):
+    def replay_hit(self, kind, batch, args, kwargs, fits, modules):
+        """The output of a call of `kind` replayed from the graph of its
+        shape, before its split is made: EAGER when there is none or it
+        cannot be used (the planned path then says why, or captures it).
+        `modules` are the unit's (path, module) pairs now: a graph whose
+        modules changed since its capture (a tensor rebound or written, an
+        attribute set, a submodule replaced) is dropped and captured again,
+        since it would replay what they were."""
+        import torch
+
+        if torch.is_grad_enabled() or self.backend.in_capture():
+            return EAGER
+        padded = padded_rows(batch, fits)
+        try:
+            key, leaves = flatten_inputs(args, kwargs, batch, padded)
+        except NoGraph:
+            return EAGER
+        entry = self._entry((kind, key), modules)
+        if not isinstance(entry, _Graph) or _unbindable(leaves, entry.bound, batch, padded):
+            return EAGER
+        return self._replay(entry, leaves, batch)
+
+    def _entry(self, key, modules):
+        """The entry of `key`; a graph whose modules changed since its
+        capture is dropped first (said, and counted as this call's)."""
+        entry = self.entries.get(key)
+        if isinstance(entry, _Graph) and not _same_modules(entry.state, modules):
+            del self.entries[key]
+            self.graphs -= 1
+            self.eager("its modules changed since its graph was captured (a tensor rebound or "
+                       "written, an attribute set): captured again")
+            return None
+        return entry
+
+    def call(self, prepared, split, modules, run_eager, capture):
         """The call's output: replayed, or captured and replayed, or EAGER
         when the caller runs it eagerly with `run_eager()` (this calls it
-        itself for a warm-up, and returns its output). `capture(static,
+        itself for a warm-up, and returns its output). `modules`: as for
+        replay_hit. `capture(static,
         padded)` runs the planned call on the static inputs (one per leaf,
-        in order) under the backend's capture and returns (graph, output);
-        it raises NoGraph for a call it cannot capture."""
+        in order) under the backend's capture and returns (graph, output,
+        the unit's ModuleState after it); it raises NoGraph for a call it
+        cannot capture."""
         key, leaves, padded = prepared
-        entry = self.entries.get(key)
+        entry = self._entry(key, modules)
         rows = split.bounds[-1]
         if entry is None:
             if self.graphs >= MAX_GRAPHS_PER_UNIT:
@@ -375,7 +417,7 @@ class UnitGraphs:
                 static.append(s)
         self._copy_in(static, bound, leaves, rows)
         try:
-            graph, out = capture(static, padded)
+            graph, out, state = capture(static, padded)
             map_outputs(out, lambda o: _check_rows(o, padded))
         except NoGraph as e:
             self.entries[key] = str(e)
@@ -386,7 +428,7 @@ class UnitGraphs:
             self.entries[key] = why
             self.eager(why)
             return None
-        entry = _Graph(graph, static, bound, out, padded)
+        entry = _Graph(graph, static, bound, out, padded, state)
         self.entries[key] = entry
         self.graphs += 1
         self.report.graph_captured()
@@ -418,6 +460,19 @@ def _unbindable(leaves, bound, rows, padded):
         if is_row and rows != padded:
             return f"{where}, which the call writes in place, would need its rows padded"
     return ""
+
+
+def _same_modules(state, modules):
+    """Whether the unit's modules (path, module pairs) are those of
+    ModuleState `state`, as it recorded them."""
+    if len(modules) != len(state.modules) or \
+            any(m is not n for (_, m), n in zip(modules, state.modules)):
+        return False
+    try:
+        state.check()
+    except MergeError:
+        return False
+    return True
 
 
 def _check_rows(o, padded):
