@@ -61,24 +61,50 @@ if HAS_TORCH:
 
     class _Recorder(TorchDispatchMode):
         """The ATen operators a capture issues on its thread, with the
-        tensors they were given."""
+        tensors they were given. They run (the call needs their results to
+        go on), but a capture on CUDA runs nothing: what they write in
+        tensors made before the capture is put back afterwards (`undo`)."""
 
         def __init__(self):
             super().__init__()
             self.ops = []
+            self.made = set()  # storages of the tensors the capture made
+            self.saved = []    # (tensor written, its elements before), in order
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func._schema.name in _HOST_READS:
                 raise RuntimeError(f"CUDA error: operation not permitted when stream is "
                                    f"capturing ({func._schema.name}, FakeGraphs)")
+            for t in self._written(func, args, kwargs):
+                if t.untyped_storage().data_ptr() not in self.made:
+                    self.saved.append((t, t.clone()))
             out = func(*args, **kwargs)
+            for o in tree_leaves(out):
+                if isinstance(o, torch.Tensor) and not any(
+                        o.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+                        for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)):
+                    self.made.add(o.untyped_storage().data_ptr())
             self.ops.append((func, args, kwargs, out))
             return out
 
+        @staticmethod
+        def _written(func, args, kwargs):
+            for k, a in enumerate(func._schema.arguments):
+                value = args[k] if k < len(args) else kwargs.get(a.name)
+                if a.alias_info is not None and a.alias_info.is_write and \
+                        isinstance(value, torch.Tensor):
+                    yield value
+
+        def undo(self):
+            with torch.no_grad():
+                for t, before in reversed(self.saved):
+                    t.copy_(before)
+
     class FakeGraphs:
         """A CUDA graph's contract on the CPU. Capture records the ATen
-        operators the call issues, on the tensors they were given; replay
+        operators the call issues, on the tensors they were given, leaving
+        the memory that existed before it as it was; replay
         runs those operators again on the same tensors and writes each
         fresh result into the tensor the capture made, so a replay runs no
         Python of the call and reads only the memory the capture read: a
@@ -99,8 +125,11 @@ if HAS_TORCH:
 
         def capture(self, fn):
             recorder = _Recorder()
-            with recorder:
-                out = fn()
+            try:
+                with recorder:
+                    out = fn()
+            finally:
+                recorder.undo()
             self.captures += 1
             return recorder.ops, out
 
@@ -383,15 +412,19 @@ class GraphsTest(unittest.TestCase):
 
     def test_arguments_flatten_into_a_key_of_shapes_and_values(self):
         x, pos = torch.ones(3, 4), torch.arange(4)
-        key, leaves = _graphs.flatten_inputs((x,), {"pos": pos, "scale": 0.5, "t": (x, None)},
-                                             3, 4)
-        self.assertEqual([(tuple(t.shape), rows, where) for t, rows, where in leaves],
+        parts, leaves, stateful = _graphs.flatten_inputs(
+            (x,), {"pos": pos, "scale": 0.5, "t": (x, None)}, 3)
+        self.assertEqual([(tuple(leaf.tensor.shape), leaf.rows, leaf.where) for leaf in leaves],
                          [((3, 4), True, "argument 0"), ((4,), False, "argument pos"),
                           ((3, 4), True, "argument t[0]")])
-        self.assertEqual(key[0], ((4, 4), torch.float32, x.device, True))
-        self.assertIn((float, 0.5), key)
+        self.assertEqual(parts[0], (True, (4,), torch.float32, x.device))  # rows left out
+        self.assertIn((float, 0.5), parts)
+        self.assertFalse(stateful)
         with self.assertRaisesRegex(_graphs.NoGraph, r"argument cache is a object"):
-            _graphs.flatten_inputs((), {"cache": object()}, 3, 4)
+            _graphs.flatten_inputs((), {"cache": object()}, 3)
+        # 3 rows pad to 4 within the bucket; the key holds the padded count.
+        key, _, padded = _graphs._key("kind", (x,), {}, 3, lambda p: True)
+        self.assertEqual((key[:2], padded), (("kind", 4), 4))
 
 
 @unittest.skipUnless(runnable(), "needs torch, the runtime library and DYNAFLOW_GRAPHS_DEVICE")
@@ -475,6 +508,39 @@ class TransformersGraphsTest(unittest.TestCase):
         self.assertEqual(report.graph_eager_calls, {})
         # 3 rows pad to 4: one graph per layer; calls 3 to 5 replay.
         self.assertEqual(counts(report), (2, 6))
+
+    def test_static_cache_decode_replays_into_the_cache(self):
+        from transformers import StaticCache
+
+        def run(model):
+            """A prefill of 6 positions into a StaticCache, then 6 greedy decode
+            steps: the logits of each call, and the cache's keys."""
+            g = torch.Generator().manual_seed(2)
+            ids = torch.randint(0, 128, (4, 6), generator=g).to(DEVICE)
+            cache = StaticCache(config=model.config, max_cache_len=16)
+            logits = []
+            with torch.no_grad():
+                for step in range(7):
+                    start = 0 if step == 0 else 5 + step
+                    positions = torch.arange(start, start + ids.shape[1], device=DEVICE)
+                    out = model(ids, past_key_values=cache, cache_position=positions,
+                                use_cache=True)
+                    logits.append(out.logits)
+                    ids = out.logits[:, -1:].argmax(-1)
+            return logits, [layer.keys for layer in cache.layers]
+
+        expected, expected_keys = run(self.model)
+        report = graphed(self.model, plan(["LlamaForCausalLM.model.layers.*"]))
+        actual, keys = run(self.model)
+        for a, e in zip(actual, expected):
+            close(a, e)
+        for a, e in zip(keys, expected_keys):
+            close(a, e)
+        self.assertEqual(report.refused, "")
+        self.assertEqual(report.graph_eager_calls, {})
+        # Per layer: the prefill and the first decode step audited, the second
+        # the warm-up, the third captured; three more replayed.
+        self.assertEqual(counts(report), (2, 8))
 
     def test_a_kv_cache_keeps_the_calls_eager(self):
         ids = torch.randint(0, 128, (4, 8), device=DEVICE)

@@ -1263,10 +1263,18 @@ class _PlannedForward:
                                   f"them during a capture")
         tensors = iter(static)
         static_args, static_kwargs = rebuild(args, tensors), rebuild(kwargs, tensors)
-        split = split_call(self.path, self.signature, static_args, static_kwargs, padded,
-                           even_bounds(padded, parts))
-        split.share_buffers(modules)
-        graph, out = self.applier.graph_backend.capture(lambda: self._run(split, capture=True))
+
+        def planned():
+            # The split is made inside the capture: what it runs on the
+            # device (a static cache layer's length, cloned for each
+            # micro-batch) must run again at every replay.
+            split = split_call(self.path, self.signature, static_args, static_kwargs, padded,
+                               even_bounds(padded, parts))
+            split.share_buffers(modules)
+            split.in_capture = True
+            return self._run(split, capture=True)
+
+        graph, out = self.applier.graph_backend.capture(planned)
         return graph, out, ModuleState(modules)
 
     def _overlapped(self, args, kwargs):

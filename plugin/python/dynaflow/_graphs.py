@@ -48,9 +48,11 @@ graph's allocations come from its own pool of torch's caching allocator, so
 torch's rules for memory under capture and replay hold (the micro-batches'
 tensors are record_stream'ed on the caller's stream as in an eager call)."""
 
+import collections
 import dataclasses
 
-from ._split import MergeError, Unchanged, _capture_underway, _is_immutable, _sequence_builder
+from ._split import (MergeError, Unchanged, _capture_underway, _is_immutable, _sequence_builder,
+                     state_adapter)
 
 # Graphs one unit keeps (one per padded shape and kind): beyond, new shapes
 # run eagerly. A decode server padded to powers of two needs about
@@ -126,37 +128,60 @@ def padded_rows(rows, fits):
     return padded if padded != rows and fits(padded) else rows
 
 
-def flatten_inputs(args, kwargs, batch, padded):
-    """(key, leaves) of a call: `leaves` every tensor of the arguments in walk
-    order as (tensor, holds rows, where), `key` their structure, shapes (rows
-    padded to `padded`), dtypes and devices, and every plain value. The
+class Leaf(collections.namedtuple("Leaf", "tensor rows where state")):
+    """A tensor of a call's arguments: whether its first dimension holds the
+    batch's rows, where it is ("argument mask", "argument cache.k[0]"), and
+    whether it belongs to a state object (a static KV cache), whose tensors
+    the graph uses as they are."""
+
+
+def flatten_inputs(args, kwargs, batch):
+    """(parts, leaves, stateful) of a call: `leaves` every tensor of the
+    arguments in walk order (Leaf), `parts` their structure, shapes (a row
+    tensor's rows left out: the graph key pads them), dtypes and devices,
+    every plain value, and what the host state of a state object must stay
+    (its adapter's graph_state); `stateful` whether there is one. The
     tensors that hold rows are those whose first dimension is the batch's
     `batch` rows: those the split cuts (UnitGraphs.prepare checks that).
     Raises NoGraph for anything else."""
     import torch
 
-    key, leaves = [], []
+    parts, leaves = [], []
+    stateful = False
+
+    def tensor(value, where, state):
+        rows = value.dim() >= 1 and value.shape[0] == batch
+        shape = tuple(value.shape[1:]) if rows else tuple(value.shape)
+        parts.append((rows, shape, value.dtype, value.device))
+        leaves.append(Leaf(value, rows, where, state))
 
     def walk(value, where):
+        nonlocal stateful
         if isinstance(value, torch.Tensor):
-            rows = value.dim() >= 1 and value.shape[0] == batch
-            shape = (padded,) + tuple(value.shape[1:]) if rows else tuple(value.shape)
-            key.append((shape, value.dtype, value.device, rows))
-            leaves.append((value, rows, where))
+            tensor(value, where, False)
         elif _is_immutable(value):
-            key.append((type(value), value))
+            parts.append((type(value), value))
         elif type(value) in (tuple, list):
-            key.append((type(value), len(value)))
+            parts.append((type(value), len(value)))
             for k, v in enumerate(value):
                 walk(v, f"{where}[{k}]")
         elif type(value) is dict:
-            key.append((dict, tuple(value)))
+            parts.append((dict, tuple(value)))
             for k, v in value.items():
                 walk(v, f"{where}[{k!r}]")
         elif _plain_dataclass(value):
-            key.append((type(value),))
+            parts.append((type(value),))
             for f in dataclasses.fields(value):
                 walk(getattr(value, f.name), f"{where}.{f.name}")
+        elif state_adapter(value) is not None:
+            state = state_adapter(value).graph_state(value)
+            if isinstance(state, str):
+                raise NoGraph(f"{where} is a {type(value).__name__} that {state}: a replay "
+                              f"would skip what the call does to it on the host")
+            stateful = True
+            parts.append((type(value), state[0]))
+            for name, t in state[1]:
+                tensor(t, f"{where}.{name}", True)
         else:
             raise NoGraph(f"{where} is a {type(value).__qualname__}: a replay would skip what "
                           f"the call does to it on the host")
@@ -165,12 +190,13 @@ def flatten_inputs(args, kwargs, batch, padded):
         walk(v, f"argument {k}")
     for k, v in kwargs.items():
         walk(v, f"argument {k}")
-    return tuple(key), leaves
+    return tuple(parts), leaves, stateful
 
 
 def rebuild(value, tensors):
     """`value` (arguments) with its tensors replaced, in walk order, by the
-    next items of the iterator `tensors`."""
+    next items of the iterator `tensors`; a state object stays itself (its
+    tensors are the graph's), its items skipped."""
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -182,6 +208,9 @@ def rebuild(value, tensors):
     if _plain_dataclass(value):
         return dataclasses.replace(value, **{f.name: rebuild(getattr(value, f.name), tensors)
                                              for f in dataclasses.fields(value)})
+    if state_adapter(value) is not None:
+        for _ in state_adapter(value).graph_state(value)[1]:
+            next(tensors)
     return value
 
 
@@ -243,17 +272,18 @@ class _WarmUp:
     while a call passes that same memory (a preallocated KV cache)."""
 
     def __init__(self, leaves):
-        self.unchanged = [Unchanged(t) for t, _, _ in leaves]
-        self.addresses = [_address(t) for t, _, _ in leaves]
+        self.unchanged = [Unchanged(leaf.tensor) for leaf in leaves]
+        self.addresses = [_address(leaf.tensor) for leaf in leaves]
 
     def bound(self, leaves, out):
-        """{leaf index: address} of the arguments the call wrote in place;
-        raises NoGraph when a replay would not give what this call gave."""
+        """{leaf index: address} of the arguments the call wrote in place
+        and of the state objects' tensors; raises NoGraph when a replay
+        would not give what this call gave."""
         import torch
 
-        bound = {k: self.addresses[k] for k, (t, _, _) in enumerate(leaves)
-                 if not self.unchanged[k](t)}
-        inputs = {id(t) for t, _, _ in leaves}
+        bound = {k: self.addresses[k] for k, leaf in enumerate(leaves)
+                 if leaf.state or not self.unchanged[k](leaf.tensor)}
+        inputs = {id(leaf.tensor) for leaf in leaves}
 
         def leaf(o):
             if id(o) in inputs:
@@ -307,21 +337,17 @@ class UnitGraphs:
                 raise NoGraph("autograd is recording, and a replay returns outputs without "
                               "their backward (torch.no_grad() or torch.inference_mode() "
                               "around inference lets it replay)")
-            if split.states:
-                raise NoGraph(f"it passes a {type(split.states[0][1]).__name__}, which the call "
-                              f"updates on the host")
             rows = split.bounds[-1]
-            padded = padded_rows(rows, fits)
-            key, leaves = flatten_inputs(args, kwargs, rows, padded)
+            key, leaves, padded = _key(kind, args, kwargs, rows, fits)
             cut = {id(owner) for owner, _ in split.row_views.values()}
-            if any((id(t) in cut) != is_row for t, is_row, _ in leaves):
+            if any((id(leaf.tensor) in cut) != leaf.rows for leaf in leaves if not leaf.state):
                 raise NoGraph("its split does not cut every tensor whose first dimension is "
                               "the batch")
-            for t, _, where in leaves:
-                if not self.backend.accepts(t):
-                    raise NoGraph(f"{where} is on {t.device}: a graph would keep its first "
-                                  f"value")
-            return (kind, key), leaves, padded
+            for leaf in leaves:
+                if not self.backend.accepts(leaf.tensor):
+                    raise NoGraph(f"{leaf.where} is on {leaf.tensor.device}: a graph would keep "
+                                  f"its first value")
+            return key, leaves, padded
         except NoGraph as e:
             self.eager(str(e))
             return None
@@ -338,12 +364,11 @@ class UnitGraphs:
 
         if torch.is_grad_enabled() or self.backend.in_capture():
             return EAGER
-        padded = padded_rows(batch, fits)
         try:
-            key, leaves = flatten_inputs(args, kwargs, batch, padded)
+            key, leaves, padded = _key(kind, args, kwargs, batch, fits)
         except NoGraph:
             return EAGER
-        entry = self._entry((kind, key), modules)
+        entry = self._entry(key, modules)
         if not isinstance(entry, _Graph) or _unbindable(leaves, entry.bound, batch, padded):
             return EAGER
         return self._replay(entry, leaves, batch)
@@ -405,7 +430,7 @@ class UnitGraphs:
         bound = self.bound.pop(key)
         static = []
         with torch.inference_mode(False):  # version counters: checkable under capture
-            for k, (t, is_row, _) in enumerate(leaves):
+            for k, (t, is_row, _, _) in enumerate(leaves):
                 if k in bound:
                     static.append(t)
                     continue
@@ -436,7 +461,7 @@ class UnitGraphs:
 
     @staticmethod
     def _copy_in(static, bound, leaves, rows):
-        for k, ((t, is_row, _), s) in enumerate(zip(leaves, static)):
+        for k, ((t, is_row, _, _), s) in enumerate(zip(leaves, static)):
             if k not in bound:
                 (s.narrow(0, 0, rows) if is_row and rows != s.shape[0] else s).copy_(t)
 
@@ -449,11 +474,20 @@ class UnitGraphs:
                            lambda o: o.narrow(0, 0, rows * (o.shape[0] // padded)).clone())
 
 
+def _key(kind, args, kwargs, rows, fits):
+    """(graph key, leaves, padded rows) of a call of `kind` with `rows` rows:
+    padded to a power of two within the call's bucket (`fits`), unless a
+    state object's tensors, which the graph uses as they are, hold them."""
+    parts, leaves, stateful = flatten_inputs(args, kwargs, rows)
+    padded = rows if stateful else padded_rows(rows, fits)
+    return (kind, padded, parts), leaves, padded
+
+
 def _unbindable(leaves, bound, rows, padded):
     """Why this call cannot use a graph whose `bound` leaves are the
     program's own tensors, or ""."""
     for k, address in bound.items():
-        t, is_row, where = leaves[k]
+        t, is_row, where, _ = leaves[k]
         if _address(t) != address:
             return (f"{where}, which the call writes in place, is not the memory its graph "
                     f"was captured with")

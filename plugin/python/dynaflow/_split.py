@@ -77,6 +77,9 @@ class CallSplit:
         self.slices = None  # SliceMerge of the call's run, where it has one
         self.row_views = {}  # id(row view of an argument) -> (the argument, micro-batch)
         self.module_state = None  # ModuleState of the unit, where share_buffers was called
+        # The call runs under a graph capture (_graphs): the merge reads no
+        # device value on the host (nothing has run to read).
+        self.in_capture = False
 
     def rows(self, i):
         return self.bounds[i], self.bounds[i + 1] - self.bounds[i]
@@ -102,7 +105,7 @@ class CallSplit:
 
     def merge_state(self):
         for adapter, original, views in self.states:
-            adapter.merge(original, views, self.bounds)
+            adapter.merge(original, views, self.bounds, self.in_capture)
 
     def state_originals(self):
         return [original for _, original, _ in self.states]
@@ -217,6 +220,10 @@ def _python_state(attributes, state, kept=None, tensors=None):
             state += (k, t, v)
         elif t in _CONTAINER_TYPES:  # most are empty hook tables
             state += (k, t, (len(v) if k in tables else _entries(v)) if v else 0)
+            if kept is not None and v and k not in tables:
+                # Entries compared by id: kept alive, so that an entry
+                # replaced by the call cannot take a freed one's id.
+                kept.extend(v.values() if isinstance(v, dict) else v)
         else:
             state += (k, t, id(v))
             if kept is not None:
@@ -854,6 +861,22 @@ class _CacheAdapter:
                     for layer in cache.layers]
         return v
 
+    def graph_state(self, cache):
+        """(fingerprint, [(name, tensor)]) of a cache whose every update is
+        written in place on the device, so that a CUDA graph can replay it
+        (_graphs: the tensors are the graph's own, the fingerprint is what
+        its host state must stay); or a string saying why not."""
+        if self.refusal(cache, None):
+            return f"cannot be split ({self.refusal(cache, None)})"
+        fingerprint, tensors = [], []
+        for k, layer in enumerate(cache.layers):
+            state = self.layer_adapters[type(layer)].graph_state(layer)
+            if isinstance(state, str):
+                return f"layer {k} {state}"
+            fingerprint.append((type(layer).__name__,) + state[0])
+            tensors += [(f"layers[{k}].{name}", t) for name, t in state[1]]
+        return (tuple(fingerprint), cache.layer_class_to_replicate), tensors
+
     def concat(self, caches, where):
         """One cache of the micro-batches' own caches (made inside the call),
         stacked by rows."""
@@ -868,15 +891,17 @@ class _CacheAdapter:
                       for layers in zip(*(c.layers for c in caches))]
         return out
 
-    def merge(self, cache, views, bounds):
+    def merge(self, cache, views, bounds, in_capture=False):
         for k, layer in enumerate(cache.layers):
-            self.layer_adapters[type(layer)].merge(layer, [v.layers[k] for v in views], bounds)
+            self.layer_adapters[type(layer)].merge(layer, [v.layers[k] for v in views], bounds,
+                                                   in_capture)
         grown = {len(v.layers) for v in views}
         if len(grown) != 1:
             raise MergeError("micro-batches grew the cache by different numbers of layers")
         for k in range(len(cache.layers), grown.pop()):
             new = cache.layer_class_to_replicate()
-            self.layer_adapters[type(new)].merge(new, [v.layers[k] for v in views], bounds)
+            self.layer_adapters[type(new)].merge(new, [v.layers[k] for v in views], bounds,
+                                                 in_capture)
             cache.layers.append(new)
 
 
@@ -898,6 +923,10 @@ class _DynamicLayerAdapter:
             return f"holds {layer.keys.shape[0]} rows for a batch of {batch}"
         return ""
 
+    @staticmethod
+    def graph_state(_layer):
+        return "grows its keys and values by concatenation on every call"
+
     def view(self, layer, begin, count):
         v = copy.copy(layer)
         if layer.is_initialized and layer.keys is not None and layer.keys.numel():
@@ -917,7 +946,7 @@ class _DynamicLayerAdapter:
         out.values = torch.cat([v.values for v in layers], 0)
         return out
 
-    def merge(self, layer, views, bounds):
+    def merge(self, layer, views, bounds, _in_capture=False):
         import torch
 
         if not any(v.is_initialized for v in views):
@@ -957,9 +986,9 @@ class _DynamicSlidingWindowLayerAdapter(_DynamicLayerAdapter):
         out._sliding_window_tensor = layers[0]._sliding_window_tensor
         return out
 
-    def merge(self, layer, views, bounds):
+    def merge(self, layer, views, bounds, in_capture=False):
         length = self._length(views, "")
-        super().merge(layer, views, bounds)
+        super().merge(layer, views, bounds, in_capture)
         layer.cumulative_length = length
         layer._sliding_window_tensor = views[0]._sliding_window_tensor
 
@@ -982,6 +1011,16 @@ class _StaticLayerAdapter:
         if batch is not None and layer.is_initialized and layer.keys.shape[0] != batch:
             return f"holds {layer.keys.shape[0]} rows for a batch of {batch}"
         return ""
+
+    @staticmethod
+    def graph_state(layer):
+        """The layer's tensors once it holds them (its first update
+        allocates them); the sequence position is the device tensor
+        `cumulative_length`, advanced in place."""
+        if not layer.is_initialized:
+            return (False,), []
+        return (True, layer.max_cache_len), [("keys", layer.keys), ("values", layer.values),
+                                             ("cumulative_length", layer.cumulative_length)]
 
     def view(self, layer, begin, count):
         v = copy.copy(layer)
@@ -1007,12 +1046,15 @@ class _StaticLayerAdapter:
         out.cumulative_length = layers[0].cumulative_length.clone()
         return out
 
-    def merge(self, layer, views, bounds):
+    def merge(self, layer, views, bounds, in_capture=False):
         import torch
 
         if not any(v.is_initialized for v in views):
             return
-        lengths = {int(v.cumulative_length) for v in views}
+        # Under a capture the lengths are not known yet; every micro-batch
+        # adds the same number of positions (the sequence length, a shape),
+        # which the eager warm-up of the graph's key checked here.
+        lengths = {0} if in_capture else {int(v.cumulative_length) for v in views}
         if len(lengths) != 1:
             raise MergeError(f"micro-batches wrote different lengths {sorted(lengths)} "
                              f"into a static cache layer")
@@ -1048,6 +1090,10 @@ class _StaticSlidingWindowLayerAdapter(_StaticLayerAdapter):
     KNOWN = _StaticLayerAdapter.KNOWN | {"cumulative_length_int"}
 
     @staticmethod
+    def graph_state(_layer):
+        return "counts its positions in a Python int (cumulative_length_int) on every call"
+
+    @staticmethod
     def _length(layers, where):
         lengths = {v.cumulative_length_int for v in layers}
         if len(lengths) != 1:
@@ -1061,9 +1107,9 @@ class _StaticSlidingWindowLayerAdapter(_StaticLayerAdapter):
         out.cumulative_length_int = length
         return out
 
-    def merge(self, layer, views, bounds):
+    def merge(self, layer, views, bounds, in_capture=False):
         length = self._length(views, "")
-        super().merge(layer, views, bounds)
+        super().merge(layer, views, bounds, in_capture)
         layer.cumulative_length_int = length
 
 
