@@ -542,6 +542,29 @@ class TransformersGraphsTest(unittest.TestCase):
         # the warm-up, the third captured; three more replayed.
         self.assertEqual(counts(report), (2, 8))
 
+    def test_generate_with_a_static_cache_gives_the_unmodified_tokens(self):
+        ids = torch.randint(0, 128, (4, 6), generator=torch.Generator().manual_seed(3))
+        ids = ids.to(DEVICE)
+
+        def generate():
+            return [self.model.generate(ids, max_new_tokens=8, do_sample=False,
+                                        cache_implementation="static", pad_token_id=0)
+                    for _ in range(2)]
+
+        expected = generate()
+        report = graphed(self.model, plan(["LlamaForCausalLM.model.layers.*"]))
+        for a, e in zip(generate(), expected):
+            self.assertTrue(torch.equal(a, e))
+        self.assertEqual(report.refused, "")
+        # The first generate's decode steps replay after the audit and the
+        # warm-up; the second makes a new StaticCache, which is other memory
+        # than the graphs': its steps run eagerly, said.
+        self.assertEqual(counts(report), (2, 10))
+        self.assertEqual(set(report.graph_eager_calls.values()), {7})
+        self.assertIn("LlamaForCausalLM.model.layers.0: argument past_key_values.layers[0].keys, "
+                      "which the call writes in place, is not the memory its graph was captured "
+                      "with", report.graph_eager_calls)
+
     def test_a_kv_cache_keeps_the_calls_eager(self):
         ids = torch.randint(0, 128, (4, 8), device=DEVICE)
         report = graphed(self.model, plan(["LlamaForCausalLM.model"]))
