@@ -3,15 +3,18 @@ micro-batch on its stream with the schedule's events, captured once per
 shape and replayed on later calls (issue 9, item 4).
 
 Which calls. A planned call (its split proved safe, its kind audited) is
-graphed when everything it reads from the program is a tensor or a plain
-value (`flatten_inputs`): a state object such as a transformers KV cache is
-rebuilt on the host at every call, which a replay would skip, so its calls
-run eagerly. So do calls while autograd records (a replay returns outputs
-without their backward), calls of a dual-batch region (its micro-batches are
-issued from one host thread each, which one capture cannot follow), and
-calls of a unit with an inference buffer (only its bytes could show a write,
-and nothing runs during a capture to compare them). Each such reason is said
-once per unit, in one line, and the call runs the planned schedule eagerly.
+graphed when everything it reads from the program is a tensor, a plain
+value, or a state object whose adapter says every update it gets is written
+in place on the device (`_split._CacheAdapter.graph_state`: a transformers
+StaticCache, whose tensors the graph then uses as they are; a DynamicCache
+grows by concatenation on the host, which a replay would skip). Calls run
+eagerly while autograd records (a replay returns outputs without their
+backward), for a dual-batch region (its micro-batches are issued from one
+host thread each, which one capture cannot follow), and for a unit with an
+inference buffer (only its bytes could show a write, and nothing runs during
+a capture to compare them). Each such reason is said once per unit, in one
+line, and the call runs the planned schedule eagerly. A program capturing
+its own graph gets the planned call issued into it, as eagerly.
 
 Per unit and graph key (the call's kind, `_rows.audit_key`, every tensor's
 shape with the rows padded, and every plain value):
@@ -35,6 +38,14 @@ shape with the rows padded, and every plain value):
   3. later calls are replayed: their tensors are copied into the static
      inputs, the graph replayed on the caller's stream, and the outputs
      cloned out of the static outputs (the next replay overwrites those).
+     A replay is looked up before the call's split is made
+     (`UnitGraphs.replay_hit`): the key holds the structure, shapes and
+     values the capture's split was proved for. The unit's modules are
+     compared with their state after the capture (ModuleState): a tensor
+     rebound or written in place, an attribute set, a submodule replaced
+     drops the graph, and the key is warmed up and captured again. What the
+     forward reads outside its modules and arguments (a config's fields, a
+     global) is baked into the graph.
 
 Padding. The rows are padded to the next power of two when the padded call
 falls in the same bucket of the plan (same schedule), so a server's varying
