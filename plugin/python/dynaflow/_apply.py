@@ -1187,7 +1187,7 @@ class _PlannedForward:
             out = EAGER
             if prepared is not None:
                 out = self.graphs.call(
-                    prepared, split, modules, lambda: self._run(split),
+                    prepared, split, modules, lambda: self._run(split, one_thread=True),
                     lambda static, padded: self._capture(static, padded, args, kwargs, modules,
                                                          split.parts))
                 if out is EAGER and a.executor is None:
@@ -1272,7 +1272,7 @@ class _PlannedForward:
                                even_bounds(padded, parts))
             split.share_buffers(modules)
             split.in_capture = True
-            return self._run(split, capture=True)
+            return self._run(split, one_thread=True)
 
         graph, out = self.applier.graph_backend.capture(planned)
         return graph, out, ModuleState(modules)
@@ -1300,13 +1300,14 @@ class _PlannedForward:
             a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
         return out
 
-    def _run(self, split, capture=False):
-        """The planned call of `split`. `capture`: it runs under a graph
-        backend's capture, which follows one host thread: every micro-batch
-        is issued from this one (a staggered region inline; on CUDA the
-        executor's task callbacks run on the calling thread anyway; on the
-        CPU, whose graph backend is a test double, the micro-batches run one
-        after the other)."""
+    def _run(self, split, one_thread=False):
+        """The planned call of `split`. `one_thread`: every micro-batch is
+        issued from this thread, as a graph backend's capture (which follows
+        one host thread) and the warm-up before it (whose writes a dispatch
+        mode of this thread watches) need: a staggered region inline; on
+        CUDA the executor's task callbacks run on the calling thread anyway;
+        on the CPU, whose graph backend is a test double, the micro-batches
+        run one after the other."""
         import torch
 
         a = self.applier
@@ -1337,9 +1338,10 @@ class _PlannedForward:
         if a.cuda or SLICES_ON_CPU:
             split.slices = SliceMerge(split, state["caller"])
         if region is not None:
-            region.start_call(state["caller"], inline=capture or (
+            region.start_call(state["caller"], inline=one_thread or (
                 a.cuda and torch.cuda.is_current_stream_capturing()))
-        if (region is not None and region.inline) or (region is None and capture and not a.cuda):
+        if (region is not None and region.inline) or (region is None and one_thread and
+                                                        not a.cuda):
             rc, message = 0, ""
             for mb in range(split.parts):
                 if self._task(state, mb, 0) != 0:

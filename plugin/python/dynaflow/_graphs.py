@@ -18,14 +18,15 @@ its own graph gets the planned call issued into it, as eagerly.
 
 Per unit and graph key (the call's kind, `_rows.audit_key`, every tensor's
 shape with the rows padded, and every plain value):
-  1. the first call runs eagerly: the warm-up torch asks for before a
-     capture (lazy library state, such as a cuBLAS workspace per stream, is
-     made outside it). It shows which tensor arguments the call writes in
-     place (a preallocated KV cache): the graph uses those tensors
-     themselves, not copies, and replays only for calls that pass that same
-     memory, unpadded (others run eagerly). An output that is not tensors
-     and plain values, or an argument returned as the output, keeps the key
-     eager;
+  1. the first call runs eagerly, issued from this thread as the capture
+     will be: the warm-up torch asks for before a capture (lazy library
+     state, such as a cuBLAS workspace per stream, is made outside it). A
+     dispatch mode watches which tensor arguments it writes (a preallocated
+     KV cache; inference tensors have no version counter to show it): the
+     graph uses those tensors themselves, not copies, as it does a state
+     object's, and replays only for calls that pass that same memory,
+     unpadded (others run eagerly). An output that is not tensors and plain
+     values, or an argument returned as the output, keeps the key eager;
   2. the second is captured (`CudaGraphs.capture`): the call runs once, on
      static copies of its tensors, with the planned schedule issued from
      this thread into the capture; then it is replayed. A capture that fails
@@ -62,8 +63,7 @@ tensors are record_stream'ed on the caller's stream as in an eager call)."""
 import collections
 import dataclasses
 
-from ._split import (MergeError, Unchanged, _capture_underway, _is_immutable, _sequence_builder,
-                     state_adapter)
+from ._split import MergeError, _capture_underway, _is_immutable, _sequence_builder, state_adapter
 
 # Graphs one unit keeps (one per padded shape and kind): beyond, new shapes
 # run eagerly. A decode server padded to powers of two needs about
@@ -276,35 +276,53 @@ def _address(t):
     return t.data_ptr(), t.dtype, tuple(t.shape), t.stride()
 
 
-class _WarmUp:
-    """The first call of a key: which tensor arguments it writes in place.
-    A graph writes only memory it captured, so those are bound: the graph
-    uses the program's tensor itself (not a copy), and is replayed only
-    while a call passes that same memory (a preallocated KV cache)."""
+def _watch_writes():
+    """A dispatch mode that collects, in its `written` set, the storages
+    (data pointers) the operators run under it write in place or into (an
+    in-place operator's self, an `out=`, an index write): what a call writes
+    of its arguments, whether they have version counters (inference tensors
+    have none) or not, and without copying them."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __init__(self, leaves):
-        self.unchanged = [Unchanged(leaf.tensor) for leaf in leaves]
-        self.addresses = [_address(leaf.tensor) for leaf in leaves]
+    class WatchWrites(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.written = set()
 
-    def bound(self, leaves, out):
-        """{leaf index: address} of the arguments the call wrote in place
-        and of the state objects' tensors; raises NoGraph when a replay
-        would not give what this call gave."""
-        import torch
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            for k, a in enumerate(func._schema.arguments):
+                if a.alias_info is not None and a.alias_info.is_write:
+                    value = args[k] if k < len(args) else kwargs.get(a.name)
+                    for t in value if isinstance(value, (list, tuple)) else (value,):
+                        if hasattr(t, "untyped_storage"):
+                            self.written.add(t.untyped_storage().data_ptr())
+            return func(*args, **kwargs)
 
-        bound = {k: self.addresses[k] for k, leaf in enumerate(leaves)
-                 if leaf.state or not self.unchanged[k](leaf.tensor)}
-        inputs = {id(leaf.tensor) for leaf in leaves}
+    return WatchWrites()
 
-        def leaf(o):
-            if id(o) in inputs:
-                raise NoGraph("the call returns an argument: a replay would return a copy")
-            if not isinstance(o, torch.Tensor) or o.dim() < 1:
-                raise NoGraph("an output has no rows")
-            return o
 
-        map_outputs(out, leaf)
-        return bound
+def _bound(leaves, written, out):
+    """{leaf index: address} of the tensors a graph must use as they are:
+    the arguments the warm-up call wrote (storages in `written`; a graph
+    writes only memory it captured) and the state objects' tensors. Raises
+    NoGraph when a replay would not give what the call gave (`out`, its
+    output)."""
+    import torch
+
+    bound = {k: _address(leaf.tensor) for k, leaf in enumerate(leaves)
+             if leaf.state or leaf.tensor.untyped_storage().data_ptr() in written}
+    inputs = {id(leaf.tensor) for leaf in leaves}
+
+    def check(o):
+        if id(o) in inputs:
+            raise NoGraph("the call returns an argument: a replay would return a copy")
+        if not isinstance(o, torch.Tensor) or o.dim() < 1:
+            raise NoGraph("an output has no rows")
+        return o
+
+    map_outputs(out, check)
+    return bound
 
 
 class UnitGraphs:
@@ -317,7 +335,7 @@ class UnitGraphs:
         self.say = say  # prints one line
         # key -> _READY (with self.bound[key]), a _Graph, or why it runs eagerly
         self.entries = {}
-        self.bound = {}  # key -> _WarmUp.bound of its first call
+        self.bound = {}  # key -> _bound of its first call
         self.said = set()
         self.graphs = 0
 
@@ -396,11 +414,12 @@ class UnitGraphs:
             return None
         return entry
 
-    def call(self, prepared, split, modules, run_eager, capture):
+    def call(self, prepared, split, modules, warm_up, capture):
         """The call's output: replayed, or captured and replayed, or EAGER
-        when the caller runs it eagerly with `run_eager()` (this calls it
-        itself for a warm-up, and returns its output). `modules`: as for
-        replay_hit. `capture(static,
+        when the caller runs it eagerly. `warm_up()` runs it eagerly, issued
+        from this thread (so that every operator runs under the dispatch
+        mode that watches its writes): the first call of a key, whose output
+        this returns. `modules`: as for replay_hit. `capture(static,
         padded)` runs the planned call on the static inputs (one per leaf,
         in order) under the backend's capture and returns (graph, output,
         the unit's ModuleState after it); it raises NoGraph for a call it
@@ -412,10 +431,11 @@ class UnitGraphs:
             if self.graphs >= MAX_GRAPHS_PER_UNIT:
                 self.eager(f"more than {MAX_GRAPHS_PER_UNIT} shapes of its calls")
                 return EAGER
-            warm_up = _WarmUp(leaves)
-            out = run_eager()
+            watch = _watch_writes()
+            with watch:
+                out = warm_up()
             try:
-                self.bound[key] = warm_up.bound(leaves, out)
+                self.bound[key] = _bound(leaves, watch.written, out)
                 self.entries[key] = _READY
             except NoGraph as e:
                 self.entries[key] = str(e)
