@@ -29,7 +29,7 @@ if HAS_TORCH:
     import torch
     from torch import nn
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
+    from torch.utils._pytree import tree_leaves, tree_map
 
     class Block(nn.Module):
         def __init__(self, width):
@@ -123,7 +123,7 @@ if HAS_TORCH:
         def in_capture():
             return False
 
-        def capture(self, fn):
+        def capture(self, fn, _device):
             recorder = _Recorder()
             try:
                 with recorder:
@@ -131,17 +131,34 @@ if HAS_TORCH:
             finally:
                 recorder.undo()
             self.captures += 1
-            return recorder.ops, out
+            # A graph holds memory, not tensors: each operator's arguments
+            # become aliases of the storage they had at capture, so that a
+            # tensor given other memory later (`param.data = ...`) is not
+            # followed.
+            return [(func, tree_map(_alias, args), tree_map(_alias, kwargs), out)
+                    for func, args, kwargs, out in recorder.ops], out
 
-        def replay(self, ops):
+        def replay(self, ops, copy_in, copy_out):
             self.replays += 1
-            with torch.no_grad():
+            copy_in()
+            # Autocast decided the recorded operators' dtypes at capture.
+            with torch.no_grad(), torch.autocast("cpu", enabled=False):
                 for func, args, kwargs, out in ops:
                     fresh = func(*args, **kwargs)
                     for o, f in zip(tree_leaves(out), tree_leaves(fresh)):
                         if isinstance(o, torch.Tensor) and o is not f and \
                                 o.untyped_storage().data_ptr() != f.untyped_storage().data_ptr():
                             o.copy_(f)  # a view of memory the graph owns is current already
+            return copy_out()
+
+    def _alias(t):
+        """A new tensor on `t`'s storage, with its offset, sizes and strides."""
+        if not isinstance(t, torch.Tensor):
+            return t
+        alias = torch.empty(0, dtype=t.dtype, device=t.device)
+        with torch.no_grad():
+            alias.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        return alias
 
 
 def plan(units, splits=2, min_split_tokens=0, stages=None, segments=None):
@@ -251,7 +268,7 @@ class GraphsTest(unittest.TestCase):
         self.assertEqual(_graphs.padded_rows(8, lambda p: True), 8)
         self.assertEqual(_graphs.padded_rows(1, lambda p: True), 1)
 
-    def test_a_host_read_fails_the_capture_and_the_unit_runs_eagerly(self):
+    def test_a_host_read_found_by_the_warm_up_keeps_the_unit_eager(self):
         class Gated(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -280,13 +297,57 @@ class GraphsTest(unittest.TestCase):
         for a, e in zip(actual, expected):
             close(a, e)
         self.assertEqual(report.graphs_captured, 0)
-        [(why, calls)] = report.graph_eager_calls.items()
-        self.assertEqual(calls, 2)  # the capture's call and the next
-        # On the CPU: "RuntimeError: CUDA error: operation not permitted when
-        # stream is capturing (aten::_local_scalar_dense, FakeGraphs)".
-        self.assertRegex(why, r"^GatedNet\.layers\.0: its capture failed: \w+: .*captur")
+        # No capture is tried: the warm-up, and the two calls after it, ran eagerly.
+        why = ("GatedNet.layers.0: it reads a device value on the host "
+               "(aten::_local_scalar_dense), which a capture cannot")
+        self.assertEqual(report.graph_eager_calls, {why: 3})
         self.assertEqual(self.err.getvalue().count("runs eagerly, not as a CUDA graph"), 1)
         self.assertEqual(report.planned_calls, 3)
+        if DEVICE == "cpu":
+            self.assertEqual(net._dynaflow_applier.graph_backend.captures, 0)
+
+    def test_a_capture_that_fails_runs_eagerly_from_then_on(self):
+        # A failure the warm-up could not foresee (here, raised by the
+        # forward once a global flag is set): the call runs eagerly, once.
+        fail = []
+
+        class Flaky(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(16, 16)
+
+            def forward(self, x):
+                if fail:
+                    raise RuntimeError("operation not permitted when stream is capturing")
+                return self.lin(x)
+
+        class FlakyNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([Flaky()])
+
+            def forward(self, x):
+                return self.layers[0](x)
+
+        net = FlakyNet().to(DEVICE)
+        inputs = [torch.randn(4, 16, device=DEVICE) for _ in range(4)]
+        with torch.no_grad():
+            expected = [net(x) for x in inputs]
+        report = graphed(net, plan(["FlakyNet.layers.*"]))
+        self.calls(net, inputs[:2])  # the audit, the warm-up
+        fail.append(True)
+        with self.assertRaisesRegex(RuntimeError, "operation not permitted"):
+            self.calls(net, inputs[2:3])  # the capture fails; eagerly, so does the call
+        fail.clear()
+        actual = self.calls(net, inputs[3:])
+        close(actual[0], expected[3])
+        self.assertEqual(report.graphs_captured, 0)
+        why = ("FlakyNet.layers.0: its capture failed: RuntimeError: operation not permitted "
+               "when stream is capturing")
+        self.assertEqual(report.graph_eager_calls, {why: 2})
+        if DEVICE == "cuda":  # the caching allocator is not left inside a capture
+            torch.cuda.empty_cache()
+            self.assertFalse(torch.cuda.is_current_stream_capturing())
 
     def test_calls_under_autograd_run_eagerly_said_once(self):
         inputs = [torch.randn(4, 5, 16, device=DEVICE) for _ in range(3)]
@@ -353,10 +414,10 @@ class GraphsTest(unittest.TestCase):
         with torch.no_grad():
             self.net.blocks[0].up.weight.mul_(1)
         self.calls(self.net, inputs[:1])  # stale: the warm-up
-        self.net.blocks[0].extra = "set"  # before the capture: in its snapshot
-        self.calls(self.net, inputs[:3])  # a capture, two replays
+        self.net.blocks[0].extra = "set"  # after the warm-up: warmed up again
+        self.calls(self.net, inputs[:3])  # the warm-up, a capture, a replay
         self.assertEqual(report.graph_eager_calls, {why: 2})
-        self.assertEqual(counts(report), (3, 8))
+        self.assertEqual(counts(report), (3, 7))
         self.net.blocks[0].extra = "set again"
         self.calls(self.net, inputs[:1])
         self.assertEqual(report.graph_eager_calls, {why: 3})
@@ -376,6 +437,119 @@ class GraphsTest(unittest.TestCase):
         self.assertEqual(counts(report), (2, 3))
         self.assertEqual(report.verified_calls, 5)
         self.assertTrue(report.verify_ok, report.worst)
+
+    def test_what_the_forward_reads_beside_its_arguments_is_checked(self):
+        # A config's field, a parameter given other memory by `.data =`
+        # (neither rebinds nor bumps a version), autocast's dtype: each
+        # changes what the call computes, so a graph of the old one must go.
+        class Config:
+            scale = 1.0
+
+            def __init__(self):
+                self.scale = 1.0
+
+        class Scaled(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.config = Config()
+                self.lin = nn.Linear(16, 16)
+
+            def forward(self, x):
+                return self.lin(x) * self.config.scale
+
+        class ScaledNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([Scaled()])
+
+            def forward(self, x):
+                return self.layers[0](x)
+
+        torch.manual_seed(0)
+        net = ScaledNet().to(DEVICE)
+        reference = ScaledNet().to(DEVICE)
+        reference.load_state_dict(net.state_dict())
+        x = torch.randn(4, 16, device=DEVICE)
+        report = graphed(net, plan(["ScaledNet.layers.*"]))
+        self.calls(net, [x] * 4)  # audit, warm-up, capture, replay
+        self.assertEqual(counts(report), (1, 2))
+
+        def changed(change):
+            """Four calls after `change`, each as the unplanned model's."""
+            for model in (net, reference):
+                change(model.layers[0])
+            with torch.no_grad():
+                for _ in range(4):
+                    close(net(x), reference(x))
+
+        changed(lambda m: setattr(m.config, "scale", 3.0))
+        with torch.no_grad():
+            changed(lambda m: setattr(m.lin.weight, "data", m.lin.weight.data * 2))
+        # Each change found at the next call: dropped, warmed up, captured
+        # again, replayed twice more.
+        self.assertEqual(report.graph_eager_calls, {
+            "ScaledNet.layers.0: its modules changed since its graph was captured (a tensor "
+            "rebound or written, an attribute set): captured again": 2})
+        self.assertEqual(counts(report), (3, 8))
+        if DEVICE == "cpu":  # autocast's dtype is part of the key
+            with torch.no_grad():
+                for dtype in (torch.bfloat16, torch.float16):
+                    with torch.autocast("cpu", dtype=dtype):
+                        outs = [net(x) for _ in range(4)]
+                    self.assertEqual({o.dtype for o in outs}, {dtype})
+
+    def test_argument_writes_the_warm_up_cannot_see_are_written_back(self):
+        # A write the warm-up's dispatch mode cannot see (on CUDA, a kernel
+        # launched outside torch's dispatcher), played here by a watch that
+        # sees none: the graph writes its own copy of the argument. Its
+        # first replay finds that, writes it back, and the key runs eagerly.
+        watch = _graphs._watch
+
+        class Nothing(set):
+            def add(self, _storage):
+                pass
+
+        def blind(accepts):
+            mode = watch(accepts)
+            mode.written = Nothing()
+            return mode
+
+        inputs = [torch.randn(4, 5, 16, device=DEVICE) for _ in range(5)]
+        expected, cache = torch.zeros(4, 1, 16, device=DEVICE), torch.zeros(4, 1, 16, device=DEVICE)
+        self.expected(inputs, cache=expected)
+        report = graphed(self.net, plan(["Net.blocks.0"]))
+        with mock.patch.object(_graphs, "_watch", blind):
+            self.calls(self.net, inputs, cache=cache)
+        close(cache, expected)
+        why = ("Net.blocks.0: argument cache is written by the call outside torch's dispatcher, "
+               "which a graph would write into its own copy")
+        # The call whose replay found it, and the two after it.
+        self.assertEqual(report.graph_eager_calls, {why: 3})
+        self.assertEqual(counts(report), (1, 1))
+
+    def test_calls_whose_keys_never_repeat_stop_warming_up(self):
+        class Positioned(nn.Module):
+            def forward(self, x, start):
+                return x * 2 + start
+
+        class PositionNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([Positioned()])
+
+            def forward(self, x, start):
+                return self.layers[0](x, start)
+
+        net = PositionNet()
+        report = graphed(net, plan(["PositionNet.layers.*"]))
+        x = torch.randn(4, 3, device=DEVICE)
+        with torch.no_grad():
+            outs = [net(x, start) for start in range(12)]  # a Python int: a key per call
+        close(outs[-1], x * 2 + 11)
+        why = ("PositionNet.layers.0: its calls' shapes or plain values keep changing (8 kinds "
+               "seen once and never again: a position passed as a Python int, say)")
+        self.assertEqual(report.graph_eager_calls, {why: 3})  # calls 10 to 12
+        self.assertEqual(counts(report), (0, 0))
 
     def test_the_graph_count_per_unit_is_bounded(self):
         report = graphed(self.net, plan(["Net.blocks.0"]))
@@ -424,7 +598,7 @@ class GraphsTest(unittest.TestCase):
             _graphs.flatten_inputs((), {"cache": object()}, 3)
         # 3 rows pad to 4 within the bucket; the key holds the padded count.
         key, _, padded = _graphs._key("kind", (x,), {}, 3, lambda p: True)
-        self.assertEqual((key[:2], padded), (("kind", 4), 4))
+        self.assertEqual((key[0], key[2], padded), ("kind", 4, 4))
 
 
 @unittest.skipUnless(runnable(), "needs torch, the runtime library and DYNAFLOW_GRAPHS_DEVICE")

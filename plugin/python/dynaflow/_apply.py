@@ -69,9 +69,8 @@ import threading
 
 from ._graphs import EAGER, CudaGraphs, NoGraph, UnitGraphs, rebuild
 from ._rows import audit_key, make_audit
-from ._split import (MergeError, ModuleState, Refusal, SliceMerge, Unchanged, Unsplittable,
-                     check_module, default_state_refusal, install_lazy_hooks, merge_outputs,
-                     split_call)
+from ._split import (MergeError, Refusal, SliceMerge, Unchanged, Unsplittable, check_module,
+                     default_state_refusal, install_lazy_hooks, merge_outputs, split_call)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -1162,10 +1161,11 @@ class _PlannedForward:
                 # split its capture proved holds for the same arguments'
                 # structure, shapes and values (the graph key).
                 fits = self._fits(policy, index, x)
-                out = self._graphs().replay_hit(key, batch, args, kwargs, fits, modules)
-                if out is not EAGER:
-                    a.report.planned_calls += 1
-                    return out
+                with a.lock:  # the graph's static inputs and outputs are shared
+                    out = self._graphs().replay_hit(key, batch, args, kwargs, fits, modules)
+                    if out is not EAGER:
+                        a.report.planned_calls += 1
+                        return out
             split = split_call(self.path, self.signature, args, kwargs, batch,
                                even_bounds(batch, a.splits_of[index]))
         except Refusal as e:
@@ -1187,7 +1187,7 @@ class _PlannedForward:
             out = EAGER
             if prepared is not None:
                 out = self.graphs.call(
-                    prepared, split, modules, lambda: self._run(split, one_thread=True),
+                    prepared, split, modules, lambda: self._run_for_graph(split),
                     lambda static, padded: self._capture(static, padded, args, kwargs, modules,
                                                          split.parts))
                 if out is EAGER and a.executor is None:
@@ -1250,7 +1250,7 @@ class _PlannedForward:
     def _capture(self, static, padded, args, kwargs, modules, parts):
         """(graph, output) of the planned call on `static` (the call's tensors'
         static copies, `padded` rows) captured by the applier's graph
-        backend (_graphs.UnitGraphs.call)."""
+        backend on their device (_graphs.UnitGraphs.call)."""
         region = self.regions.get(parts)
         if region is not None and region.kind == DUAL_BATCH:
             raise NoGraph("a dual-batch region issues each micro-batch from its own host "
@@ -1271,11 +1271,10 @@ class _PlannedForward:
             split = split_call(self.path, self.signature, static_args, static_kwargs, padded,
                                even_bounds(padded, parts))
             split.share_buffers(modules)
-            split.in_capture = True
-            return self._run(split, one_thread=True)
+            return self._run_for_graph(split)
 
-        graph, out = self.applier.graph_backend.capture(planned)
-        return graph, out, ModuleState(modules)
+        device = next((t.device for t in static if t is not None and t.is_cuda), None)
+        return self.applier.graph_backend.capture(planned, device)
 
     def _overlapped(self, args, kwargs):
         """Communication overlap: the call runs once, unsplit; each
@@ -1299,6 +1298,13 @@ class _PlannedForward:
         if baseline is not None:
             a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
         return out
+
+    def _run_for_graph(self, split):
+        """The planned call of `split` as a graph's warm-up and capture run
+        it: issued from this thread, its merge reading no device value on
+        the host."""
+        split.host_reads = False
+        return self._run(split, one_thread=True)
 
     def _run(self, split, one_thread=False):
         """The planned call of `split`. `one_thread`: every micro-batch is

@@ -63,15 +63,27 @@ tensors are record_stream'ed on the caller's stream as in an eager call)."""
 import collections
 import dataclasses
 
-from ._split import MergeError, _capture_underway, _is_immutable, _sequence_builder, state_adapter
+from ._split import (MergeError, ModuleState, _as_bytes, _capture_underway, _is_immutable,
+                     _sequence_builder, state_adapter)
 
 # Graphs one unit keeps (one per padded shape and kind): beyond, new shapes
 # run eagerly. A decode server padded to powers of two needs about
 # log2(largest batch) + 1 per phase; each graph holds its own memory pool.
 MAX_GRAPHS_PER_UNIT = 16
+# Keys of one unit warmed up and never seen again: beyond, the unit's calls
+# run eagerly (a position passed as a Python int makes every decode step a
+# new key; each warm-up runs under a dispatch mode, issued from one thread).
+MAX_UNREPEATED_KEYS = 8
 
-# A graph key whose first call ran (checked) and whose graph is not yet captured.
-_READY = "ready"
+# Operators that read a device value on the host (a capture cannot: it would
+# fail, and on torch 2.11 a failed capture leaves the caching allocator
+# believing it still underway). The warm-up looks for them, so that such a
+# call runs eagerly without a capture being tried.
+_HOST_READS = frozenset({
+    "aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::nonzero_static",
+    "aten::masked_select", "aten::unique_consecutive", "aten::_unique", "aten::_unique2",
+    "aten::unique_dim", "aten::equal", "aten::is_nonzero", "aten::allclose",
+    "aten::repeat_interleave"})
 
 # What UnitGraphs.call returns when the caller runs the call eagerly (a
 # module may return None).
@@ -84,13 +96,14 @@ class NoGraph(Exception):
 
 class CudaGraphs:
     """The graph backend on CUDA: torch.cuda.CUDAGraph, captured on a side
-    stream after a device synchronize (as torch.cuda.graph does), in
-    "thread_local" mode so that other threads of the program (a data
-    loader's) may keep calling CUDA. torch.cuda.graph itself is not used: a
-    body that fails leaves its capture stream current."""
+    stream of the call's device after a device synchronize (as
+    torch.cuda.graph does), in "thread_local" mode so that other threads of
+    the program (a data loader's) may keep calling CUDA, into a memory pool
+    of its own. torch.cuda.graph itself is not used: a body that fails
+    leaves its capture stream current."""
 
     def __init__(self):
-        self.stream = None
+        self.streams = {}  # device index -> capture stream
 
     @staticmethod
     def accepts(t):
@@ -102,34 +115,67 @@ class CudaGraphs:
         takes the planned call in as it is issued)."""
         return _capture_underway()
 
-    def capture(self, fn):
-        """(graph, fn's result), fn run once under capture; raises what fn
-        or the capture raised, with the capture ended."""
+    def capture(self, fn, device):
+        """(graph, fn's result), fn run once under capture on `device`;
+        raises what fn or the capture raised, with the capture ended."""
         import torch
 
-        if self.stream is None:
-            self.stream = torch.cuda.Stream()
-        caller = torch.cuda.current_stream()
-        torch.cuda.synchronize()
-        self.stream.wait_stream(caller)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(self.stream):
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                out = fn()
-            except BaseException:
+        with torch.cuda.device(device):
+            index = torch.cuda.current_device()
+            if index not in self.streams:
+                self.streams[index] = torch.cuda.Stream()
+            stream = self.streams[index]
+            caller = torch.cuda.current_stream()
+            torch.cuda.synchronize()
+            stream.wait_stream(caller)
+            graph = torch.cuda.CUDAGraph()
+            pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.stream(stream):
+                graph.capture_begin(pool, capture_error_mode="thread_local")
                 try:
-                    graph.capture_end()
-                except RuntimeError:
-                    pass  # the capture was invalidated: ended all the same
-                raise
-            graph.capture_end()
-        caller.wait_stream(self.stream)
+                    out = fn()
+                except BaseException:
+                    _end_failed_capture(graph, index, pool)
+                    raise
+                graph.capture_end()
+            caller.wait_stream(stream)
+            graph.dynaflow_done = torch.cuda.Event()  # recorded after each replay's copies
         return graph, out
 
     @staticmethod
-    def replay(graph):
-        graph.replay()  # on the current stream: the caller's
+    def replay(graph, copy_in, copy_out):
+        """copy_out()'s result after copy_in(), the replay and copy_out(), on
+        the current stream, ordered after the previous replay's copy_out
+        wherever it ran (the static inputs and outputs are shared)."""
+        import torch
+
+        stream = torch.cuda.current_stream()
+        stream.wait_event(graph.dynaflow_done)
+        copy_in()
+        graph.replay()
+        out = copy_out()
+        graph.dynaflow_done.record(stream)
+        return out
+
+
+def _end_failed_capture(graph, device, pool):
+    """Ends a capture that failed. torch 2.11's capture_end checks
+    cudaStreamEndCapture before it ends the caching allocator's allocation
+    to the graph's pool, so after an invalidated capture the allocator would
+    go on believing a capture underway (torch fixed the order later): that
+    allocation is ended here, and the pool released."""
+    import torch
+
+    try:
+        graph.capture_end()
+        return
+    except RuntimeError:
+        pass
+    for end in (torch._C._cuda_endAllocateToPool, torch._C._cuda_releasePool):
+        try:
+            end(device, pool)
+        except Exception:  # noqa: BLE001 - already ended by a torch that has the fix
+            pass
 
 
 def padded_rows(rows, fits):
@@ -257,18 +303,19 @@ def map_outputs(value, fn, where="output"):
 
 class _Graph:
     """A captured call: the graph, the static input of each leaf (its own
-    copy, or the program's tensor itself for a bound leaf), the addresses
-    of the bound leaves, the output its capture returned, at `padded` rows,
-    and the unit's modules as the capture left them: the graph holds their
-    tensors' memory and what their Python attributes made the call do."""
+    copy; None for a bound leaf, which is the program's tensor), the
+    addresses of the bound leaves, the output its capture returned, at
+    `padded` rows, and the unit's modules as the capture left them
+    (_Snapshot): the graph holds their tensors' memory and what their
+    Python attributes made the call do."""
 
-    def __init__(self, graph, static, bound, out, padded, state):
+    def __init__(self, graph, static, bound, out, padded, snapshot):
         self.graph = graph
         self.static = static
         self.bound = bound  # leaf index -> _address of the program's tensor
         self.out = out
         self.padded = padded
-        self.state = state  # _split.ModuleState of the unit after the capture
+        self.snapshot = snapshot
 
 
 def _address(t):
@@ -276,30 +323,55 @@ def _address(t):
     return t.data_ptr(), t.dtype, tuple(t.shape), t.stride()
 
 
-def _watch_writes():
-    """A dispatch mode that collects, in its `written` set, the storages
-    (data pointers) the operators run under it write in place or into (an
-    in-place operator's self, an `out=`, an index write): what a call writes
-    of its arguments, whether they have version counters (inference tensors
-    have none) or not, and without copying them."""
+def _watch(accepts):
+    """A dispatch mode for a warm-up. It collects, in its `written` set, the
+    storages (data pointers) the operators run under it write in place or
+    into (an in-place operator's self, an `out=`, an index write): what a
+    call writes of its arguments, whether they have version counters
+    (inference tensors have none) or not, and without copying them. And it
+    keeps in `host_read` the first operator that reads a value of a tensor
+    the backend `accepts` on the host (_HOST_READS, or a copy of one to the
+    CPU), which a capture cannot."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class WatchWrites(TorchDispatchMode):
+    def on_device(value):
+        return isinstance(value, torch.Tensor) and accepts(value)
+
+    class Watch(TorchDispatchMode):
         def __init__(self):
             super().__init__()
             self.written = set()
+            self.host_read = ""
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            name = func._schema.name
+            if not self.host_read and (
+                    (name in _HOST_READS and any(on_device(a) for a in args)) or
+                    _copy_to_host(name, args, kwargs, on_device)):
+                self.host_read = name
             for k, a in enumerate(func._schema.arguments):
                 if a.alias_info is not None and a.alias_info.is_write:
                     value = args[k] if k < len(args) else kwargs.get(a.name)
                     for t in value if isinstance(value, (list, tuple)) else (value,):
-                        if hasattr(t, "untyped_storage"):
+                        if isinstance(t, torch.Tensor):
                             self.written.add(t.untyped_storage().data_ptr())
             return func(*args, **kwargs)
 
-    return WatchWrites()
+    return Watch()
+
+
+def _copy_to_host(name, args, kwargs, on_device):
+    """Whether operator `name` copies a device tensor to the CPU (`.cpu()`,
+    `.tolist()`, `.numpy()` after it, printing)."""
+    if name == "aten::_to_copy":
+        device = kwargs.get("device")
+        return on_device(args[0]) and device is not None and str(device) == "cpu"
+    if name == "aten::copy_":
+        dst, src = args[0], args[1]
+        return on_device(src) and not on_device(dst) and dst.device.type == "cpu"
+    return False
 
 
 def _bound(leaves, written, out):
@@ -325,6 +397,59 @@ def _bound(leaves, written, out):
     return bound
 
 
+class _Snapshot:
+    """What a graph assumes of the unit's modules, taken after its warm-up
+    and again after its capture: their Python state and tensors'
+    bindings and versions (ModuleState), the tensors' memory (a `.data`
+    swap moves it without either), and the plain values of the objects
+    they keep as attributes (a config's fields: read by the forward, baked
+    into the graph)."""
+
+    def __init__(self, modules):
+        self.state = ModuleState(modules)
+        self.pointers = [t.data_ptr() for t in self.state.tensors]
+        self.objects = _attribute_objects(modules)
+
+    def same(self, modules):
+        state = self.state
+        if len(modules) != len(state.modules) or \
+                any(m is not n for (_, m), n in zip(modules, state.modules)):
+            return False
+        try:
+            state.check()
+        except MergeError:
+            return False
+        return self.pointers == [t.data_ptr() for t in state.tensors] and \
+            self.objects == _attribute_objects(modules)
+
+
+def _attribute_objects(modules):
+    """The plain values (numbers, strings, flags, None) of every object the
+    modules keep as an attribute that is not a module, a tensor, a container
+    or a plain value itself (a transformers config), each object once."""
+    import torch
+
+    seen, out = set(), []
+    for _, m in modules:
+        for v in vars(m).values():
+            if id(v) in seen or not hasattr(v, "__dict__") or callable(v) or \
+                    isinstance(v, (torch.nn.Module, torch.Tensor, type)):
+                continue
+            seen.add(id(v))
+            out.append((id(v), [(k, x) for k, x in vars(v).items()
+                                if x is None or type(x) in (bool, int, float, str)]))
+    return out
+
+
+class _Ready:
+    """A key warmed up and not captured yet: the leaves the graph must use
+    as they are (_bound), and the modules as the warm-up left them."""
+
+    def __init__(self, bound, snapshot):
+        self.bound = bound
+        self.snapshot = snapshot
+
+
 class UnitGraphs:
     """One planned unit's graphs, by key (see the module comment)."""
 
@@ -333,16 +458,15 @@ class UnitGraphs:
         self.backend = backend
         self.report = report
         self.say = say  # prints one line
-        # key -> _READY (with self.bound[key]), a _Graph, or why it runs eagerly
-        self.entries = {}
-        self.bound = {}  # key -> _bound of its first call
+        self.entries = {}  # key -> _Ready, a _Graph, or why it runs eagerly
         self.said = set()
         self.graphs = 0
+        self.unrepeated = 0  # _Ready entries
+        self.keys_change = False  # more than MAX_UNREPEATED_KEYS were
 
     def clear(self):
         self.entries = {}
-        self.bound = {}
-        self.graphs = 0
+        self.graphs = self.unrepeated = 0
 
     def eager(self, why):
         """A call runs eagerly for `why`: counted, and said once."""
@@ -386,9 +510,8 @@ class UnitGraphs:
         shape, before its split is made: EAGER when there is none or it
         cannot be used (the planned path then says why, or captures it).
         `modules` are the unit's (path, module) pairs now: a graph whose
-        modules changed since its capture (a tensor rebound or written, an
-        attribute set, a submodule replaced) is dropped and captured again,
-        since it would replay what they were."""
+        modules changed since its capture (_Snapshot) is dropped and
+        captured again, since it would replay what they were."""
         import torch
 
         if torch.is_grad_enabled() or self.backend.in_capture():
@@ -403,14 +526,17 @@ class UnitGraphs:
         return self._replay(entry, leaves, batch)
 
     def _entry(self, key, modules):
-        """The entry of `key`; a graph whose modules changed since its
+        """The entry of `key`; one whose modules changed since its warm-up or
         capture is dropped first (said, and counted as this call's)."""
         entry = self.entries.get(key)
-        if isinstance(entry, _Graph) and not _same_modules(entry.state, modules):
+        if isinstance(entry, (_Ready, _Graph)) and not entry.snapshot.same(modules):
             del self.entries[key]
-            self.graphs -= 1
-            self.eager("its modules changed since its graph was captured (a tensor rebound or "
-                       "written, an attribute set): captured again")
+            if isinstance(entry, _Graph):
+                self.graphs -= 1
+                self.eager("its modules changed since its graph was captured (a tensor rebound "
+                           "or written, an attribute set): captured again")
+            else:
+                self.unrepeated -= 1
             return None
         return entry
 
@@ -418,47 +544,61 @@ class UnitGraphs:
         """The call's output: replayed, or captured and replayed, or EAGER
         when the caller runs it eagerly. `warm_up()` runs it eagerly, issued
         from this thread (so that every operator runs under the dispatch
-        mode that watches its writes): the first call of a key, whose output
-        this returns. `modules`: as for replay_hit. `capture(static,
-        padded)` runs the planned call on the static inputs (one per leaf,
-        in order) under the backend's capture and returns (graph, output,
-        the unit's ModuleState after it); it raises NoGraph for a call it
-        cannot capture."""
+        mode that watches it): the first call of a key, whose output this
+        returns. `modules`: as for replay_hit. `capture(static, padded)`
+        runs the planned call on the static inputs (one per leaf, in order)
+        under the backend's capture and returns (graph, output); it raises
+        NoGraph for a call it cannot capture."""
         key, leaves, padded = prepared
         entry = self._entry(key, modules)
         rows = split.bounds[-1]
         if entry is None:
-            if self.graphs >= MAX_GRAPHS_PER_UNIT:
-                self.eager(f"more than {MAX_GRAPHS_PER_UNIT} shapes of its calls")
-                return EAGER
-            watch = _watch_writes()
-            with watch:
-                out = warm_up()
-            try:
-                self.bound[key] = _bound(leaves, watch.written, out)
-                self.entries[key] = _READY
-            except NoGraph as e:
-                self.entries[key] = str(e)
-                self.eager(str(e))
-            return out
-        if isinstance(entry, str) and entry != _READY:
+            return self._warm_up(key, leaves, modules, warm_up)
+        if isinstance(entry, str):
             self.eager(entry)
             return EAGER
-        bound = self.bound[key] if entry == _READY else entry.bound
-        why = _unbindable(leaves, bound, rows, padded)
+        why = _unbindable(leaves, entry.bound, rows, padded)
         if why:  # this call only: the next may pass the bound memory again
             self.eager(why)
             return EAGER
-        if entry == _READY:
-            entry = self._capture(key, leaves, rows, padded, capture)
-            if entry is None:
-                return EAGER
-        return self._replay(entry, leaves, rows)
+        if isinstance(entry, _Graph):
+            return self._replay(entry, leaves, rows)
+        self.unrepeated -= 1
+        entry = self._capture(key, entry, leaves, rows, padded, modules, capture)
+        if entry is None:
+            return EAGER
+        out = self._replay(entry, leaves, rows)
+        self._check_unseen_writes(key, entry, leaves, rows)
+        return out
 
-    def _capture(self, key, leaves, rows, padded, capture):
+    def _warm_up(self, key, leaves, modules, warm_up):
+        if self.graphs >= MAX_GRAPHS_PER_UNIT:
+            self.eager(f"more than {MAX_GRAPHS_PER_UNIT} shapes of its calls")
+            return EAGER
+        if self.keys_change or self.unrepeated >= MAX_UNREPEATED_KEYS:
+            self.keys_change = True
+            self.eager(f"its calls' shapes or plain values keep changing ({MAX_UNREPEATED_KEYS} "
+                       f"kinds seen once and never again: a position passed as a Python int, "
+                       f"say)")
+            return EAGER
+        watch = _watch(self.backend.accepts)
+        with watch:
+            out = warm_up()
+        try:
+            if watch.host_read:
+                raise NoGraph(f"it reads a device value on the host ({watch.host_read}), which "
+                              f"a capture cannot")
+            self.entries[key] = _Ready(_bound(leaves, watch.written, out), _Snapshot(modules))
+            self.unrepeated += 1
+        except NoGraph as e:
+            self.entries[key] = str(e)
+            self.eager(str(e))
+        return out
+
+    def _capture(self, key, ready, leaves, rows, padded, modules, capture):
         import torch
 
-        bound = self.bound.pop(key)
+        bound = ready.bound
         static = []
         with torch.inference_mode(False):  # version counters: checkable under capture
             for k, (t, is_row, _, _) in enumerate(leaves):
@@ -471,9 +611,9 @@ class UnitGraphs:
                     s.narrow(0, rows, padded - rows).copy_(t[:1].expand(padded - rows,
                                                                        *t.shape[1:]))
                 static.append(s)
-        self._copy_in(static, bound, leaves, rows)
+        _copy_in(static, bound, leaves, rows)
         try:
-            graph, out, state = capture(static, padded)
+            graph, out = capture(static, padded)
             map_outputs(out, lambda o: _check_rows(o, padded))
         except NoGraph as e:
             self.entries[key] = str(e)
@@ -484,25 +624,65 @@ class UnitGraphs:
             self.entries[key] = why
             self.eager(why)
             return None
-        entry = _Graph(graph, static, bound, out, padded, state)
+        # The program's tensors the graph uses as they are are not kept
+        # alive by it: a replay checks that the call passes their memory.
+        static = [None if k in bound else s for k, s in enumerate(static)]
+        entry = _Graph(graph, static, bound, out, padded, _Snapshot(modules))
         self.entries[key] = entry
         self.graphs += 1
         self.report.graph_captured()
         return entry
 
-    @staticmethod
-    def _copy_in(static, bound, leaves, rows):
-        for k, ((t, is_row, _, _), s) in enumerate(zip(leaves, static)):
-            if k not in bound:
-                (s.narrow(0, 0, rows) if is_row and rows != s.shape[0] else s).copy_(t)
+    def _check_unseen_writes(self, key, entry, leaves, rows):
+        """After a graph's first replay: an argument the graph wrote through
+        its own copy (the warm-up's dispatch mode saw no write: a kernel
+        outside torch's dispatcher) is written back, and the key runs
+        eagerly from then on."""
+        import torch
+
+        for k, leaf in enumerate(leaves):
+            s = entry.static[k]
+            if s is None:
+                continue
+            copy = s.narrow(0, 0, rows) if leaf.rows and rows != s.shape[0] else s
+            if not torch.equal(_as_bytes(copy), _as_bytes(leaf.tensor)):
+                leaf.tensor.copy_(copy)
+                why = (f"{leaf.where} is written by the call outside torch's dispatcher, which "
+                       f"a graph would write into its own copy")
+                self.entries[key] = why
+                self.graphs -= 1
+                self.eager(why)
+                return
 
     def _replay(self, entry, leaves, rows):
-        self._copy_in(entry.static, entry.bound, leaves, rows)
-        self.backend.replay(entry.graph)
-        self.report.graph_replayed()
         padded = entry.padded
-        return map_outputs(entry.out,
-                           lambda o: o.narrow(0, 0, rows * (o.shape[0] // padded)).clone())
+        out = self.backend.replay(
+            entry.graph, lambda: _copy_in(entry.static, entry.bound, leaves, rows),
+            lambda: map_outputs(entry.out,
+                                lambda o: o.narrow(0, 0, rows * (o.shape[0] // padded)).clone()))
+        self.report.graph_replayed()
+        return out
+
+
+def _copy_in(static, bound, leaves, rows):
+    for k, ((t, is_row, _, _), s) in enumerate(zip(leaves, static)):
+        if k not in bound:
+            (s.narrow(0, 0, rows) if is_row and rows != s.shape[0] else s).copy_(t)
+
+
+def _global_modes():
+    """What torch's global settings make a call's kernels do, beside its
+    arguments: autocast's dtypes, the default dtype, float32 matmul
+    precision and TF32, the attention backends allowed, determinism."""
+    import torch
+
+    b = torch.backends
+    return (tuple((d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
+                  if torch.is_autocast_enabled(d)), torch.is_autocast_cache_enabled(),
+            torch.get_default_dtype(), torch.get_float32_matmul_precision(),
+            b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cuda.flash_sdp_enabled(),
+            b.cuda.mem_efficient_sdp_enabled(), b.cuda.math_sdp_enabled(),
+            b.cuda.cudnn_sdp_enabled(), torch.are_deterministic_algorithms_enabled())
 
 
 def _key(kind, args, kwargs, rows, fits):
@@ -511,7 +691,7 @@ def _key(kind, args, kwargs, rows, fits):
     state object's tensors, which the graph uses as they are, hold them."""
     parts, leaves, stateful = flatten_inputs(args, kwargs, rows)
     padded = rows if stateful else padded_rows(rows, fits)
-    return (kind, padded, parts), leaves, padded
+    return (kind, _global_modes(), padded, parts), leaves, padded
 
 
 def _unbindable(leaves, bound, rows, padded):
@@ -525,19 +705,6 @@ def _unbindable(leaves, bound, rows, padded):
         if is_row and rows != padded:
             return f"{where}, which the call writes in place, would need its rows padded"
     return ""
-
-
-def _same_modules(state, modules):
-    """Whether the unit's modules (path, module pairs) are those of
-    ModuleState `state`, as it recorded them."""
-    if len(modules) != len(state.modules) or \
-            any(m is not n for (_, m), n in zip(modules, state.modules)):
-        return False
-    try:
-        state.check()
-    except MergeError:
-        return False
-    return True
 
 
 def _check_rows(o, padded):

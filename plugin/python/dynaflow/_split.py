@@ -77,9 +77,10 @@ class CallSplit:
         self.slices = None  # SliceMerge of the call's run, where it has one
         self.row_views = {}  # id(row view of an argument) -> (the argument, micro-batch)
         self.module_state = None  # ModuleState of the unit, where share_buffers was called
-        # The call runs under a graph capture (_graphs): the merge reads no
-        # device value on the host (nothing has run to read).
-        self.in_capture = False
+        # Whether the merge may read device values on the host: not in a
+        # call that runs under a graph capture (_graphs; nothing has run to
+        # read), nor in the warm-up before it, which must run as it will.
+        self.host_reads = True
 
     def rows(self, i):
         return self.bounds[i], self.bounds[i + 1] - self.bounds[i]
@@ -105,7 +106,7 @@ class CallSplit:
 
     def merge_state(self):
         for adapter, original, views in self.states:
-            adapter.merge(original, views, self.bounds, self.in_capture)
+            adapter.merge(original, views, self.bounds, self.host_reads)
 
     def state_originals(self):
         return [original for _, original, _ in self.states]
@@ -891,17 +892,17 @@ class _CacheAdapter:
                       for layers in zip(*(c.layers for c in caches))]
         return out
 
-    def merge(self, cache, views, bounds, in_capture=False):
+    def merge(self, cache, views, bounds, host_reads=True):
         for k, layer in enumerate(cache.layers):
             self.layer_adapters[type(layer)].merge(layer, [v.layers[k] for v in views], bounds,
-                                                   in_capture)
+                                                   host_reads)
         grown = {len(v.layers) for v in views}
         if len(grown) != 1:
             raise MergeError("micro-batches grew the cache by different numbers of layers")
         for k in range(len(cache.layers), grown.pop()):
             new = cache.layer_class_to_replicate()
             self.layer_adapters[type(new)].merge(new, [v.layers[k] for v in views], bounds,
-                                                 in_capture)
+                                                 host_reads)
             cache.layers.append(new)
 
 
@@ -946,7 +947,7 @@ class _DynamicLayerAdapter:
         out.values = torch.cat([v.values for v in layers], 0)
         return out
 
-    def merge(self, layer, views, bounds, _in_capture=False):
+    def merge(self, layer, views, bounds, _host_reads=True):
         import torch
 
         if not any(v.is_initialized for v in views):
@@ -986,9 +987,9 @@ class _DynamicSlidingWindowLayerAdapter(_DynamicLayerAdapter):
         out._sliding_window_tensor = layers[0]._sliding_window_tensor
         return out
 
-    def merge(self, layer, views, bounds, in_capture=False):
+    def merge(self, layer, views, bounds, host_reads=True):
         length = self._length(views, "")
-        super().merge(layer, views, bounds, in_capture)
+        super().merge(layer, views, bounds, host_reads)
         layer.cumulative_length = length
         layer._sliding_window_tensor = views[0]._sliding_window_tensor
 
@@ -1046,15 +1047,15 @@ class _StaticLayerAdapter:
         out.cumulative_length = layers[0].cumulative_length.clone()
         return out
 
-    def merge(self, layer, views, bounds, in_capture=False):
+    def merge(self, layer, views, bounds, host_reads=True):
         import torch
 
         if not any(v.is_initialized for v in views):
             return
-        # Under a capture the lengths are not known yet; every micro-batch
-        # adds the same number of positions (the sequence length, a shape),
-        # which the eager warm-up of the graph's key checked here.
-        lengths = {0} if in_capture else {int(v.cumulative_length) for v in views}
+        # Without host reads (under a capture the lengths are not known yet)
+        # the lengths are not compared: every micro-batch adds the same
+        # number of positions, the sequence length, a shape they all share.
+        lengths = {int(v.cumulative_length) for v in views} if host_reads else {0}
         if len(lengths) != 1:
             raise MergeError(f"micro-batches wrote different lengths {sorted(lengths)} "
                              f"into a static cache layer")
@@ -1107,9 +1108,9 @@ class _StaticSlidingWindowLayerAdapter(_StaticLayerAdapter):
         out.cumulative_length_int = length
         return out
 
-    def merge(self, layer, views, bounds, in_capture=False):
+    def merge(self, layer, views, bounds, host_reads=True):
         length = self._length(views, "")
-        super().merge(layer, views, bounds, in_capture)
+        super().merge(layer, views, bounds, host_reads)
         layer.cumulative_length_int = length
 
 
