@@ -63,8 +63,8 @@ tensors are record_stream'ed on the caller's stream as in an eager call)."""
 import collections
 import dataclasses
 
-from ._split import (MergeError, ModuleState, _as_bytes, _capture_underway, _is_immutable,
-                     _sequence_builder, state_adapter)
+from ._split import (_CONTAINER_TYPES, _SCALAR_TYPES, MergeError, ModuleState, _as_bytes,
+                     _capture_underway, _is_immutable, _sequence_builder, state_adapter)
 
 # Graphs one unit keeps (one per padded shape and kind): beyond, new shapes
 # run eagerly. A decode server padded to powers of two needs about
@@ -432,13 +432,18 @@ def _attribute_objects(modules):
     seen, out = set(), []
     for _, m in modules:
         for v in vars(m).values():
-            if id(v) in seen or not hasattr(v, "__dict__") or callable(v) or \
-                    isinstance(v, (torch.nn.Module, torch.Tensor, type)):
+            if type(v) in _PLAIN_TYPES or id(v) in seen or not hasattr(v, "__dict__") or \
+                    callable(v) or isinstance(v, (torch.nn.Module, torch.Tensor, type)):
                 continue
             seen.add(id(v))
             out.append((id(v), [(k, x) for k, x in vars(v).items()
                                 if x is None or type(x) in (bool, int, float, str)]))
     return out
+
+
+# Attribute types _attribute_objects passes over at once (most of a module's
+# attributes: its tables, flags and names).
+_PLAIN_TYPES = _SCALAR_TYPES | _CONTAINER_TYPES | {tuple}
 
 
 class _Ready:
