@@ -212,20 +212,30 @@ std::vector<std::string> ChildEnvironment(const ApplyArgs& args, const ApplyTool
   return env;
 }
 
+// How many reasons of a summary's counts are printed: the most frequent (a
+// reason names its module, so a stack's layers give one each).
+constexpr size_t kReasons = 3;
+
+// (calls, reason) of `counts` (reason -> calls), the most calls first.
+std::vector<std::pair<int64_t, std::string>> ByCalls(const std::map<std::string, int64_t>& counts) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const auto& [why, calls] : counts) out.emplace_back(-calls, why);
+  std::sort(out.begin(), out.end());
+  for (auto& [calls, why] : out) calls = -calls;
+  return out;
+}
+
 // CUDA graphs: how many planned calls replayed one, and why the others ran
-// eagerly (the most frequent reasons; each names its unit).
+// eagerly (the most frequent reasons).
 void PrintGraphs(const ApplySummary& r) {
   if (r.graphs_captured == 0 && r.graph_eager.empty()) return;
   std::cerr << "dynaflow apply: " << r.graph_replays << " planned calls replayed "
             << r.graphs_captured << " CUDA graphs (each captured once per unit and shape)\n";
-  std::vector<std::pair<int64_t, std::string>> reasons;
-  for (const auto& [why, calls] : r.graph_eager) reasons.emplace_back(-calls, why);
-  std::sort(reasons.begin(), reasons.end());
-  constexpr size_t kReasons = 3;
+  const auto reasons = ByCalls(r.graph_eager);
   for (size_t i = 0; i < std::min(reasons.size(), kReasons); ++i) {
-    const int64_t calls = -reasons[i].first;
+    const auto& [calls, why] = reasons[i];
     std::cerr << "dynaflow apply: " << calls << (calls == 1 ? " planned call" : " planned calls")
-              << " ran eagerly, not as a CUDA graph: " << Shorten(reasons[i].second, 300) << "\n";
+              << " ran eagerly, not as a CUDA graph: " << Shorten(why, 300) << "\n";
   }
   if (reasons.size() > kReasons) {
     std::cerr << "dynaflow apply: and " << reasons.size() - kReasons
@@ -256,20 +266,16 @@ int Summarize(const ApplyArgs& args, const std::string& report_dir, int exit_cod
               << (r.ran_model > 1 ? " in " + std::to_string(r.ran_model) + " processes" : "")
               << "\n";
     // Calls that ran the original way for a reason that passes: the most
-    // frequent reasons (a reason names its module, so a stack's layers give
-    // one each).
-    std::vector<std::pair<int64_t, std::string>> reasons;
-    for (const auto& [why, calls] : r.unsplit) reasons.emplace_back(-calls, why);
-    std::sort(reasons.begin(), reasons.end());
-    constexpr size_t kReasons = 3;
+    // frequent reasons.
+    const auto reasons = ByCalls(r.unsplit);
     for (size_t i = 0; i < std::min(reasons.size(), kReasons); ++i) {
-      const int64_t calls = -reasons[i].first;
+      const auto& [calls, why] = reasons[i];
       std::cerr << "dynaflow apply: " << calls << (calls == 1 ? " call" : " calls")
-                << " ran the original way: " << Shorten(reasons[i].second, 300) << "\n";
+                << " ran the original way: " << Shorten(why, 300) << "\n";
     }
     if (reasons.size() > kReasons) {
       int64_t calls = 0;
-      for (size_t i = kReasons; i < reasons.size(); ++i) calls -= reasons[i].first;
+      for (size_t i = kReasons; i < reasons.size(); ++i) calls += reasons[i].first;
       std::cerr << "dynaflow apply: " << calls << " more calls ran the original way, for "
                 << reasons.size() - kReasons << " other modules or reasons\n";
     }
@@ -289,7 +295,9 @@ int Summarize(const ApplyArgs& args, const std::string& report_dir, int exit_cod
       const char* sep = " ";
       for (const auto& [phase, c] : r.phases) {
         std::cerr << sep << Shorten(phase, 40) << " " << c.calls;
-        if (c.unplanned > 0) std::cerr << " (" << c.unplanned << " unplanned: the plan has no buckets for them)";
+        if (c.unplanned > 0) {
+          std::cerr << " (" << c.unplanned << " unplanned: the plan has no buckets for them)";
+        }
         sep = ", ";
       }
       std::cerr << "\n";

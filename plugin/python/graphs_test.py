@@ -5,7 +5,6 @@ are a test double of CUDA graphs (FakeGraphs); with
 DYNAFLOW_GRAPHS_DEVICE=cuda the same tests run on a GPU with torch's CUDA
 graphs (scripts/device/gpu_truth.sh)."""
 
-import contextlib
 import importlib.util
 import io
 import os
@@ -31,27 +30,17 @@ if HAS_TORCH:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves, tree_map
 
-    class Block(nn.Module):
-        def __init__(self, width):
+    from apply_test import Net  # noqa: E402 - its blocks write a `cache` argument in place
+
+    class Holder(nn.Module):
+        """Calls `layer`, the unit a test's plan splits ("Holder.layers.*")."""
+
+        def __init__(self, layer):
             super().__init__()
-            self.up = nn.Linear(width, 2 * width)
-            self.down = nn.Linear(2 * width, width)
+            self.layers = nn.ModuleList([layer])
 
-        def forward(self, x, scale=1.0, cache=None):
-            if cache is not None:
-                cache.copy_(x[:, :1])  # in place through the micro-batch's rows
-            return x + scale * self.down(torch.relu(self.up(x)))
-
-    class Net(nn.Module):
-        def __init__(self, width=16, blocks=3):
-            super().__init__()
-            self.blocks = nn.ModuleList(Block(width) for _ in range(blocks))
-            self.head = nn.Linear(width, 4)
-
-        def forward(self, x, cache=None):
-            for b in self.blocks:
-                x = b(x, scale=0.5, cache=cache)
-            return self.head(x)
+        def forward(self, *args, **kwargs):
+            return self.layers[0](*args, **kwargs)
 
     # Operators that read a device value on the host: on CUDA they fail a
     # capture ("operation not permitted when stream is capturing").
@@ -280,25 +269,17 @@ class GraphsTest(unittest.TestCase):
                     x = x * 2
                 return self.lin(x)
 
-        class GatedNet(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.layers = nn.ModuleList([Gated()])
-
-            def forward(self, x):
-                return self.layers[0](x)
-
-        net = GatedNet().to(DEVICE)
+        net = Holder(Gated()).to(DEVICE)
         inputs = [torch.randn(4, 16, device=DEVICE) for _ in range(4)]
         with torch.no_grad():
             expected = [net(x) for x in inputs]
-        report = graphed(net, plan(["GatedNet.layers.*"]))
+        report = graphed(net, plan(["Holder.layers.*"]))
         actual = self.calls(net, inputs)
         for a, e in zip(actual, expected):
             close(a, e)
         self.assertEqual(report.graphs_captured, 0)
         # No capture is tried: the warm-up, and the two calls after it, ran eagerly.
-        why = ("GatedNet.layers.0: it reads a device value on the host "
+        why = ("Holder.layers.0: it reads a device value on the host "
                "(aten::_local_scalar_dense), which a capture cannot")
         self.assertEqual(report.graph_eager_calls, {why: 3})
         self.assertEqual(self.err.getvalue().count("runs eagerly, not as a CUDA graph"), 1)
@@ -321,19 +302,11 @@ class GraphsTest(unittest.TestCase):
                     raise RuntimeError("operation not permitted when stream is capturing")
                 return self.lin(x)
 
-        class FlakyNet(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.layers = nn.ModuleList([Flaky()])
-
-            def forward(self, x):
-                return self.layers[0](x)
-
-        net = FlakyNet().to(DEVICE)
+        net = Holder(Flaky()).to(DEVICE)
         inputs = [torch.randn(4, 16, device=DEVICE) for _ in range(4)]
         with torch.no_grad():
             expected = [net(x) for x in inputs]
-        report = graphed(net, plan(["FlakyNet.layers.*"]))
+        report = graphed(net, plan(["Holder.layers.*"]))
         self.calls(net, inputs[:2])  # the audit, the warm-up
         fail.append(True)
         with self.assertRaisesRegex(RuntimeError, "operation not permitted"):
@@ -342,7 +315,7 @@ class GraphsTest(unittest.TestCase):
         actual = self.calls(net, inputs[3:])
         close(actual[0], expected[3])
         self.assertEqual(report.graphs_captured, 0)
-        why = ("FlakyNet.layers.0: its capture failed: RuntimeError: operation not permitted "
+        why = ("Holder.layers.0: its capture failed: RuntimeError: operation not permitted "
                "when stream is capturing")
         self.assertEqual(report.graph_eager_calls, {why: 2})
         if DEVICE == "cuda":  # the caching allocator is not left inside a capture
@@ -457,20 +430,12 @@ class GraphsTest(unittest.TestCase):
             def forward(self, x):
                 return self.lin(x) * self.config.scale
 
-        class ScaledNet(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.layers = nn.ModuleList([Scaled()])
-
-            def forward(self, x):
-                return self.layers[0](x)
-
         torch.manual_seed(0)
-        net = ScaledNet().to(DEVICE)
-        reference = ScaledNet().to(DEVICE)
+        net = Holder(Scaled()).to(DEVICE)
+        reference = Holder(Scaled()).to(DEVICE)
         reference.load_state_dict(net.state_dict())
         x = torch.randn(4, 16, device=DEVICE)
-        report = graphed(net, plan(["ScaledNet.layers.*"]))
+        report = graphed(net, plan(["Holder.layers.*"]))
         self.calls(net, [x] * 4)  # audit, warm-up, capture, replay
         self.assertEqual(counts(report), (1, 2))
 
@@ -488,7 +453,7 @@ class GraphsTest(unittest.TestCase):
         # Each change found at the next call: dropped, warmed up, captured
         # again, replayed twice more.
         self.assertEqual(report.graph_eager_calls, {
-            "ScaledNet.layers.0: its modules changed since its graph was captured (a tensor "
+            "Holder.layers.0: its modules changed since its graph was captured (a tensor "
             "rebound or written, an attribute set): captured again": 2})
         self.assertEqual(counts(report), (3, 8))
         if DEVICE == "cpu":  # autocast's dtype is part of the key
@@ -532,21 +497,13 @@ class GraphsTest(unittest.TestCase):
             def forward(self, x, start):
                 return x * 2 + start
 
-        class PositionNet(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.layers = nn.ModuleList([Positioned()])
-
-            def forward(self, x, start):
-                return self.layers[0](x, start)
-
-        net = PositionNet()
-        report = graphed(net, plan(["PositionNet.layers.*"]))
+        net = Holder(Positioned())
+        report = graphed(net, plan(["Holder.layers.*"]))
         x = torch.randn(4, 3, device=DEVICE)
         with torch.no_grad():
             outs = [net(x, start) for start in range(12)]  # a Python int: a key per call
         close(outs[-1], x * 2 + 11)
-        why = ("PositionNet.layers.0: its calls' shapes or plain values keep changing (8 kinds "
+        why = ("Holder.layers.0: its calls' shapes or plain values keep changing (8 kinds "
                "seen once and never again: a position passed as a Python int, say)")
         self.assertEqual(report.graph_eager_calls, {why: 3})  # calls 10 to 12
         self.assertEqual(counts(report), (0, 0))
@@ -554,7 +511,8 @@ class GraphsTest(unittest.TestCase):
     def test_the_graph_count_per_unit_is_bounded(self):
         report = graphed(self.net, plan(["Net.blocks.0"]))
         with mock.patch.object(_graphs, "MAX_GRAPHS_PER_UNIT", 1):
-            outs = self.calls(self.net, [torch.randn(rows, 5, 16, device=DEVICE) for rows in (4, 4, 4, 2, 2)])
+            outs = self.calls(self.net, [torch.randn(rows, 5, 16, device=DEVICE)
+                                         for rows in (4, 4, 4, 2, 2)])
         # 4 rows: the audit, the warm-up, the capture; 2 rows: past the bound.
         self.assertEqual(report.graphs_captured, 1)
         self.assertEqual(report.graph_eager_calls,

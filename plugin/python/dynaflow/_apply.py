@@ -1453,8 +1453,6 @@ def _record_on(values, stream):
     micro-batches' streams) are used on `stream`, so their memory is not
     reused before the caller's stream has read them (torch's cross-stream
     rule)."""
-    import torch
-
     for t in _tensors_in(values):
         if t.is_cuda:
             t.record_stream(stream)
