@@ -82,8 +82,7 @@ MAX_UNREPEATED_KEYS = 8
 _HOST_READS = frozenset({
     "aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::nonzero_static",
     "aten::masked_select", "aten::unique_consecutive", "aten::_unique", "aten::_unique2",
-    "aten::unique_dim", "aten::equal", "aten::is_nonzero", "aten::allclose",
-    "aten::repeat_interleave"})
+    "aten::unique_dim", "aten::equal", "aten::is_nonzero", "aten::allclose"})
 
 # What UnitGraphs.call returns when the caller runs the call eagerly (a
 # module may return None).
@@ -349,6 +348,7 @@ def _watch(accepts):
             name = func._schema.name
             if not self.host_read and (
                     (name in _HOST_READS and any(on_device(a) for a in args)) or
+                    _sized_by_values(func, kwargs) or
                     _copy_to_host(name, args, kwargs, on_device)):
                 self.host_read = name
             for k, a in enumerate(func._schema.arguments):
@@ -360,6 +360,13 @@ def _watch(accepts):
             return func(*args, **kwargs)
 
     return Watch()
+
+
+def _sized_by_values(func, kwargs):
+    """Whether `func` is repeat_interleave with tensor repeats and no
+    output size: its output's size is read from the device."""
+    return func._schema.name == "aten::repeat_interleave" and \
+        func._schema.overload_name != "self_int" and kwargs.get("output_size") is None
 
 
 def _copy_to_host(name, args, kwargs, on_device):
