@@ -542,6 +542,33 @@ class GraphsTest(unittest.TestCase):
         self.assertEqual(graphs.report.graph_eager_calls,
                          {"M: argument 0 is on cpu: a graph would keep its first value": 1})
 
+    def test_the_warm_up_watch_sees_writes_and_host_reads(self):
+        x, y, out = torch.randn(3, 4), torch.randn(3, 4), torch.empty(3, 4)
+
+        def watched(fn):
+            watch = _graphs._watch(lambda t: True)
+            with watch:
+                fn()
+            return watch
+
+        storage = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
+        w = watched(lambda: (x[:1].add_(1), torch.add(x, 1, out=out), y * 2))
+        self.assertEqual(w.written, {storage(x), storage(out)})  # not y: only read
+        self.assertEqual(w.host_read, "")
+        for fn, read in [(lambda: x.sum().item(), "aten::_local_scalar_dense"),
+                         (lambda: torch.nonzero(x > 0), "aten::nonzero"),
+                         (lambda: x.repeat_interleave(torch.tensor([1, 2, 1]), dim=0),
+                          "aten::repeat_interleave"),
+                         (lambda: x.repeat_interleave(2, dim=0), ""),
+                         (lambda: x.repeat_interleave(torch.tensor([1, 2, 1]), dim=0,
+                                                      output_size=4), "")]:
+            self.assertEqual(watched(fn).host_read, read)
+        # Only reads of the backend's tensors count (on CUDA: device tensors).
+        watch = _graphs._watch(lambda t: False)
+        with watch:
+            x.sum().item()
+        self.assertEqual(watch.host_read, "")
+
     def test_arguments_flatten_into_a_key_of_shapes_and_values(self):
         x, pos = torch.ones(3, 4), torch.arange(4)
         parts, leaves, stateful = _graphs.flatten_inputs(
