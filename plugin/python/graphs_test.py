@@ -379,23 +379,27 @@ class GraphsTest(unittest.TestCase):
         for a, e in zip(actual, expected):
             close(a, e)
         why = ("Net.blocks.0: its modules changed since its graph was captured (a tensor rebound "
-               "or written, an attribute set): captured again")
+               "or moved, an attribute set): captured again")
         self.assertEqual(report.graph_eager_calls, {why: 1})
         # The stale call found it and ran as the warm-up; then a capture, two replays.
         self.assertEqual(counts(report), (2, 5))
-        # A weight written in place, an attribute set: each found at the next call.
+        # A weight written in place: the graph reads its memory, and replays.
+        for net in (self.net, reference):
+            with torch.no_grad():
+                net.blocks[0].up.weight.mul_(0.5)
         with torch.no_grad():
-            self.net.blocks[0].up.weight.mul_(1)
+            close(self.calls(self.net, inputs[:1])[0], reference(inputs[0]))
+        self.assertEqual(counts(report), (2, 6))
+        # An attribute set: found at the next call; set again after that
+        # call's warm-up, found before the capture.
+        self.net.blocks[0].extra = "set"
         self.calls(self.net, inputs[:1])  # stale: the warm-up
-        self.net.blocks[0].extra = "set"  # after the warm-up: warmed up again
-        self.calls(self.net, inputs[:3])  # the warm-up, a capture, a replay
-        self.assertEqual(report.graph_eager_calls, {why: 2})
-        self.assertEqual(counts(report), (3, 7))
         self.net.blocks[0].extra = "set again"
-        self.calls(self.net, inputs[:1])
-        self.assertEqual(report.graph_eager_calls, {why: 3})
+        self.calls(self.net, inputs[:3])  # the warm-up again, a capture, a replay
+        self.assertEqual(report.graph_eager_calls, {why: 2})
+        self.assertEqual(counts(report), (3, 8))
 
-    def test_verify_compares_replays_and_drops_a_stale_graph_too(self):
+    def test_verify_compares_replays_and_a_stale_graph_is_dropped_too(self):
         inputs = [torch.randn(4, 5, 16, device=DEVICE) for _ in range(6)]
         _apply.apply(self.net, plan(["Net.blocks.0"]), verify=True, runtime_lib=RUNTIME)
         applier = self.net._dynaflow_applier
@@ -406,8 +410,12 @@ class GraphsTest(unittest.TestCase):
         self.assertEqual(counts(report), (1, 2))
         with torch.no_grad():
             self.net.blocks[0].down.bias.add_(1.0)  # in place: the graph reads it as it is
-        self.calls(self.net, inputs[4:])  # stale: warm-up, then captured again
-        self.assertEqual(counts(report), (2, 3))
+        self.calls(self.net, inputs[4:5])
+        self.assertEqual(counts(report), (1, 3))
+        self.net.blocks[0].down.bias = nn.Parameter(self.net.blocks[0].down.bias + 1)
+        self.calls(self.net, inputs[5:])  # stale: the warm-up
+        self.assertEqual(counts(report), (1, 3))
+        self.assertEqual(len(report.graph_eager_calls), 1)
         self.assertEqual(report.verified_calls, 5)
         self.assertTrue(report.verify_ok, report.worst)
 
@@ -416,10 +424,9 @@ class GraphsTest(unittest.TestCase):
         # (neither rebinds nor bumps a version), autocast's dtype: each
         # changes what the call computes, so a graph of the old one must go.
         class Config:
-            scale = 1.0
-
             def __init__(self):
                 self.scale = 1.0
+                self.rope = {"factors": [1.0]}  # read two levels down
 
         class Scaled(nn.Module):
             def __init__(self):
@@ -428,7 +435,7 @@ class GraphsTest(unittest.TestCase):
                 self.lin = nn.Linear(16, 16)
 
             def forward(self, x):
-                return self.lin(x) * self.config.scale
+                return self.lin(x) * self.config.scale * self.config.rope["factors"][0]
 
         torch.manual_seed(0)
         net = Holder(Scaled()).to(DEVICE)
@@ -448,14 +455,15 @@ class GraphsTest(unittest.TestCase):
                     close(net(x), reference(x))
 
         changed(lambda m: setattr(m.config, "scale", 3.0))
+        changed(lambda m: m.config.rope["factors"].__setitem__(0, 0.5))
         with torch.no_grad():
             changed(lambda m: setattr(m.lin.weight, "data", m.lin.weight.data * 2))
         # Each change found at the next call: dropped, warmed up, captured
         # again, replayed twice more.
         self.assertEqual(report.graph_eager_calls, {
             "Holder.layers.0: its modules changed since its graph was captured (a tensor "
-            "rebound or written, an attribute set): captured again": 2})
-        self.assertEqual(counts(report), (3, 8))
+            "rebound or moved, an attribute set): captured again": 3})
+        self.assertEqual(counts(report), (4, 11))
         if DEVICE == "cpu":  # autocast's dtype is part of the key
             with torch.no_grad():
                 for dtype in (torch.bfloat16, torch.float16):
@@ -504,9 +512,16 @@ class GraphsTest(unittest.TestCase):
             outs = [net(x, start) for start in range(12)]  # a Python int: a key per call
         close(outs[-1], x * 2 + 11)
         why = ("Holder.layers.0: its calls' shapes or plain values keep changing (8 kinds "
-               "seen once and never again: a position passed as a Python int, say)")
+               "seen once and never again: a position passed as a Python int, say); from then "
+               "on a kind is warmed up at its second call")
         self.assertEqual(report.graph_eager_calls, {why: 3})  # calls 10 to 12
         self.assertEqual(counts(report), (0, 0))
+        # A kind that comes again is warmed up at its second call, then captured.
+        with torch.no_grad():
+            outs = [net(x, 100) for _ in range(4)]
+        close(outs[-1], x * 2 + 100)
+        self.assertEqual(report.graph_eager_calls, {why: 4})
+        self.assertEqual(counts(report), (1, 2))
 
     def test_the_graph_count_per_unit_is_bounded(self):
         report = graphed(self.net, plan(["Net.blocks.0"]))
@@ -722,12 +737,61 @@ class TransformersGraphsTest(unittest.TestCase):
         self.assertEqual(report.refused, "")
         # The first generate's decode steps replay after the audit and the
         # warm-up; the second makes a new StaticCache, which is other memory
-        # than the graphs': its steps run eagerly, said.
+        # than the graphs': its steps run eagerly, said. A prefill, whose cache
+        # allocates its tensors in Python, is never graphed.
         self.assertEqual(counts(report), (2, 10))
-        self.assertEqual(set(report.graph_eager_calls.values()), {7})
-        self.assertIn("LlamaForCausalLM.model.layers.0: argument past_key_values.layers[0].keys, "
-                      "which the call writes in place, is not the memory its graph was captured "
-                      "with", report.graph_eager_calls)
+        # (The first generate's prefill was the audited call.)
+        self.assertEqual(report.graph_eager_calls, {
+            f"LlamaForCausalLM.model.layers.{k}: " + why: calls for k in (0, 1)
+            for why, calls in [
+                ("argument past_key_values.layers[0].keys, which the call writes in place, is "
+                 "not the memory its graph was captured with", 7),
+                (f"argument past_key_values is a StaticCache that layer {k} allocates its keys "
+                 f"and values at its first update (in Python): a replay would skip what the "
+                 f"call does to it on the host", 1)]})
+
+    def test_a_static_cache_per_request_gives_the_unmodified_logits(self):
+        # A server making a new StaticCache per request: the prefill that
+        # allocates it is never graphed; each request's decode steps run
+        # eagerly on its new memory or replay on the graph's.
+        from transformers import StaticCache
+
+        g = torch.Generator().manual_seed(3)
+        prompts = [torch.randint(0, 128, (4, 6), generator=g).to(DEVICE) for _ in range(5)]
+
+        def request(ids):
+            cache = StaticCache(config=self.model.config, max_cache_len=16)
+            logits = []
+            with torch.no_grad():
+                for step in range(4):
+                    start = 0 if step == 0 else 5 + step
+                    positions = torch.arange(start, start + ids.shape[1], device=DEVICE)
+                    out = self.model(ids, past_key_values=cache, cache_position=positions,
+                                     use_cache=True)
+                    logits.append(out.logits)
+                    ids = out.logits[:, -1:].argmax(-1)
+            return logits
+
+        expected = [request(p) for p in prompts]
+        report = graphed(self.model, plan(["LlamaForCausalLM.model.layers.*"]))
+        for p, e in zip(prompts, expected):
+            for a, b in zip(request(p), e):
+                close(a, b)
+        self.assertEqual(report.refused, "")
+
+    def test_inference_mode_layers_replay_with_the_unmodified_logits(self):
+        # Shared inference tensors (rotary cos and sin of one row,
+        # cache_position) are compared by their bytes after an eager call:
+        # dynaflow's own host read, not the call's, which the graph skips.
+        inputs = [torch.randint(0, 128, (4, 12), device=DEVICE) for _ in range(4)]
+        with torch.inference_mode():
+            expected = [self.model(ids, use_cache=False).logits for ids in inputs]
+            report = graphed(self.model, plan(["LlamaForCausalLM.model.layers.*"]))
+            actual = [self.model(ids, use_cache=False).logits for ids in inputs]
+        for a, e in zip(actual, expected):
+            close(a, e)
+        self.assertEqual(report.graph_eager_calls, {})
+        self.assertEqual(counts(report), (2, 4))
 
     def test_a_kv_cache_keeps_the_calls_eager(self):
         ids = torch.randint(0, 128, (4, 8), device=DEVICE)

@@ -67,7 +67,7 @@ import os
 import sys
 import threading
 
-from ._graphs import EAGER, CudaGraphs, NoGraph, UnitGraphs, rebuild
+from ._graphs import EAGER, CudaGraphs, NoGraph, UnitGraphs, rebuild, unwatched
 from ._rows import audit_key, make_audit
 from ._split import (MergeError, Refusal, SliceMerge, Unchanged, Unsplittable, check_module,
                      default_state_refusal, install_lazy_hooks, merge_outputs, split_call)
@@ -1377,7 +1377,8 @@ class _PlannedForward:
             _record_on(results, state["caller"])
             _record_on([v for _, _, views in split.states for v in views], state["caller"])
         try:
-            split.check_shared_unmodified()
+            with unwatched():  # dynaflow's own check, which a capture skips
+                split.check_shared_unmodified()
             out = merge_outputs(split, results, split.states)
             split.merge_state()
         except MergeError as e:

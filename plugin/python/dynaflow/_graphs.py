@@ -42,11 +42,12 @@ shape with the rows padded, and every plain value):
      A replay is looked up before the call's split is made
      (`UnitGraphs.replay_hit`): the key holds the structure, shapes and
      values the capture's split was proved for. The unit's modules are
-     compared with their state after the capture (ModuleState): a tensor
-     rebound or written in place, an attribute set, a submodule replaced
+     compared with their state after the capture (_Snapshot): a tensor
+     rebound or given other memory (`.data =`), an attribute set, a field
+     of an object the modules keep (a config) changed, a submodule replaced
      drops the graph, and the key is warmed up and captured again. What the
-     forward reads outside its modules and arguments (a config's fields, a
-     global) is baked into the graph.
+     forward reads outside its modules and arguments (a global) is baked
+     into the graph.
 
 Padding. The rows are padded to the next power of two when the padded call
 falls in the same bucket of the plan (same schedule), so a server's varying
@@ -61,10 +62,13 @@ torch's rules for memory under capture and replay hold (the micro-batches'
 tensors are record_stream'ed on the caller's stream as in an eager call)."""
 
 import collections
+import contextlib
 import dataclasses
+import operator
+import threading
 
-from ._split import (_CONTAINER_TYPES, _SCALAR_TYPES, MergeError, ModuleState, _as_bytes,
-                     _capture_underway, _is_immutable, _sequence_builder, state_adapter)
+from ._split import (_CONTAINER_TYPES, _SCALAR_TYPES, _as_bytes, _capture_underway, _is_immutable,
+                     _module_tables, _sequence_builder, state_adapter)
 
 # Graphs one unit keeps (one per padded shape and kind): beyond, new shapes
 # run eagerly. A decode server padded to powers of two needs about
@@ -74,15 +78,17 @@ MAX_GRAPHS_PER_UNIT = 16
 # run eagerly (a position passed as a Python int makes every decode step a
 # new key; each warm-up runs under a dispatch mode, issued from one thread).
 MAX_UNREPEATED_KEYS = 8
+# Keys remembered as seen once, after that (then forgotten, all at once).
+_MAX_SEEN_ONCE = 1024
 
 # Operators that read a device value on the host (a capture cannot: it would
 # fail, and on torch 2.11 a failed capture leaves the caching allocator
 # believing it still underway). The warm-up looks for them, so that such a
 # call runs eagerly without a capture being tried.
 _HOST_READS = frozenset({
-    "aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::nonzero_static",
-    "aten::masked_select", "aten::unique_consecutive", "aten::_unique", "aten::_unique2",
-    "aten::unique_dim", "aten::equal", "aten::is_nonzero", "aten::allclose"})
+    "aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::masked_select",
+    "aten::unique_consecutive", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+    "aten::equal", "aten::is_nonzero", "aten::allclose", "aten::bincount"})
 
 # What UnitGraphs.call returns when the caller runs the call eagerly (a
 # module may return None).
@@ -133,10 +139,10 @@ class CudaGraphs:
                 graph.capture_begin(pool, capture_error_mode="thread_local")
                 try:
                     out = fn()
+                    graph.capture_end()
                 except BaseException:
                     _end_failed_capture(graph, index, pool)
                     raise
-                graph.capture_end()
             caller.wait_stream(stream)
             graph.dynaflow_done = torch.cuda.Event()  # recorded after each replay's copies
         return graph, out
@@ -346,10 +352,10 @@ def _watch(accepts):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             name = func._schema.name
-            if not self.host_read and (
+            if not self.host_read and not getattr(_UNWATCHED, "on", False) and (
                     (name in _HOST_READS and any(on_device(a) for a in args)) or
-                    _sized_by_values(func, kwargs) or
-                    _copy_to_host(name, args, kwargs, on_device)):
+                    _sized_by_values(func, args, kwargs, on_device) or
+                    _copy_between_host_and_device(name, args, kwargs, on_device)):
                 self.host_read = name
             for k, a in enumerate(func._schema.arguments):
                 if a.alias_info is not None and a.alias_info.is_write:
@@ -362,23 +368,61 @@ def _watch(accepts):
     return Watch()
 
 
-def _sized_by_values(func, kwargs):
-    """Whether `func` is repeat_interleave with tensor repeats and no
-    output size: its output's size is read from the device."""
-    return func._schema.name == "aten::repeat_interleave" and \
-        func._schema.overload_name != "self_int" and kwargs.get("output_size") is None
+def _sized_by_values(func, args, kwargs, on_device):
+    """Whether `func`'s output size is read from a device tensor's values:
+    repeat_interleave with tensor repeats and no output size, indexing by
+    a boolean mask (`x[mask]`, `x[mask] = v`: a nonzero inside)."""
+    import torch
+
+    name = func._schema.name
+    if name == "aten::repeat_interleave":
+        return func._schema.overload_name != "self_int" and \
+            kwargs.get("output_size") is None and any(on_device(a) for a in args)
+    if name in ("aten::index", "aten::index_put", "aten::index_put_") and len(args) > 1:
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool and on_device(i)
+                   for i in args[1] or ())
+    return False
 
 
-def _copy_to_host(name, args, kwargs, on_device):
+def _copy_between_host_and_device(name, args, kwargs, on_device):
     """Whether operator `name` copies a device tensor to the CPU (`.cpu()`,
-    `.tolist()`, `.numpy()` after it, printing)."""
+    `.tolist()`, `.numpy()` after it, printing), or a CPU tensor in pageable
+    memory to the device (waits for the host)."""
+    import torch
+
+    def pageable(t):
+        return isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_pinned() \
+            and t.dim() > 0
+
     if name == "aten::_to_copy":
         device = kwargs.get("device")
-        return on_device(args[0]) and device is not None and str(device) == "cpu"
+        if device is None:
+            return False
+        if str(device) == "cpu":
+            return on_device(args[0])
+        return pageable(args[0]) and not on_device(args[0])
     if name == "aten::copy_":
         dst, src = args[0], args[1]
-        return on_device(src) and not on_device(dst) and dst.device.type == "cpu"
+        if on_device(src) and not on_device(dst) and dst.device.type == "cpu":
+            return True
+        return on_device(dst) and pageable(src) and not on_device(src)
     return False
+
+
+# Set while dynaflow itself reads device values on the host after an eager
+# call's micro-batches (comparing a shared inference tensor's bytes), which
+# the capture does not do: not the call's own host reads.
+_UNWATCHED = threading.local()
+
+
+@contextlib.contextmanager
+def unwatched():
+    """Operators run inside are not looked at by a warm-up's watch."""
+    _UNWATCHED.on = True
+    try:
+        yield
+    finally:
+        _UNWATCHED.on = False
 
 
 def _bound(leaves, written, out):
@@ -406,51 +450,105 @@ def _bound(leaves, written, out):
 
 class _Snapshot:
     """What a graph assumes of the unit's modules, taken after its warm-up
-    and again after its capture: their Python state and tensors'
-    bindings and versions (ModuleState), the tensors' memory (a `.data`
-    swap moves it without either), and the plain values of the objects
-    they keep as attributes (a config's fields: read by the forward, baked
-    into the graph)."""
+    and again after its capture, and compared at every replay: the modules
+    themselves; every attribute's value, and every entry of a container
+    attribute (hook tables, parameter tables, a list the forward reads), by
+    identity (kept, so no other object can take a freed one's id); the
+    values held by objects kept as attributes (a config: `_OBJECT_DEPTH`
+    levels of its fields, dicts and lists); and the memory of the modules'
+    tensors (a `.data` swap moves it without rebinding). An in-place write
+    to a weight needs no new graph: the graph reads that memory."""
 
     def __init__(self, modules):
-        self.state = ModuleState(modules)
-        self.pointers = [t.data_ptr() for t in self.state.tensors]
-        self.objects = _attribute_objects(modules)
+        self.modules = [m for _, m in modules]
+        self.objects, tensors = _module_objects(self.modules)
+        self.addresses = [_address(t) for t in tensors]
 
     def same(self, modules):
-        state = self.state
-        if len(modules) != len(state.modules) or \
-                any(m is not n for (_, m), n in zip(modules, state.modules)):
+        if len(modules) != len(self.modules) or \
+                not all(map(operator.is_, (m for _, m in modules), self.modules)):
             return False
-        try:
-            state.check()
-        except MergeError:
-            return False
-        return self.pointers == [t.data_ptr() for t in state.tensors] and \
-            self.objects == _attribute_objects(modules)
+        objects, tensors = _module_objects(self.modules)
+        return len(objects) == len(self.objects) and \
+            all(map(operator.is_, objects, self.objects)) and \
+            self.addresses == [_address(t) for t in tensors]
 
 
-def _attribute_objects(modules):
-    """The plain values (numbers, strings, flags, None) of every object the
-    modules keep as an attribute that is not a module, a tensor, a container
-    or a plain value itself (a transformers config), each object once."""
-    import torch
+# Kinds of attribute value, by type (_kind): compared by identity alone, a
+# container (its entries too), a tensor (its memory too), an object whose
+# fields are compared (a config).
+_IDENTITY, _CONTAINER, _TENSOR, _FIELDS = range(4)
+_KINDS = {}
 
-    seen, out = set(), []
-    for _, m in modules:
-        for v in vars(m).values():
-            if type(v) in _PLAIN_TYPES or id(v) in seen or not hasattr(v, "__dict__") or \
-                    callable(v) or isinstance(v, (torch.nn.Module, torch.Tensor, type)):
+
+def _kind(t):
+    kind = _KINDS.get(t)
+    if kind is None:
+        import torch
+
+        if t in _CONTAINER_TYPES or t in (tuple, frozenset):
+            kind = _CONTAINER
+        elif issubclass(t, torch.Tensor):
+            kind = _TENSOR
+        elif t in _SCALAR_TYPES or issubclass(t, (torch.nn.Module, type)) or \
+                any("__call__" in vars(c) for c in t.__mro__) or not t.__dictoffset__ or \
+                t.__module__.startswith(__package__):  # the applier itself
+            kind = _IDENTITY
+        else:
+            kind = _FIELDS
+        _KINDS[t] = kind
+    return kind
+
+
+def _module_objects(modules):
+    """(the objects _Snapshot compares by identity, in a flat list; the
+    modules' tensors: parameters, buffers, tensor attributes). nn.Module's
+    own tables are compared as objects only: their entries are the
+    submodules (compared as the modules), the parameters and buffers
+    (by their memory) and hooks (check_module looks at them on every
+    call)."""
+    out, tensors, seen = [], [], set()
+    tables = _module_tables()
+    for m in modules:
+        attributes = vars(m)
+        out.extend(attributes)  # the names: one added or deleted shows
+        out.extend(attributes.values())
+        tensors.extend(t for t in m._parameters.values() if t is not None)
+        tensors.extend(t for t in m._buffers.values() if t is not None)
+        for k, v in attributes.items():
+            kind = _kind(type(v))
+            if kind == _IDENTITY or k in tables:
                 continue
-            seen.add(id(v))
-            out.append((id(v), [(k, x) for k, x in vars(v).items()
-                                if x is None or type(x) in (bool, int, float, str)]))
-    return out
+            if kind == _CONTAINER:
+                out.extend(v.values() if isinstance(v, dict) else v)
+            elif kind == _TENSOR:
+                tensors.append(v)
+            elif id(v) not in seen:
+                seen.add(id(v))
+                _object_values(v, _OBJECT_DEPTH, out)
+    return out, tensors
 
 
-# Attribute types _attribute_objects passes over at once (most of a module's
-# attributes: its tables, flags and names).
-_PLAIN_TYPES = _SCALAR_TYPES | _CONTAINER_TYPES | {tuple}
+# How deep _Snapshot looks into the objects modules keep as attributes.
+_OBJECT_DEPTH = 3
+
+
+def _object_values(v, depth, out):
+    """Appends to `out` what `v` holds, `depth` levels down: an object's
+    field names and values, a dict's keys and values, a sequence's items."""
+    if isinstance(v, dict):
+        out.extend(v)
+        items = v.values()
+    elif _kind(type(v)) == _CONTAINER:
+        items = v
+    else:
+        fields = vars(v)
+        out.extend(fields)
+        items = fields.values()
+    for x in items:
+        out.append(x)
+        if depth > 1 and _kind(type(x)) in (_CONTAINER, _FIELDS):
+            _object_values(x, depth - 1, out)
 
 
 class _Ready:
@@ -474,11 +572,14 @@ class UnitGraphs:
         self.said = set()
         self.graphs = 0
         self.unrepeated = 0  # _Ready entries
-        self.keys_change = False  # more than MAX_UNREPEATED_KEYS were
+        # Once MAX_UNREPEATED_KEYS were: the keys seen once since, each
+        # warmed up at its second call only.
+        self.seen_once = None
 
     def clear(self):
         self.entries = {}
         self.graphs = self.unrepeated = 0
+        self.seen_once = None
 
     def eager(self, why):
         """A call runs eagerly for `why`: counted, and said once."""
@@ -546,7 +647,7 @@ class UnitGraphs:
             if isinstance(entry, _Graph):
                 self.graphs -= 1
                 self.eager("its modules changed since its graph was captured (a tensor rebound "
-                           "or written, an attribute set): captured again")
+                           "or moved, an attribute set): captured again")
             else:
                 self.unrepeated -= 1
             return None
@@ -587,11 +688,15 @@ class UnitGraphs:
         if self.graphs >= MAX_GRAPHS_PER_UNIT:
             self.eager(f"more than {MAX_GRAPHS_PER_UNIT} shapes of its calls")
             return EAGER
-        if self.keys_change or self.unrepeated >= MAX_UNREPEATED_KEYS:
-            self.keys_change = True
+        if self.seen_once is None and self.unrepeated >= MAX_UNREPEATED_KEYS:
+            self.seen_once = set()
+        if self.seen_once is not None and key not in self.seen_once:
+            if len(self.seen_once) >= _MAX_SEEN_ONCE:
+                self.seen_once.clear()
+            self.seen_once.add(key)
             self.eager(f"its calls' shapes or plain values keep changing ({MAX_UNREPEATED_KEYS} "
                        f"kinds seen once and never again: a position passed as a Python int, "
-                       f"say)")
+                       f"say); from then on a kind is warmed up at its second call")
             return EAGER
         watch = _watch(self.backend.accepts)
         with watch:

@@ -1015,13 +1015,13 @@ class _StaticLayerAdapter:
 
     @staticmethod
     def graph_state(layer):
-        """The layer's tensors once it holds them (its first update
-        allocates them); the sequence position is the device tensor
+        """The layer's tensors, once its first update has allocated them (a
+        replay would not); the sequence position is the device tensor
         `cumulative_length`, advanced in place."""
         if not layer.is_initialized:
-            return (False,), []
-        return (True, layer.max_cache_len), [("keys", layer.keys), ("values", layer.values),
-                                             ("cumulative_length", layer.cumulative_length)]
+            return "allocates its keys and values at its first update (in Python)"
+        return (layer.max_cache_len,), [("keys", layer.keys), ("values", layer.values),
+                                        ("cumulative_length", layer.cumulative_length)]
 
     def view(self, layer, begin, count):
         v = copy.copy(layer)
