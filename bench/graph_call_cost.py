@@ -2,14 +2,18 @@
 on the host, against the same call run eagerly through the runtime, on the
 CPU, in one run: the original forward; the planned call split in 2, eager
 (the runtime's workers, the merge); and the same call replayed, with a
-graph backend whose replay launches nothing (`NullGraphs`), so what is
-left is the Python of a replayed call: the policy lookup, the split proof
-and audit key, the graph key, copying the arguments into the static
-inputs, and cloning the outputs out. On CUDA a replay adds the graph launch
-(cudaGraphLaunch, a few microseconds) to this and removes every
-micro-batch's Python. Two modules: a Linear(8, 8) on 8 rows, and a layer
-called with a transformers decoder layer's arguments without a cache (a
-(cos, sin) tuple, a mask, position ids, cache_position).
+graph backend whose replay launches nothing (`NullGraphs`), timed inside
+the planned forwards (nothing of the units' work runs there then), so what
+is measured is the Python of a replayed call: the policy lookup, the hook check
+and audit key, the graph key, the modules compared with the capture's,
+copying the arguments into the static inputs, and cloning the outputs out.
+On CUDA a replay adds the graph launch (cudaGraphLaunch, a few
+microseconds) to this and removes every micro-batch's Python. Three
+modules: a Linear(8, 8) on 8 rows; a layer called with a transformers
+decoder layer's arguments without a cache (a (cos, sin) tuple, a mask,
+position ids, cache_position); and a tiny transformers Llama (2 layers,
+random weights) whose decoder layers are the units, called with
+use_cache=False (13 modules and the model's config per layer).
 
     .venv/bin/python bench/graph_call_cost.py build/plugin/apply/libdynaflow_apply.so
 """
@@ -81,6 +85,21 @@ class LayerNet(nn.Module):
                               position_ids=positions[None], cache_position=positions)
 
 
+class HfLlama(nn.Module):
+    """A tiny transformers Llama, called on token ids without a cache."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        self.lm = LlamaForCausalLM(LlamaConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2)).eval()
+
+    def forward(self, ids):
+        return self.lm(ids, use_cache=False).logits
+
+
 def plan(units):
     return {"schema": _apply.PLAN_SCHEMA, "device": {"name": ""},
             "partition_rules": [{"name": "split", "role": "split", "operators": [],
@@ -94,6 +113,36 @@ def per_call_us(fn, x):
     for _ in range(CALLS):
         fn(x)
     return (time.perf_counter() - start) / CALLS * 1e6
+
+
+class InPlanned:
+    """Time spent inside the planned forwards (_apply._PlannedForward) while
+    on: with NullGraphs nothing is launched there, so for a replayed call
+    it is all host work."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.on = False
+        call = _apply._PlannedForward.__call__
+
+        def timed(forward, *args, **kwargs):
+            if not self.on:
+                return call(forward, *args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return call(forward, *args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        _apply._PlannedForward.__call__ = timed
+
+    def per_call_us(self, fn, x):
+        self.seconds, self.on = 0.0, True
+        try:
+            per_call_us(fn, x)
+        finally:
+            self.on = False
+        return self.seconds / CALLS * 1e6
 
 
 def variants(runtime, make, units, x):
@@ -111,7 +160,8 @@ def variants(runtime, make, units, x):
         for _ in range(3):  # the audit, the warm-up, the capture
             net(x)
     report = replayed._dynaflow_applier.report
-    assert report.graphs_captured == 1 and report.graph_eager_calls == {}, report.as_json(False)
+    assert report.graphs_captured == len(replayed._dynaflow_applier.forwards) and \
+        report.graph_eager_calls == {}, report.as_json(False)
     expected = original(x)
     for net in (eager, replayed):
         torch.testing.assert_close(net(x), expected, rtol=1e-5, atol=1e-6)
@@ -125,23 +175,26 @@ def main():
         "Linear(8, 8), 8 rows": (Net, ["Net.blocks.*"], torch.randn(8, 8)),
         "decoder-layer arguments, 8 x 16 tokens": (LayerNet, ["LayerNet.layers.*"],
                                                    torch.randn(8, 16, 64)),
+        "transformers Llama, 2 decoder layers, 8 x 16 tokens": (
+            HfLlama, ["HfLlama.lm.model.layers.*"], torch.randint(0, 256, (8, 16))),
     }
+    timer = InPlanned()
     with torch.no_grad():
         for case, (make, units, x) in cases.items():
             nets = variants(runtime, make, units, x)
-            samples = {name: [] for name in nets}
+            n = len(nets["planned, replayed"]._dynaflow_applier.forwards)
+            samples = {"original": [], "planned, eager": [], "replayed": []}
             for _ in range(RUNS):  # alternating, so that load hits every variant alike
-                for name, net in nets.items():
-                    samples[name].append(per_call_us(net, x))
-            base = statistics.median(samples["original"])
-            print(f"{case} ({CALLS} calls x {RUNS} runs, median µs per call):")
-            for name, s in samples.items():
-                m = statistics.median(s)
-                print(f"  {name:18s} {m:8.1f}" + (f"  (+{m - base:.1f})" if name != "original"
-                                                 else ""))
-            eager = statistics.median(samples["planned, eager"]) - base
-            replayed = statistics.median(samples["planned, replayed"]) - base
-            print(f"  replayed / eager, added over the original: {replayed / eager:.2f}")
+                samples["original"].append(per_call_us(nets["original"], x))
+                samples["planned, eager"].append(per_call_us(nets["planned, eager"], x))
+                samples["replayed"].append(timer.per_call_us(nets["planned, replayed"], x))
+            original, eager, replayed = (statistics.median(samples[k]) for k in samples)
+            print(f"{case}, {n} units ({CALLS} calls x {RUNS} runs, median µs per call):")
+            print(f"  original                         {original:8.1f}")
+            print(f"  planned, eager: added            {eager - original:8.1f}")
+            print(f"  planned, replayed: host work     {replayed:8.1f}  (in the planned forwards; "
+                  f"nothing launched)")
+            print(f"  replayed / eager added: {replayed / (eager - original):.2f}")
 
 
 if __name__ == "__main__":
