@@ -74,9 +74,10 @@ from ._split import (_CONTAINER_TYPES, _SCALAR_TYPES, _as_bytes, _capture_underw
 # run eagerly. A decode server padded to powers of two needs about
 # log2(largest batch) + 1 per phase; each graph holds its own memory pool.
 MAX_GRAPHS_PER_UNIT = 16
-# Keys of one unit warmed up and never seen again: beyond, the unit's calls
-# run eagerly (a position passed as a Python int makes every decode step a
-# new key; each warm-up runs under a dispatch mode, issued from one thread).
+# Keys of one unit warmed up and never seen again: beyond, a new key is
+# warmed up only at its second call (a position passed as a Python int makes
+# every decode step a new key, and each warm-up runs under a dispatch mode,
+# issued from one thread).
 MAX_UNREPEATED_KEYS = 8
 # Keys remembered as seen once, after that (then forgotten, all at once).
 _MAX_SEEN_ONCE = 1024
