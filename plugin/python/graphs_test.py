@@ -15,7 +15,7 @@ from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from dynaflow import _apply, _graphs  # noqa: E402 - after the path is set
+from dynaflow import _apply, _graphs, _split  # noqa: E402 - after the path is set
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_TRANSFORMERS = HAS_TORCH and importlib.util.find_spec("transformers") is not None
@@ -321,6 +321,25 @@ class GraphsTest(unittest.TestCase):
         if DEVICE == "cuda":  # the caching allocator is not left inside a capture
             torch.cuda.empty_cache()
             self.assertFalse(torch.cuda.is_current_stream_capturing())
+
+    def test_an_inference_buffer_keeps_the_unit_eager(self):
+        class Scaled(nn.Module):
+            def __init__(self):
+                super().__init__()
+                with torch.inference_mode():  # no version counter
+                    self.register_buffer("scale", torch.full((16,), 2.0, device=DEVICE))
+
+            def forward(self, x):
+                return x * self.scale
+
+        net = Holder(Scaled())
+        inputs = [torch.randn(4, 16, device=DEVICE) for _ in range(4)]
+        report = graphed(net, plan(["Holder.layers.*"]))
+        for out, x in zip(self.calls(net, inputs), inputs):
+            close(out, x * 2)
+        self.assertEqual(report.graphs_captured, 0)
+        self.assertEqual(report.graph_eager_calls, {
+            "Holder.layers.0: buffer scale " + _split._UNCHECKABLE: 2})
 
     def test_calls_under_autograd_run_eagerly_said_once(self):
         inputs = [torch.randn(4, 5, 16, device=DEVICE) for _ in range(3)]

@@ -69,8 +69,9 @@ import threading
 
 from ._graphs import EAGER, CudaGraphs, NoGraph, UnitGraphs, rebuild, unwatched
 from ._rows import audit_key, make_audit
-from ._split import (MergeError, Refusal, SliceMerge, Unchanged, Unsplittable, check_module,
-                     default_state_refusal, install_lazy_hooks, merge_outputs, split_call)
+from ._split import (_UNCHECKABLE, MergeError, Refusal, SliceMerge, Unchanged, Unsplittable,
+                     check_module, default_state_refusal, inference_buffers, install_lazy_hooks,
+                     merge_outputs, split_call)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -1256,11 +1257,8 @@ class _PlannedForward:
             raise NoGraph("a dual-batch region issues each micro-batch from its own host "
                           "thread, which one capture cannot follow")
         for path, m in modules:
-            for name, b in m._buffers.items():
-                if b is not None and b.is_inference():
-                    raise NoGraph(f"buffer {path}.{name} is an inference tensor: only its "
-                                  f"bytes could show a write, and nothing runs to compare "
-                                  f"them during a capture")
+            for name, _ in inference_buffers(m):  # path: under the unit's, which is said
+                raise NoGraph(f"buffer {f'{path}.' if path else ''}{name} {_UNCHECKABLE}")
         tensors = iter(static)
         static_args, static_kwargs = rebuild(args, tensors), rebuild(kwargs, tensors)
 

@@ -552,12 +552,18 @@ _UNCHECKABLE = ("is an inference tensor shared by the micro-batches: without a v
                 "captured nothing runs to compare")
 
 
+def inference_buffers(m):
+    """The names and buffers of module `m` (not of its children) that could
+    be checked unchanged only by their bytes (inference tensors: no version
+    counter), which nothing can compare while a CUDA graph is captured."""
+    return [(name, b) for name, b in m._buffers.items() if b is not None and b.is_inference()]
+
+
 def _check_buffers_checkable(where, m):
-    """Raises Refusal when a buffer of module `m` (not of its children) could
-    be checked unchanged only by its bytes (an inference tensor) while a CUDA
-    graph is captured."""
-    for name, b in m._buffers.items():
-        if b is not None and b.is_inference() and _capturing(b):
+    """Raises Refusal when an inference buffer of module `m` is on a device
+    whose stream is being captured into a CUDA graph."""
+    for name, b in inference_buffers(m):
+        if _capturing(b):
             raise Refusal(f"{where}: buffer {name} {_UNCHECKABLE}")
 
 
