@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEPS=(build-essential cmake ninja-build pkg-config python3 python3-venv sqlite3 libsqlite3-dev
+DEPS=(build-essential cmake ninja-build pkg-config python3 python3-dev python3-venv sqlite3 libsqlite3-dev
       libsqlitecpp-dev libcli11-dev nlohmann-json3-dev libsimdjson-dev zlib1g-dev
       libgtest-dev libgmock-dev clang libclang-rt-14-dev chromium)
 

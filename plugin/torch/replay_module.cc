@@ -1,0 +1,42 @@
+// _dynaflow_replay: the Python module of a planned call's replay from its
+// CUDA graph (plugin/python/dynaflow/_graphs.py): ReplayStep's copies and
+// ModuleSnapshot's comparison, the per-call work of a replay that Python
+// would do tensor by tensor and attribute by attribute.
+//
+// pybind11 with torch's type casters (torch/csrc/utils/pybind.h): a list of
+// tensors crosses as std::vector<at::Tensor> without copying any data. A C++
+// exception reaches Python as RuntimeError (c10::Error) or ValueError
+// (std::invalid_argument).
+#include <torch/csrc/utils/pybind.h>
+
+#include "plugin/torch/module_snapshot.h"
+#include "plugin/torch/replay_step.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_dynaflow_replay, m) {
+  m.doc() = "dynaflow: the per-call work of a planned call replayed from a CUDA graph";
+
+  py::class_<dynaflow::ReplayStep>(m, "ReplayStep")
+      .def(py::init<std::vector<at::Tensor>, std::vector<int64_t>, int64_t>(),
+           py::arg("inputs"), py::arg("flags"), py::arg("padded"))
+      .def_readonly_static("ROWS", &dynaflow::ReplayStep::kRows)
+      .def_readonly_static("BOUND", &dynaflow::ReplayStep::kBound)
+      .def("set_outputs", &dynaflow::ReplayStep::SetOutputs, py::arg("outputs"))
+      .def("copy_in", &dynaflow::ReplayStep::CopyIn, py::arg("leaves"), py::arg("rows"))
+      .def("copy_out", &dynaflow::ReplayStep::CopyOut, py::arg("rows"))
+      .def_property_readonly("padded", &dynaflow::ReplayStep::padded);
+
+  py::class_<dynaflow::TypeKinds>(m, "TypeKinds")
+      .def(py::init<py::object>(), py::arg("kind_of"))
+      .def("of", [](dynaflow::TypeKinds& k, py::handle v) { return static_cast<int>(k.Of(v.ptr())); },
+           py::arg("value"));
+
+  py::class_<dynaflow::ModuleSnapshot>(m, "ModuleSnapshot")
+      .def(py::init<const py::sequence&, dynaflow::TypeKinds*, py::object>(),
+           py::arg("modules"), py::arg("kinds"), py::arg("tables"),
+           py::keep_alive<1, 3>())  // the snapshot keeps its TypeKinds
+      .def("same", &dynaflow::ModuleSnapshot::Same, py::arg("modules"))
+      .def_property_readonly("objects", &dynaflow::ModuleSnapshot::objects)
+      .def_property_readonly("tensors", &dynaflow::ModuleSnapshot::tensors);
+}
