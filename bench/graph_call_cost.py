@@ -16,6 +16,10 @@ random weights) whose decoder layers are the units, called with
 use_cache=False (13 modules and the model's config per layer).
 
     .venv/bin/python bench/graph_call_cost.py build/plugin/apply/libdynaflow_apply.so
+
+The replay module is build/plugin/torch/_dynaflow_replay.so unless env
+DYNAFLOW_REPLAY_EXT names another. bench/replay_ab.py measures an earlier
+commit's replay beside this one's, in one process.
 """
 
 import os
@@ -23,8 +27,10 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugin",
-                                "python"))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, os.path.join(ROOT, "plugin", "python"))
+os.environ.setdefault("DYNAFLOW_REPLAY_EXT",
+                      os.path.join(ROOT, "build", "plugin", "torch", "_dynaflow_replay.so"))
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -120,10 +126,10 @@ class InPlanned:
     on: with NullGraphs nothing is launched there, so for a replayed call
     it is all host work."""
 
-    def __init__(self):
+    def __init__(self, apply_module=_apply):
         self.seconds = 0.0
         self.on = False
-        call = _apply._PlannedForward.__call__
+        call = apply_module._PlannedForward.__call__
 
         def timed(forward, *args, **kwargs):
             if not self.on:
@@ -134,7 +140,7 @@ class InPlanned:
             finally:
                 self.seconds += time.perf_counter() - start
 
-        _apply._PlannedForward.__call__ = timed
+        apply_module._PlannedForward.__call__ = timed
 
     def per_call_us(self, fn, x):
         self.seconds, self.on = 0.0, True
@@ -145,16 +151,17 @@ class InPlanned:
         return self.seconds / CALLS * 1e6
 
 
-def variants(runtime, make, units, x):
-    """{name: callable} of one module: original, planned eager, planned replayed."""
+def variants(runtime, make, units, x, apply_module=_apply):
+    """{name: callable} of one module: original, planned eager, planned
+    replayed (by `apply_module`, a version of dynaflow._apply)."""
     torch.manual_seed(0)
     original = make()
     eager = make()
     eager.load_state_dict(original.state_dict())
     replayed = make()
     replayed.load_state_dict(original.state_dict())
-    _apply.apply(eager, plan(units), runtime_lib=runtime, graphs=False)
-    _apply.apply(replayed, plan(units), runtime_lib=runtime)
+    apply_module.apply(eager, plan(units), runtime_lib=runtime, graphs=False)
+    apply_module.apply(replayed, plan(units), runtime_lib=runtime)
     replayed._dynaflow_applier.graph_backend = NullGraphs()
     for net in (eager, replayed):
         for _ in range(3):  # the audit, the warm-up, the capture
@@ -168,19 +175,23 @@ def variants(runtime, make, units, x):
     return {"original": original, "planned, eager": eager, "planned, replayed": replayed}
 
 
-def main():
-    runtime = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("DYNAFLOW_APPLY_LIB", "")
-    torch.set_num_threads(1)
-    cases = {
+def cases():
+    """{name: (module class, plan units, input)} of the three modules."""
+    return {
         "Linear(8, 8), 8 rows": (Net, ["Net.blocks.*"], torch.randn(8, 8)),
         "decoder-layer arguments, 8 x 16 tokens": (LayerNet, ["LayerNet.layers.*"],
                                                    torch.randn(8, 16, 64)),
         "transformers Llama, 2 decoder layers, 8 x 16 tokens": (
             HfLlama, ["HfLlama.lm.model.layers.*"], torch.randint(0, 256, (8, 16))),
     }
+
+
+def main():
+    runtime = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("DYNAFLOW_APPLY_LIB", "")
+    torch.set_num_threads(1)
     timer = InPlanned()
     with torch.no_grad():
-        for case, (make, units, x) in cases.items():
+        for case, (make, units, x) in cases().items():
             nets = variants(runtime, make, units, x)
             n = len(nets["planned, replayed"]._dynaflow_applier.forwards)
             samples = {"original": [], "planned, eager": [], "replayed": []}

@@ -56,6 +56,9 @@ Status CheckPlan(const std::string& path) {
 struct ApplyTools {
   std::string runtime_lib;    // libdynaflow_apply.so
   std::string bootstrap_dir;  // holds sitecustomize.py
+  // _dynaflow_replay.so, which CUDA graphs of planned calls need; empty when
+  // there is no such file (not built: apply then says graphs are off).
+  std::string replay_ext;
 };
 
 StatusOr<ApplyTools> FindTools() {
@@ -68,6 +71,10 @@ StatusOr<ApplyTools> FindTools() {
   }
   tools.runtime_lib = fs::absolute(tools.runtime_lib).lexically_normal();
   tools.bootstrap_dir = fs::absolute(plugins / "python" / "bootstrap").lexically_normal();
+  tools.replay_ext = EnvOr("DYNAFLOW_REPLAY_EXT", plugins / "torch" / "_dynaflow_replay.so");
+  tools.replay_ext = fs::is_regular_file(tools.replay_ext)
+                         ? fs::absolute(tools.replay_ext).lexically_normal().string()
+                         : "";
   return tools;
 }
 
@@ -205,6 +212,7 @@ std::vector<std::string> ChildEnvironment(const ApplyArgs& args, const ApplyTool
   PrependEnv(&env, "PYTHONPATH", tools.bootstrap_dir);
   ReplaceEnv(&env, "DYNAFLOW_PLAN", fs::absolute(args.plan).lexically_normal().string());
   ReplaceEnv(&env, "DYNAFLOW_APPLY_LIB", tools.runtime_lib);
+  if (!tools.replay_ext.empty()) ReplaceEnv(&env, "DYNAFLOW_REPLAY_EXT", tools.replay_ext);
   ReplaceEnv(&env, "DYNAFLOW_APPLY_STRICT", args.strict ? "1" : "0");
   ReplaceEnv(&env, "DYNAFLOW_APPLY_VERIFY", args.verify ? "1" : "0");
   ReplaceEnv(&env, "DYNAFLOW_APPLY_GRAPHS", args.no_graphs ? "0" : "1");

@@ -16,7 +16,8 @@ torch.compile; and once under torch.inference_mode(). LFM2 and Mamba, whose own 
 adapter merges, are refused before they run.
 
 Env (ctest sets them): DYNAFLOW_BIN, DYNAFLOW_SOURCE_DIR, DYNAFLOW_PYTHON (a
-Python with torch and transformers) and DYNAFLOW_APPLY_LIB_BUILT;
+Python with torch and transformers), DYNAFLOW_APPLY_LIB_BUILT and, for CUDA graphs in
+process, DYNAFLOW_REPLAY_EXT_BUILT;
 DYNAFLOW_HF_DEVICE=cuda runs the models on the GPU (scripts/device/gpu_truth.sh). Exits 77
 (skipped) when that Python lacks torch or transformers.
 """
@@ -370,7 +371,8 @@ class HfApplyTest(unittest.TestCase):
     def in_process_env(self):
         return dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(BIN), "..", "plugin",
                                                         "python"),
-                    DYNAFLOW_APPLY_LIB=RUNTIME)
+                    DYNAFLOW_APPLY_LIB=RUNTIME,
+                    DYNAFLOW_REPLAY_EXT=os.environ.get("DYNAFLOW_REPLAY_EXT_BUILT", ""))
 
     def in_process(self, *extra):
         env = self.in_process_env()

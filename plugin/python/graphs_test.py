@@ -20,6 +20,11 @@ from dynaflow import _apply, _graphs, _split  # noqa: E402 - after the path is s
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_TRANSFORMERS = HAS_TORCH and importlib.util.find_spec("transformers") is not None
 RUNTIME = os.environ.get("DYNAFLOW_APPLY_LIB_BUILT", "")
+# The replay module (_dynaflow_replay.so), which graphs need: found by
+# _graphs through DYNAFLOW_REPLAY_EXT, as `dynaflow apply` sets it.
+REPLAY = os.environ.get("DYNAFLOW_REPLAY_EXT_BUILT", "")
+if REPLAY:
+    os.environ["DYNAFLOW_REPLAY_EXT"] = REPLAY
 DEVICE = os.environ.get("DYNAFLOW_GRAPHS_DEVICE", "cpu")
 # Split GEMMs may take other kernels than the unsplit ones: on a GPU their
 # float32 sums differ in the last bits.
@@ -187,10 +192,11 @@ def counts(report):
 
 
 def runnable():
-    return HAS_TORCH and RUNTIME and (DEVICE == "cpu" or torch.cuda.is_available())
+    return HAS_TORCH and RUNTIME and REPLAY and (DEVICE == "cpu" or torch.cuda.is_available())
 
 
-@unittest.skipUnless(runnable(), "needs torch, the runtime library and DYNAFLOW_GRAPHS_DEVICE")
+@unittest.skipUnless(runnable(), "needs torch, the runtime library, the replay module and "
+                     "DYNAFLOW_GRAPHS_DEVICE")
 class GraphsTest(unittest.TestCase):
     def setUp(self):
         torch.manual_seed(0)
@@ -620,7 +626,113 @@ class GraphsTest(unittest.TestCase):
         self.assertEqual((key[0], key[2], padded), ("kind", 4, 4))
 
 
-@unittest.skipUnless(runnable(), "needs torch, the runtime library and DYNAFLOW_GRAPHS_DEVICE")
+@unittest.skipUnless(HAS_TORCH and REPLAY, "needs torch and the replay module")
+class ReplayModuleTest(unittest.TestCase):
+    """The C++ side of a replay (plugin/torch/replay_module.cc) called as
+    _graphs calls it: what a module snapshot sees change, and the copies."""
+
+    def setUp(self):
+        class Config:
+            def __init__(self):
+                self.scale = 1.0
+                self.rope = {"factors": [1.0, 2.0]}
+                self.deep = {"a": {"b": {"c": 1}}}  # c: four levels down
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.config = Config()
+                self.lin = nn.Linear(4, 4)
+                self.register_buffer("mask", torch.ones(4))
+                self.order = [0, 1]
+
+        self.block = Block()
+        self.pairs = [("block", self.block), ("block.lin", self.block.lin)]
+
+    def unchanged_after(self, change):
+        snapshot = _graphs._snapshot(self.pairs)
+        self.assertTrue(snapshot.same(self.pairs))
+        change(self.block)
+        return snapshot.same(self.pairs)
+
+    def test_a_snapshot_counts_what_it_compares(self):
+        snapshot = _graphs._snapshot(self.pairs)
+        # Tensors: lin's weight and bias, the block's mask.
+        self.assertEqual(snapshot.tensors, 3)
+        block_attributes, lin_attributes = len(vars(self.block)), len(vars(self.block.lin))
+        # Names and values of both modules' attributes, order's two items,
+        # the config's fields (3 names, 3 values) and below: rope's key and
+        # list and its 2 items, deep's a, b, c levels (key and value each).
+        config = 6 + 2 + 2 + 2 + 2
+        self.assertEqual(snapshot.objects, 2 * (block_attributes + lin_attributes) + 2 + config)
+
+    def test_what_changes_a_snapshot(self):
+        self.assertFalse(self.unchanged_after(lambda b: setattr(b, "extra", 1)))
+        self.assertFalse(self.unchanged_after(lambda b: b.order.__setitem__(0, 5)))
+        self.assertFalse(self.unchanged_after(lambda b: setattr(b.config, "scale", 2.0)))
+        self.assertFalse(self.unchanged_after(lambda b: b.config.rope["factors"].append(3.0)))
+        self.assertFalse(self.unchanged_after(lambda b: b.config.rope.__setitem__("x", 1)))
+        self.assertFalse(self.unchanged_after(
+            lambda b: setattr(b.lin.weight, "data", b.lin.weight.data.clone())))
+        self.assertFalse(self.unchanged_after(lambda b: setattr(b, "mask", torch.zeros(4))))
+        self.assertFalse(self.unchanged_after(
+            lambda b: setattr(b.lin.weight, "data", b.lin.weight.data.t())))  # strides
+        with torch.no_grad():
+            self.assertFalse(self.unchanged_after(lambda b: b.mask.resize_(2)))  # shape
+
+    def test_what_does_not_change_a_snapshot(self):
+        # A graph reads the weights' memory: an in-place write needs no new
+        # graph. A config's fourth level is beyond kDepth (documented).
+        with torch.no_grad():
+            self.assertTrue(self.unchanged_after(lambda b: b.lin.weight.mul_(2)))
+        self.assertTrue(self.unchanged_after(
+            lambda b: b.config.deep["a"]["b"].__setitem__("c", 2)))
+
+    def test_other_modules_are_not_the_same(self):
+        snapshot = _graphs._snapshot(self.pairs)
+        self.assertFalse(snapshot.same(self.pairs[:1]))
+        self.assertFalse(snapshot.same([("block", self.block), ("block.lin", nn.Linear(4, 4))]))
+        with self.assertRaisesRegex(ValueError, "pairs"):
+            snapshot.same([self.block])
+
+    def test_a_kind_out_of_range_is_an_error(self):
+        native, _ = _graphs._native()
+        kinds = native.TypeKinds(lambda t: 7)
+        with self.assertRaisesRegex(ValueError, r"kind_of\(int\) gave 7"):
+            kinds.of(1)
+        self.assertEqual(native.TypeKinds(_graphs._kind).of([1]), _graphs._CONTAINER)
+
+    def test_copies_into_padded_inputs_and_out_of_outputs(self):
+        native, _ = _graphs._native()
+        rows_static, fixed_static = torch.full((4, 2), -1.0), torch.zeros(3)
+        bound = torch.zeros(4, 2)
+        step = native.ReplayStep([rows_static, fixed_static, bound],
+                                 [native.ReplayStep.ROWS, 0,
+                                  native.ReplayStep.ROWS | native.ReplayStep.BOUND], 4)
+        x, pos = torch.arange(6.0).reshape(3, 2), torch.tensor([1.0, 2.0, 3.0])
+        step.copy_in([x, pos, torch.ones(3, 2)], 3)
+        self.assertTrue(torch.equal(rows_static[:3], x))
+        self.assertEqual(rows_static[3].tolist(), [-1.0, -1.0])  # the padding row kept
+        self.assertTrue(torch.equal(fixed_static, pos))
+        self.assertEqual(bound.sum().item(), 0.0)  # the program's tensor: not copied
+        # Outputs: [rows, ...] and a flattened [rows * 2, ...].
+        out, flat = torch.arange(8.0).reshape(4, 2), torch.arange(8.0)
+        step.set_outputs([out, flat])
+        copies = step.copy_out(3)
+        self.assertEqual([c.shape[0] for c in copies], [3, 6])
+        self.assertTrue(torch.equal(copies[1], flat[:6]))
+        out.zero_()
+        self.assertEqual(copies[0][2].tolist(), [4.0, 5.0])  # a copy, not a view
+        with self.assertRaisesRegex(RuntimeError, "a call of 5 rows cannot replay a graph of 4"):
+            step.copy_in([x, pos, x], 5)
+        with self.assertRaisesRegex(RuntimeError, "2 leaves for a graph of 3"):
+            step.copy_in([x, pos], 3)
+        with self.assertRaisesRegex(RuntimeError, "output 0 does not hold a multiple of 4 rows"):
+            step.set_outputs([torch.zeros(3)])
+
+
+@unittest.skipUnless(runnable(), "needs torch, the runtime library, the replay module and "
+                     "DYNAFLOW_GRAPHS_DEVICE")
 class ExampleDecoderGraphsTest(unittest.TestCase):
     """examples/llama_decode.py's decoder: a stack called with a KV cache (a
     dataclass of per-layer lists of preallocated tensors) that each layer
@@ -673,8 +785,8 @@ class ExampleDecoderGraphsTest(unittest.TestCase):
                 self.assertEqual(report.refused, "")
 
 
-@unittest.skipUnless(HAS_TRANSFORMERS and runnable(), "needs transformers, the runtime library "
-                     "and DYNAFLOW_GRAPHS_DEVICE")
+@unittest.skipUnless(HAS_TRANSFORMERS and runnable(), "needs transformers, the runtime "
+                     "library, the replay module and DYNAFLOW_GRAPHS_DEVICE")
 class TransformersGraphsTest(unittest.TestCase):
     """A tiny transformers Llama (random weights, built from a config): its
     decoder layers graphed with attention masks and rotary embeddings as

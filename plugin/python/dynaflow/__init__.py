@@ -28,7 +28,9 @@ def apply(model, plan, verify=False, runtime_lib=None, strict=False, graphs=True
     differences are kept in model._dynaflow_applier.report.
     On CUDA, with graphs, each unit's planned schedule is captured once per
     shape into a CUDA graph and replayed (dynaflow._graphs says which calls
-    cannot be, and why); without, every planned call runs eagerly.
+    cannot be, and why), through the replay module named by env
+    DYNAFLOW_REPLAY_EXT (_dynaflow_replay.so); without graphs, or without
+    that module (said in one line), every planned call runs eagerly.
     """
     from dynaflow import _apply
 

@@ -51,6 +51,7 @@ runtime library), DYNAFLOW_APPLY_STRICT=1, DYNAFLOW_APPLY_VERIFY=1 (run the
 original forward on a snapshot of each planned call's arguments and state, and
 compare outputs and state), DYNAFLOW_APPLY_GRAPHS=0 (on CUDA, run every
 planned call eagerly instead of replaying CUDA graphs of them, `_graphs`),
+DYNAFLOW_REPLAY_EXT (the replay module, _dynaflow_replay.so, that graphs need),
 DYNAFLOW_APPLY_REPORT (a folder: each process writes its JSON summary there
 at exit, <pid>.json, which the CLI merges and prints).
 """
@@ -1614,7 +1615,10 @@ class Applier:
         param = next(model.parameters(), None)
         self.cuda = param is not None and param.device.type == "cuda"
         if self.cuda and self.graphs:
-            self.graph_backend = CudaGraphs()
+            try:
+                self.graph_backend = CudaGraphs()
+            except NoGraph as e:
+                _say(f"CUDA graphs off: {e}; planned calls run eagerly")
         regions = region_rules(self.plan)
         # Every unit's stages are counted before anything is installed: a
         # model whose stage calls differ from the plan's segments would run

@@ -42,7 +42,7 @@ shape with the rows padded, and every plain value):
      A replay is looked up before the call's split is made
      (`UnitGraphs.replay_hit`): the key holds the structure, shapes and
      values the capture's split was proved for. The unit's modules are
-     compared with their state after the capture (_Snapshot): a tensor
+     compared with their state after the capture (_snapshot): a tensor
      rebound or given other memory (`.data =`), an attribute set, a field
      of an object the modules keep (a config) changed, a submodule replaced
      drops the graph, and the key is warmed up and captured again. What the
@@ -59,12 +59,20 @@ tensor output holds rows (the merge refuses any other) and is cut back.
 The graph's memory: torch.cuda.CUDAGraph is at::cuda::CUDAGraph, and each
 graph's allocations come from its own pool of torch's caching allocator, so
 torch's rules for memory under capture and replay hold (the micro-batches'
-tensors are record_stream'ed on the caller's stream as in an eager call)."""
+tensors are record_stream'ed on the caller's stream as in an eager call).
+
+C++. What a replay does per call beside the key and its lookup runs in the
+replay module, _dynaflow_replay (plugin/torch/replay_module.cc, loaded from
+env DYNAFLOW_REPLAY_EXT): the copies into the static inputs and out of the
+static outputs (ReplayStep) and the comparison of the unit's modules with
+their snapshot (ModuleSnapshot). Without that module no graph is made (on
+CUDA, apply says so in one line)."""
 
 import collections
 import contextlib
 import dataclasses
-import operator
+import importlib.util
+import os
 import threading
 
 from ._split import (_CONTAINER_TYPES, _SCALAR_TYPES, _as_bytes, _capture_underway, _is_immutable,
@@ -109,6 +117,8 @@ class CudaGraphs:
     leaves its capture stream current."""
 
     def __init__(self):
+        """Raises NoGraph when the replay module cannot be loaded."""
+        _native()
         self.streams = {}  # device index -> capture stream
 
     @staticmethod
@@ -308,15 +318,17 @@ def map_outputs(value, fn, where="output"):
 
 
 class _Graph:
-    """A captured call: the graph, the static input of each leaf (its own
-    copy; None for a bound leaf, which is the program's tensor), the
-    addresses of the bound leaves, the output its capture returned, at
+    """A captured call: the graph, its ReplayStep (the copies in and out of
+    its static inputs and outputs, in C++), the static input of each leaf
+    (its own copy; None for a bound leaf, which is the program's tensor),
+    the addresses of the bound leaves, the output its capture returned, at
     `padded` rows, and the unit's modules as the capture left them
-    (_Snapshot): the graph holds their tensors' memory and what their
+    (_snapshot): the graph holds their tensors' memory and what their
     Python attributes made the call do."""
 
-    def __init__(self, graph, static, bound, out, padded, snapshot):
+    def __init__(self, graph, step, static, bound, out, padded, snapshot):
         self.graph = graph
+        self.step = step
         self.static = static
         self.bound = bound  # leaf index -> _address of the program's tensor
         self.out = out
@@ -449,107 +461,65 @@ def _bound(leaves, written, out):
     return bound
 
 
-class _Snapshot:
-    """What a graph assumes of the unit's modules, taken after its warm-up
-    and again after its capture, and compared at every replay: the modules
-    themselves; every attribute's value, and every entry of a container
-    attribute (hook tables, parameter tables, a list the forward reads), by
-    identity (kept, so no other object can take a freed one's id); the
-    values held by objects kept as attributes (a config: `_OBJECT_DEPTH`
-    levels of its fields, dicts and lists); and the memory of the modules'
-    tensors (a `.data` swap moves it without rebinding). An in-place write
-    to a weight needs no new graph: the graph reads that memory."""
-
-    def __init__(self, modules):
-        self.modules = [m for _, m in modules]
-        self.objects, tensors = _module_objects(self.modules)
-        self.addresses = [_address(t) for t in tensors]
-
-    def same(self, modules):
-        if len(modules) != len(self.modules) or \
-                not all(map(operator.is_, (m for _, m in modules), self.modules)):
-            return False
-        objects, tensors = _module_objects(self.modules)
-        return len(objects) == len(self.objects) and \
-            all(map(operator.is_, objects, self.objects)) and \
-            self.addresses == [_address(t) for t in tensors]
+def _snapshot(modules):
+    """What a graph assumes of the unit's modules (`modules`: (path, module)
+    pairs), taken after its warm-up and again after its capture, and
+    compared at every replay (`.same(modules)`): the modules, their
+    attributes and containers' entries by identity, the fields of objects
+    they keep (a config), and their tensors' memory (a `.data` swap moves it
+    without rebinding). An in-place write to a weight needs no new graph: the
+    graph reads that memory. plugin/torch/module_snapshot.h says exactly what
+    is compared; this walk is done in C++, as it runs at every replay."""
+    module, kinds = _native()
+    return module.ModuleSnapshot(modules, kinds, _module_tables())
 
 
 # Kinds of attribute value, by type (_kind): compared by identity alone, a
 # container (its entries too), a tensor (its memory too), an object whose
-# fields are compared (a config).
+# fields are compared (a config). The replay module asks once per type.
 _IDENTITY, _CONTAINER, _TENSOR, _FIELDS = range(4)
-_KINDS = {}
 
 
 def _kind(t):
-    kind = _KINDS.get(t)
-    if kind is None:
-        import torch
+    import torch
 
-        if t in _CONTAINER_TYPES or t in (tuple, frozenset):
-            kind = _CONTAINER
-        elif issubclass(t, torch.Tensor):
-            kind = _TENSOR
-        elif t in _SCALAR_TYPES or issubclass(t, (torch.nn.Module, type)) or \
-                any("__call__" in vars(c) for c in t.__mro__) or not t.__dictoffset__ or \
-                t.__module__.startswith(__package__):  # the applier itself
-            kind = _IDENTITY
-        else:
-            kind = _FIELDS
-        _KINDS[t] = kind
-    return kind
+    if t in _CONTAINER_TYPES or t in (tuple, frozenset):
+        return _CONTAINER
+    if issubclass(t, torch.Tensor):
+        return _TENSOR
+    if t in _SCALAR_TYPES or issubclass(t, (torch.nn.Module, type)) or \
+            any("__call__" in vars(c) for c in t.__mro__) or not t.__dictoffset__ or \
+            t.__module__.startswith(__package__):  # the applier itself
+        return _IDENTITY
+    return _FIELDS
 
 
-def _module_objects(modules):
-    """(the objects _Snapshot compares by identity, in a flat list; the
-    modules' tensors: parameters, buffers, tensor attributes). nn.Module's
-    own tables are compared as objects only: their entries are the
-    submodules (compared as the modules), the parameters and buffers
-    (by their memory) and hooks (check_module looks at them on every
-    call)."""
-    out, tensors, seen = [], [], set()
-    tables = _module_tables()
-    for m in modules:
-        attributes = vars(m)
-        out.extend(attributes)  # the names: one added or deleted shows
-        out.extend(attributes.values())
-        tensors.extend(t for t in m._parameters.values() if t is not None)
-        tensors.extend(t for t in m._buffers.values() if t is not None)
-        for k, v in attributes.items():
-            kind = _kind(type(v))
-            if kind == _IDENTITY or k in tables:
-                continue
-            if kind == _CONTAINER:
-                out.extend(v.values() if isinstance(v, dict) else v)
-            elif kind == _TENSOR:
-                tensors.append(v)
-            elif id(v) not in seen:
-                seen.add(id(v))
-                _object_values(v, _OBJECT_DEPTH, out)
-    return out, tensors
+# The replay module and its TypeKinds, once loaded (_native).
+_NATIVE = []
 
 
-# How deep _Snapshot looks into the objects modules keep as attributes.
-_OBJECT_DEPTH = 3
+def _native():
+    """(the _dynaflow_replay module, its TypeKinds of _kind): the C++ side of
+    a replay (plugin/torch/replay_module.cc), loaded once from env
+    DYNAFLOW_REPLAY_EXT (`dynaflow apply` sets it). Raises NoGraph saying why
+    it cannot be loaded."""
+    if not _NATIVE:
+        path = os.environ.get("DYNAFLOW_REPLAY_EXT", "")
+        if not path:
+            raise NoGraph("no replay module (DYNAFLOW_REPLAY_EXT is not set; build the "
+                          "dynaflow_replay target)")
+        import torch  # noqa: F401 - the module links torch's libraries
 
-
-def _object_values(v, depth, out):
-    """Appends to `out` what `v` holds, `depth` levels down: an object's
-    field names and values, a dict's keys and values, a sequence's items."""
-    if isinstance(v, dict):
-        out.extend(v)
-        items = v.values()
-    elif _kind(type(v)) == _CONTAINER:
-        items = v
-    else:
-        fields = vars(v)
-        out.extend(fields)
-        items = fields.values()
-    for x in items:
-        out.append(x)
-        if depth > 1 and _kind(type(x)) in (_CONTAINER, _FIELDS):
-            _object_values(x, depth - 1, out)
+        spec = importlib.util.spec_from_file_location("_dynaflow_replay", path)
+        if spec is None:
+            raise NoGraph(f"the replay module {path} is not a Python extension")
+        try:
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        except (ImportError, OSError) as e:
+            raise NoGraph(f"cannot load the replay module {path}: {_first_line(e)}") from None
+        _NATIVE[:] = [module, module.TypeKinds(_kind)]
+    return _NATIVE[0], _NATIVE[1]
 
 
 class _Ready:
@@ -624,7 +594,7 @@ class UnitGraphs:
         shape, before its split is made: EAGER when there is none or it
         cannot be used (the planned path then says why, or captures it).
         `modules` are the unit's (path, module) pairs now: a graph whose
-        modules changed since its capture (_Snapshot) is dropped and
+        modules changed since its capture (_snapshot) is dropped and
         captured again, since it would replay what they were."""
         import torch
 
@@ -706,7 +676,7 @@ class UnitGraphs:
             if watch.host_read:
                 raise NoGraph(f"it reads a device value on the host ({watch.host_read}), which "
                               f"a capture cannot")
-            self.entries[key] = _Ready(_bound(leaves, watch.written, out), _Snapshot(modules))
+            self.entries[key] = _Ready(_bound(leaves, watch.written, out), _snapshot(modules))
             self.unrepeated += 1
         except NoGraph as e:
             self.entries[key] = str(e)
@@ -729,10 +699,16 @@ class UnitGraphs:
                     s.narrow(0, rows, padded - rows).copy_(t[:1].expand(padded - rows,
                                                                        *t.shape[1:]))
                 static.append(s)
-        _copy_in(static, bound, leaves, rows)
+        native, _ = _native()
+        flags = [(native.ReplayStep.BOUND if k in bound else 0) |
+                 (native.ReplayStep.ROWS if leaf.rows else 0) for k, leaf in enumerate(leaves)]
+        step = native.ReplayStep(static, flags, padded)
+        step.copy_in([leaf.tensor for leaf in leaves], rows)
         try:
             graph, out = capture(static, padded)
-            map_outputs(out, lambda o: _check_rows(o, padded))
+            outputs = []
+            map_outputs(out, lambda o: outputs.append(_check_rows(o, padded)))
+            step.set_outputs(outputs)
         except NoGraph as e:
             self.entries[key] = str(e)
             self.eager(str(e))
@@ -745,7 +721,7 @@ class UnitGraphs:
         # The program's tensors the graph uses as they are are not kept
         # alive by it: a replay checks that the call passes their memory.
         static = [None if k in bound else s for k, s in enumerate(static)]
-        entry = _Graph(graph, static, bound, out, padded, _Snapshot(modules))
+        entry = _Graph(graph, step, static, bound, out, padded, _snapshot(modules))
         self.entries[key] = entry
         self.graphs += 1
         self.report.graph_captured()
@@ -773,19 +749,16 @@ class UnitGraphs:
                 return
 
     def _replay(self, entry, leaves, rows):
-        padded = entry.padded
-        out = self.backend.replay(
-            entry.graph, lambda: _copy_in(entry.static, entry.bound, leaves, rows),
-            lambda: map_outputs(entry.out,
-                                lambda o: o.narrow(0, 0, rows * (o.shape[0] // padded)).clone()))
+        step = entry.step
+        tensors = [leaf.tensor for leaf in leaves]
+
+        def copy_out():
+            copies = iter(step.copy_out(rows))
+            return map_outputs(entry.out, lambda _o: next(copies))
+
+        out = self.backend.replay(entry.graph, lambda: step.copy_in(tensors, rows), copy_out)
         self.report.graph_replayed()
         return out
-
-
-def _copy_in(static, bound, leaves, rows):
-    for k, ((t, is_row, _, _), s) in enumerate(zip(leaves, static)):
-        if k not in bound:
-            (s.narrow(0, 0, rows) if is_row and rows != s.shape[0] else s).copy_(t)
 
 
 def _global_modes():
