@@ -57,7 +57,8 @@ struct ApplyTools {
   std::string runtime_lib;    // libdynaflow_apply.so
   std::string bootstrap_dir;  // holds sitecustomize.py
   // _dynaflow_replay.so, which CUDA graphs of planned calls need; empty when
-  // there is no such file (not built: apply then says graphs are off).
+  // there is no such file (not built, or a DYNAFLOW_REPLAY_EXT naming
+  // nothing, which stays for apply to report: graphs are then off).
   std::string replay_ext;
 };
 

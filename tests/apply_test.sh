@@ -324,6 +324,19 @@ expect_code "--no-graphs" 0 "$bin" apply --no-graphs "$work/plan.json" -- /usr/b
 check "--no-graphs: in the environment" has "$work/out" "DYNAFLOW_APPLY_GRAPHS=0"
 expect_code "graphs by default" 0 "$bin" apply "$work/plan.json" -- /usr/bin/env
 check "graphs by default: in the environment" has "$work/out" "DYNAFLOW_APPLY_GRAPHS=1"
+# The replay module graphs need: found beside the binary, or where the
+# environment names it (a name that is no file stays, for apply to say why
+# graphs are off).
+replay="$(cd "$(dirname "$bin")/../plugin" && pwd)/torch/_dynaflow_replay.so"
+if [ -f "$replay" ]; then  # built where the Python headers are
+  check "replay module: from the build tree" has "$work/out" "DYNAFLOW_REPLAY_EXT=$replay"
+fi
+expect_code "replay module named" 0 env DYNAFLOW_REPLAY_EXT="$bin" "$bin" apply "$work/plan.json" \
+  -- /usr/bin/env
+check "replay module named: passed on" has "$work/out" "DYNAFLOW_REPLAY_EXT=$bin"
+expect_code "replay module missing" 0 env DYNAFLOW_REPLAY_EXT="$work/none.so" "$bin" apply \
+  "$work/plan.json" -- /usr/bin/env
+check "replay module missing: left as named" has "$work/out" "DYNAFLOW_REPLAY_EXT=$work/none.so"
 # Two processes' summaries, as _apply.Report.as_json writes them on CUDA.
 cat >"$work/graphs_report.py" <<'PY'
 import json, os, sys

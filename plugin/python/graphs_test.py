@@ -695,6 +695,17 @@ class ReplayModuleTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "pairs"):
             snapshot.same([self.block])
 
+    def test_without_the_module_graphs_are_off_with_the_reason(self):
+        missing = "/nonexistent/_dynaflow_replay.so"
+        for path, why in [("", r"^no replay module \(DYNAFLOW_REPLAY_EXT is not set"),
+                          (missing, rf"^cannot load the replay module {missing}: "),
+                          (__file__, rf"^cannot load the replay module {__file__}: ")]:
+            with mock.patch.dict(os.environ), mock.patch.object(_graphs, "_NATIVE", []):
+                os.environ["DYNAFLOW_REPLAY_EXT"] = path
+                with self.assertRaisesRegex(_graphs.NoGraph, why):
+                    _graphs.CudaGraphs()
+        self.assertTrue(_graphs._NATIVE)  # the loaded module is kept
+
     def test_a_kind_out_of_range_is_an_error(self):
         native, _ = _graphs._native()
         kinds = native.TypeKinds(lambda t: 7)

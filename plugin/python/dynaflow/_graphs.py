@@ -71,6 +71,7 @@ CUDA, apply says so in one line)."""
 import collections
 import contextlib
 import dataclasses
+import importlib.machinery
 import importlib.util
 import os
 import threading
@@ -510,9 +511,8 @@ def _native():
                           "dynaflow_replay target)")
         import torch  # noqa: F401 - the module links torch's libraries
 
-        spec = importlib.util.spec_from_file_location("_dynaflow_replay", path)
-        if spec is None:
-            raise NoGraph(f"the replay module {path} is not a Python extension")
+        loader = importlib.machinery.ExtensionFileLoader("_dynaflow_replay", path)
+        spec = importlib.util.spec_from_loader("_dynaflow_replay", loader)
         try:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
