@@ -496,6 +496,39 @@ class GraphsTest(unittest.TestCase):
                         outs = [net(x) for _ in range(4)]
                     self.assertEqual({o.dtype for o in outs}, {dtype})
 
+    def test_modules_whose_objects_cannot_be_read_run_eagerly(self):
+        class Unreadable:
+            """Kept as an attribute; reading its fields raises."""
+
+            def __getattribute__(self, name):
+                if name == "__dict__":
+                    raise RuntimeError("no fields")
+                return object.__getattribute__(self, name)
+
+        class Odd(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(16, 16)
+                self.odd = Unreadable()
+
+            def forward(self, x):
+                return self.lin(x)
+
+        torch.manual_seed(0)
+        net = Holder(Odd()).to(DEVICE)
+        reference = Holder(Odd()).to(DEVICE)
+        reference.load_state_dict(net.state_dict())
+        inputs = [torch.randn(4, 16, device=DEVICE) for _ in range(4)]
+        report = graphed(net, plan(["Holder.layers.*"]))
+        for out, x in zip(self.calls(net, inputs), inputs):
+            with torch.no_grad():
+                close(out, reference(x))
+        self.assertEqual(counts(report), (0, 0))
+        # The audit, then the warm-up (which finds it) and two calls eager.
+        self.assertEqual(report.graph_eager_calls, {
+            "Holder.layers.0: its modules cannot be compared with a graph's (RuntimeError: no "
+            "fields)": 3})
+
     def test_argument_writes_the_warm_up_cannot_see_are_written_back(self):
         # A write the warm-up's dispatch mode cannot see (on CUDA, a kernel
         # launched outside torch's dispatcher), played here by a watch that
@@ -687,6 +720,26 @@ class ReplayModuleTest(unittest.TestCase):
             self.assertTrue(self.unchanged_after(lambda b: b.lin.weight.mul_(2)))
         self.assertTrue(self.unchanged_after(
             lambda b: b.config.deep["a"]["b"].__setitem__("c", 2)))
+
+    def test_objects_that_cannot_be_read_give_no_graph(self):
+        class Unreadable:
+            """An object kept as an attribute whose fields raise when read."""
+
+            def __init__(self):
+                self.fields = True
+
+            def __getattribute__(self, name):
+                if name == "__dict__" and object.__getattribute__(self, "fields") is None:
+                    raise RuntimeError("fields withdrawn")
+                return object.__getattribute__(self, name)
+
+        self.block.config = Unreadable()
+        snapshot = _graphs._snapshot(self.pairs)
+        object.__setattr__(self.block.config, "fields", None)  # its __dict__ now raises
+        self.assertFalse(_graphs._unchanged(snapshot, self.pairs))
+        with self.assertRaisesRegex(_graphs.NoGraph, r"^its modules cannot be compared with a "
+                                    r"graph's \(RuntimeError: fields withdrawn\)$"):
+            _graphs._snapshot(self.pairs)
 
     def test_other_modules_are_not_the_same(self):
         snapshot = _graphs._snapshot(self.pairs)

@@ -470,9 +470,24 @@ def _snapshot(modules):
     they keep (a config), and their tensors' memory (a `.data` swap moves it
     without rebinding). An in-place write to a weight needs no new graph: the
     graph reads that memory. plugin/torch/module_snapshot.h says exactly what
-    is compared; this walk is done in C++, as it runs at every replay."""
+    is compared; this walk is done in C++, as it runs at every replay.
+    Raises NoGraph when an object of the modules cannot be read (its fields
+    raise)."""
     module, kinds = _native()
-    return module.ModuleSnapshot(modules, kinds, _module_tables())
+    try:
+        return module.ModuleSnapshot(modules, kinds, _module_tables())
+    except Exception as e:  # noqa: BLE001 - what the program's objects raise
+        raise NoGraph(f"its modules cannot be compared with a graph's ({type(e).__name__}: "
+                      f"{_first_line(e)})") from None
+
+
+def _unchanged(snapshot, modules):
+    """snapshot.same(modules); False when the walk raises (an object of the
+    modules can no longer be read: the graph cannot be shown current)."""
+    try:
+        return snapshot.same(modules)
+    except Exception:  # noqa: BLE001 - what the program's objects raise
+        return False
 
 
 # Kinds of attribute value, by type (_kind): compared by identity alone, a
@@ -613,7 +628,7 @@ class UnitGraphs:
         """The entry of `key`; one whose modules changed since its warm-up or
         capture is dropped first (said, and counted as this call's)."""
         entry = self.entries.get(key)
-        if isinstance(entry, (_Ready, _Graph)) and not entry.snapshot.same(modules):
+        if isinstance(entry, (_Ready, _Graph)) and not _unchanged(entry.snapshot, modules):
             del self.entries[key]
             if isinstance(entry, _Graph):
                 self.graphs -= 1
@@ -709,6 +724,7 @@ class UnitGraphs:
             outputs = []
             map_outputs(out, lambda o: outputs.append(_check_rows(o, padded)))
             step.set_outputs(outputs)
+            snapshot = _snapshot(modules)
         except NoGraph as e:
             self.entries[key] = str(e)
             self.eager(str(e))
@@ -721,7 +737,7 @@ class UnitGraphs:
         # The program's tensors the graph uses as they are are not kept
         # alive by it: a replay checks that the call passes their memory.
         static = [None if k in bound else s for k, s in enumerate(static)]
-        entry = _Graph(graph, step, static, bound, out, padded, _snapshot(modules))
+        entry = _Graph(graph, step, static, bound, out, padded, snapshot)
         self.entries[key] = entry
         self.graphs += 1
         self.report.graph_captured()
