@@ -524,7 +524,7 @@ def _native():
         if not path:
             raise NoGraph("no replay module (DYNAFLOW_REPLAY_EXT is not set; build the "
                           "dynaflow_replay target)")
-        import torch  # noqa: F401 - the module links torch's libraries
+        importlib.import_module("torch")  # loads the libraries the module links
 
         loader = importlib.machinery.ExtensionFileLoader("_dynaflow_replay", path)
         spec = importlib.util.spec_from_loader("_dynaflow_replay", loader)
