@@ -369,10 +369,12 @@ class HfApplyTest(unittest.TestCase):
         self.check_family("llama", "--inference-mode")
 
     def in_process_env(self):
-        return dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(BIN), "..", "plugin",
-                                                        "python"),
-                    DYNAFLOW_APPLY_LIB=RUNTIME,
-                    DYNAFLOW_REPLAY_EXT=os.environ.get("DYNAFLOW_REPLAY_EXT_BUILT", ""))
+        env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(BIN), "..", "plugin",
+                                                       "python"),
+                   DYNAFLOW_APPLY_LIB=RUNTIME)
+        if os.environ.get("DYNAFLOW_REPLAY_EXT_BUILT"):
+            env["DYNAFLOW_REPLAY_EXT"] = os.environ["DYNAFLOW_REPLAY_EXT_BUILT"]
+        return env
 
     def in_process(self, *extra):
         env = self.in_process_env()

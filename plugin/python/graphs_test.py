@@ -5,6 +5,7 @@ are a test double of CUDA graphs (FakeGraphs); with
 DYNAFLOW_GRAPHS_DEVICE=cuda the same tests run on a GPU with torch's CUDA
 graphs (scripts/device/gpu_truth.sh)."""
 
+import dataclasses
 import importlib.util
 import io
 import os
@@ -496,6 +497,36 @@ class GraphsTest(unittest.TestCase):
                         outs = [net(x) for _ in range(4)]
                     self.assertEqual({o.dtype for o in outs}, {dtype})
 
+    def test_a_dataclass_output_that_reads_its_tensors_is_replayed(self):
+        @dataclasses.dataclass
+        class Out:
+            x: torch.Tensor
+            rows: int = dataclasses.field(init=False, default=0)
+
+            def __post_init__(self):
+                self.rows = self.x.shape[0]  # reads its tensor when built
+
+        class Unit(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(16, 16)
+
+            def forward(self, x):
+                return Out(self.lin(x))
+
+        torch.manual_seed(0)
+        net = Holder(Unit()).to(DEVICE)
+        reference = Holder(Unit()).to(DEVICE)
+        reference.load_state_dict(net.state_dict())
+        inputs = [torch.randn(4, 16, device=DEVICE) for _ in range(5)]
+        report = graphed(net, plan(["Holder.layers.*"]))
+        for out, x in zip(self.calls(net, inputs), inputs):
+            with torch.no_grad():
+                close(out.x, reference(x).x)
+            self.assertEqual(out.rows, 4)
+        self.assertEqual(counts(report), (1, 3))
+        self.assertEqual(report.graph_eager_calls, {})
+
     def test_modules_whose_objects_cannot_be_read_run_eagerly(self):
         class Unreadable:
             """Kept as an attribute; reading its fields raises."""
@@ -741,6 +772,44 @@ class ReplayModuleTest(unittest.TestCase):
                                     r"graph's \(RuntimeError: fields withdrawn\)$"):
             _graphs._snapshot(self.pairs)
 
+    def test_entries_moved_between_containers_change_a_snapshot(self):
+        # The same objects in the same order, in other containers: the
+        # containers' sizes tell them apart.
+        y = object()
+        self.block.order = ["extra", y]
+        self.assertFalse(self.unchanged_after(lambda b: (b.order.clear(), setattr(b, "extra", y))))
+        self.block.config.rope = {"factors": [1.0, 2.0], "factor": 2.0}
+        self.assertFalse(self.unchanged_after(
+            lambda b: setattr(b.config, "factor", b.config.rope.pop("factor"))))
+        self.block.order, self.block.later = [1, 2], []
+        self.assertFalse(self.unchanged_after(lambda b: b.later.append(b.order.pop())))
+
+    def test_a_container_changed_while_walked_is_not_the_same(self):
+        class Growing:
+            """Reading its fields appends to `grow` (Python code the walk
+            runs, as transformers' configs have a __getattribute__)."""
+
+            grow = None
+
+            def __init__(self):
+                self.x = 1
+
+            def __getattribute__(self, name):
+                if name == "__dict__" and Growing.grow is not None:
+                    Growing.grow.extend(Growing() for _ in range(1000))
+                return object.__getattribute__(self, name)
+
+        self.block.config.items = [Growing(), Growing()]
+        snapshot = _graphs._snapshot(self.pairs)
+        Growing.grow = self.block.config.items
+        try:
+            self.assertFalse(_graphs._unchanged(snapshot, self.pairs))
+            with self.assertRaisesRegex(_graphs.NoGraph, r"\(RuntimeError: a container of the "
+                                        r"modules changed while it was compared\)$"):
+                _graphs._snapshot(self.pairs)
+        finally:
+            Growing.grow = None
+
     def test_other_modules_are_not_the_same(self):
         snapshot = _graphs._snapshot(self.pairs)
         self.assertFalse(snapshot.same(self.pairs[:1]))
@@ -764,6 +833,8 @@ class ReplayModuleTest(unittest.TestCase):
         kinds = native.TypeKinds(lambda t: 7)
         with self.assertRaisesRegex(ValueError, r"kind_of\(int\) gave 7"):
             kinds.of(1)
+        with self.assertRaises(TypeError):  # a snapshot needs its kinds
+            native.ModuleSnapshot(self.pairs, None, frozenset())
         self.assertEqual(native.TypeKinds(_graphs._kind).of([1]), _graphs._CONTAINER)
 
     def test_copies_into_padded_inputs_and_out_of_outputs(self):

@@ -17,8 +17,16 @@
 //   attributes: data pointer, dtype, shape and strides), since a `.data`
 //   swap moves it without rebinding. An in-place write to a weight needs no
 //   new graph: the graph reads that memory.
+// The number of entries of every container walked (the modules' attribute
+// tables, their tensor tables, containers, fields) is compared too, so that
+// the walk reads as one structure: an entry moved from the end of one
+// container to the start of the next is a change.
 // Every object compared by identity is kept alive by the snapshot, so no
-// other object can take a freed one's address.
+// other object can take a freed one's address; the walk holds a reference to
+// whatever it is looking at, as the Python code it calls (kind_of, an
+// object's __getattribute__, another thread given the GIL) may change
+// anything. A container whose size changes while it is walked throws
+// (std::runtime_error): a snapshot cannot be made of it, or it is not the same.
 //
 // The GIL is held throughout (pybind11 calls in with it).
 #pragma once
@@ -82,6 +90,7 @@ class ModuleSnapshot {
     virtual ~Visitor() = default;
     virtual void Object(PyObject* o) = 0;
     virtual void Tensor(const Address& a) = 0;
+    virtual void Count(Py_ssize_t n) = 0;  // a container's size, before its entries
   };
   class Recorder;
   class Comparer;
@@ -89,13 +98,14 @@ class ModuleSnapshot {
   void Walk(Visitor* visit) const;
   void WalkFields(PyObject* v, int depth, Visitor* visit) const;
   static Address AddressOf(PyObject* tensor);
-  static std::vector<PyObject*> ModulesOf(const pybind11::sequence& pairs);
+  static std::vector<pybind11::object> ModulesOf(const pybind11::sequence& pairs);
 
   TypeKinds* kinds_;  // outlives the snapshot (the caller keeps it)
   pybind11::object tables_;
   std::vector<pybind11::object> modules_;
   std::vector<pybind11::object> objects_;
   std::vector<Address> addresses_;
+  std::vector<Py_ssize_t> counts_;
 };
 
 }  // namespace dynaflow

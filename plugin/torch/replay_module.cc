@@ -5,8 +5,8 @@
 //
 // pybind11 with torch's type casters (torch/csrc/utils/pybind.h): a list of
 // tensors crosses as std::vector<at::Tensor> without copying any data. A C++
-// exception reaches Python as RuntimeError (c10::Error) or ValueError
-// (std::invalid_argument).
+// exception reaches Python as RuntimeError (c10::Error, std::runtime_error)
+// or ValueError (std::invalid_argument).
 #include <torch/csrc/utils/pybind.h>
 
 #include "plugin/torch/module_snapshot.h"
@@ -17,14 +17,18 @@ namespace py = pybind11;
 PYBIND11_MODULE(_dynaflow_replay, m) {
   m.doc() = "dynaflow: the per-call work of a planned call replayed from a CUDA graph";
 
+  // The copies run without the GIL, as torch's own operators do (the
+  // arguments are converted before, the result after).
+  using no_gil = py::call_guard<py::gil_scoped_release>;
   py::class_<dynaflow::ReplayStep>(m, "ReplayStep")
       .def(py::init<std::vector<at::Tensor>, std::vector<int64_t>, int64_t>(),
            py::arg("inputs"), py::arg("flags"), py::arg("padded"))
       .def_readonly_static("ROWS", &dynaflow::ReplayStep::kRows)
       .def_readonly_static("BOUND", &dynaflow::ReplayStep::kBound)
       .def("set_outputs", &dynaflow::ReplayStep::SetOutputs, py::arg("outputs"))
-      .def("copy_in", &dynaflow::ReplayStep::CopyIn, py::arg("leaves"), py::arg("rows"))
-      .def("copy_out", &dynaflow::ReplayStep::CopyOut, py::arg("rows"))
+      .def("copy_in", &dynaflow::ReplayStep::CopyIn, py::arg("leaves"), py::arg("rows"),
+           no_gil())
+      .def("copy_out", &dynaflow::ReplayStep::CopyOut, py::arg("rows"), no_gil())
       .def_property_readonly("padded", &dynaflow::ReplayStep::padded);
 
   py::class_<dynaflow::TypeKinds>(m, "TypeKinds")
@@ -34,7 +38,7 @@ PYBIND11_MODULE(_dynaflow_replay, m) {
 
   py::class_<dynaflow::ModuleSnapshot>(m, "ModuleSnapshot")
       .def(py::init<const py::sequence&, dynaflow::TypeKinds*, py::object>(),
-           py::arg("modules"), py::arg("kinds"), py::arg("tables"),
+           py::arg("modules"), py::arg("kinds").none(false), py::arg("tables"),
            py::keep_alive<1, 3>())  // the snapshot keeps its TypeKinds
       .def("same", &dynaflow::ModuleSnapshot::Same, py::arg("modules"))
       .def_property_readonly("objects", &dynaflow::ModuleSnapshot::objects)

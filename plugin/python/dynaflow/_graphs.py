@@ -722,7 +722,12 @@ class UnitGraphs:
         try:
             graph, out = capture(static, padded)
             outputs = []
-            map_outputs(out, lambda o: outputs.append(_check_rows(o, padded)))
+
+            def collect(o):
+                outputs.append(_check_rows(o, padded))
+                return o  # a dataclass output is rebuilt: its fields must be tensors
+
+            map_outputs(out, collect)
             step.set_outputs(outputs)
             snapshot = _snapshot(modules)
         except NoGraph as e:
