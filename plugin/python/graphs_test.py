@@ -184,6 +184,18 @@ def graphed(model, the_plan):
     return applier.report
 
 
+def graphed_twins(unit, calls):
+    """(net, reference, inputs, report): Holder(unit()) on DEVICE, graphed
+    under a plan that splits its layer; an unplanned Holder(unit()) with the
+    same weights; `calls` inputs of 4 rows of 16; the net's report."""
+    torch.manual_seed(0)
+    net = Holder(unit()).to(DEVICE)
+    reference = Holder(unit()).to(DEVICE)
+    reference.load_state_dict(net.state_dict())
+    inputs = [torch.randn(4, 16, device=DEVICE) for _ in range(calls)]
+    return net, reference, inputs, graphed(net, plan(["Holder.layers.*"]))
+
+
 def close(actual, expected):
     torch.testing.assert_close(actual, expected, **TOLERANCE)
 
@@ -514,12 +526,7 @@ class GraphsTest(unittest.TestCase):
             def forward(self, x):
                 return Out(self.lin(x))
 
-        torch.manual_seed(0)
-        net = Holder(Unit()).to(DEVICE)
-        reference = Holder(Unit()).to(DEVICE)
-        reference.load_state_dict(net.state_dict())
-        inputs = [torch.randn(4, 16, device=DEVICE) for _ in range(5)]
-        report = graphed(net, plan(["Holder.layers.*"]))
+        net, reference, inputs, report = graphed_twins(Unit, 5)
         for out, x in zip(self.calls(net, inputs), inputs):
             with torch.no_grad():
                 close(out.x, reference(x).x)
@@ -545,12 +552,7 @@ class GraphsTest(unittest.TestCase):
             def forward(self, x):
                 return self.lin(x)
 
-        torch.manual_seed(0)
-        net = Holder(Odd()).to(DEVICE)
-        reference = Holder(Odd()).to(DEVICE)
-        reference.load_state_dict(net.state_dict())
-        inputs = [torch.randn(4, 16, device=DEVICE) for _ in range(4)]
-        report = graphed(net, plan(["Holder.layers.*"]))
+        net, reference, inputs, report = graphed_twins(Odd, 4)
         for out, x in zip(self.calls(net, inputs), inputs):
             with torch.no_grad():
                 close(out, reference(x))
