@@ -261,7 +261,7 @@ class GraphsTest(unittest.TestCase):
         # 6, 5, 7 and 6 rows are padded to 8: one kind (audit), its warm-up,
         # one capture per block; 3 rows are padded to 4: a second graph.
         graphs = self.net._dynaflow_applier.forwards[0].graphs
-        padded = sorted(e.padded for e in graphs.entries.values() if isinstance(e, _graphs._Graph))
+        padded = sorted(e.step.padded for e in graphs.entries.values() if isinstance(e, _graphs._Graph))
         self.assertEqual(padded, [4, 8])
         self.assertEqual((report.graphs_captured, report.graph_replays), (6, 12))
         self.assertEqual(report.graph_replays, 12)

@@ -323,17 +323,16 @@ class _Graph:
     its static inputs and outputs, in C++), the static input of each leaf
     (its own copy; None for a bound leaf, which is the program's tensor),
     the addresses of the bound leaves, the output its capture returned, at
-    `padded` rows, and the unit's modules as the capture left them
+    `step.padded` rows, and the unit's modules as the capture left them
     (_snapshot): the graph holds their tensors' memory and what their
     Python attributes made the call do."""
 
-    def __init__(self, graph, step, static, bound, out, padded, snapshot):
+    def __init__(self, graph, step, static, bound, out, snapshot):
         self.graph = graph
         self.step = step
         self.static = static
         self.bound = bound  # leaf index -> _address of the program's tensor
         self.out = out
-        self.padded = padded
         self.snapshot = snapshot
 
 
@@ -742,7 +741,7 @@ class UnitGraphs:
         # The program's tensors the graph uses as they are are not kept
         # alive by it: a replay checks that the call passes their memory.
         static = [None if k in bound else s for k, s in enumerate(static)]
-        entry = _Graph(graph, step, static, bound, out, padded, snapshot)
+        entry = _Graph(graph, step, static, bound, out, snapshot)
         self.entries[key] = entry
         self.graphs += 1
         self.report.graph_captured()
