@@ -23,14 +23,15 @@
 #               that fails (a host read) running eagerly.
 #
 #   bash scripts/device/gpu_truth.sh fetch     # here, once: .device-deps/*.deb
-#   run(command="bash scripts/device/gpu_truth.sh", carry=[".device-deps"], timeout_s=450)
+#   run(command="bash scripts/device/gpu_truth.sh", carry=[".device-deps"], timeout_s=600)
 #
-# The time limits (seconds, TRUTH_*_S to change) add up to 6.8 minutes, so
-# that a 15-minute lease holds a rerun; TRUTH_STEPS=trace,apply (a comma list
+# The time limits (seconds, TRUTH_*_S to change) add up to 8.8 minutes with the
+# replay module's build, within one 10-minute call of a 15-minute lease (a
+# machine's start takes a minute or two); TRUTH_STEPS=trace,apply (a comma list
 # of the step names above) reruns only those. Results in $OUT (at most 8 files come
 # back from the device tool): summary.txt (every step's output and exit
-# code), results.json (every step's JSON), build.log, and the fixtures
-# llama_decode_h200.db and train_step_h200.db for tests/data.
+# code), results.json (every step's JSON), build.log, work.tgz (every step's files), and the fixtures
+# llama_decode_h200.db, train_step_h200.db and graph_replay_h200.db for tests/data.
 #
 # A dry run without a GPU: DEVICE=cpu bash scripts/device/gpu_truth.sh (CPU
 # sizes; checks the flow end to end, measures nothing meaningful).
@@ -44,10 +45,13 @@ out="${OUT:-$build/truth-out}"
 device="${DEVICE:-cuda}"
 work="$build/truth-work"
 
+# A clean build of these targets took 136 s on the 2-core CPU VM; the machine has 16 cores.
 BUILD_S=${TRUTH_BUILD_S:-100}
-TRACE_S=${TRUTH_TRACE_S:-70}
+# About 17 processes (accuracy, 3 interleaved repetitions of 4 variants, the
+# graph workload, 2 small traces), 2-4 s each on the CPU VM; more with CUDA.
+TRACE_S=${TRUTH_TRACE_S:-120}
 PREDICT_S=${TRUTH_PREDICT_S:-25}  # each of three workloads
-MICRO_S=${TRUTH_MICRO_S:-15}
+MICRO_S=${TRUTH_MICRO_S:-25}
 APPLY_S=${TRUTH_APPLY_S:-50}
 # Two tests of about 12 Python processes each (trace, advise, every usage
 # pattern unmodified and applied); one took 24 s on the 2-core CPU VM.
@@ -75,6 +79,7 @@ step() {
     echo "== $name: exit $code after ${took}s" | tee -a "$out/summary.txt"
   fi
   [ "$code" -eq 0 ] || failed=1
+  collect  # after every step, so that a call cut short still brings back what ran
 }
 
 # The small outputs that come back: one JSON of every step's JSON, and the
@@ -95,9 +100,15 @@ for folder, _, files in sorted(os.walk(work)):
 json.dump(results, open(dest, "w"), indent=1)
 PY
   local db
-  for db in llama_decode_h200.db train_step_h200.db; do
+  for db in llama_decode_h200.db train_step_h200.db graph_replay_h200.db; do
     [ ! -f "$work/trace/$db" ] || cp "$work/trace/$db" "$out/"
   done
+  # Every step's files (traces, plans, reports) for reading afterwards, within
+  # the device tool's 16 MiB a file; without the stores when that is too much.
+  tar -czf "$out/work.tgz" -C "$work" . 2>/dev/null || true
+  if [ "$(stat -c %s "$out/work.tgz" 2>/dev/null || echo 0)" -gt $((15 << 20)) ]; then
+    tar -czf "$out/work.tgz" -C "$work" --exclude='*.db' . 2>/dev/null || true
+  fi
 }
 
 main() {
@@ -105,6 +116,14 @@ main() {
   mkdir -p "$out" "$work"
   : >"$out/summary.txt"
   unpack_carried "$device"
+  {  # what the figures were measured on
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+      --format=csv 2>&1 || true
+    "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" --version 2>&1 | tail -n 2 || true
+    "$python" -c 'import sys, torch, transformers as t
+print("python", sys.version.split()[0], "torch", torch.__version__, "transformers", t.__version__)'
+    echo "cpus $(nproc)"
+  } | tee -a "$out/summary.txt"
   local cuda=ON  # the tracer's CUPTI parts; AUTO on a dry run (on where the toolkit is)
   [ "$device" = cuda ] || cuda=AUTO
   echo "== build (limit ${BUILD_S}s, log: build.log)" | tee -a "$out/summary.txt"
@@ -152,7 +171,6 @@ main() {
     DYNAFLOW_GRAPHS_DEVICE="$device" \
     bash -c 'cd "$1/plugin/python" && "$2" -m unittest -v graphs_test 2>&1 | tee /dev/stderr |
              tail -n 1 | grep -qx OK' graphs "$root" "$python"
-  collect
   echo "gpu_truth: $( [ "$failed" -eq 0 ] && echo "every step passed" || echo "a step failed" ) \
 (summary.txt, results.json in $out)" | tee -a "$out/summary.txt"
   return "$failed"

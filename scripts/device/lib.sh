@@ -1,6 +1,8 @@
 # Shared by the device scripts (sourced): the Debian packages the build needs
-# beyond the device machine's CUDA image, carried in .device-deps because the
-# machine has no package registry, and the CMake configure that uses them.
+# beyond the device machine's CUDA image, and the wheel of the transformers
+# version the tests pin (scripts/dev.sh; the machine's own is older), carried in
+# .device-deps because the machine has no package registry, and the CMake
+# configure that uses them.
 # The caller sets `script` (its name, for messages).
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 deps="$root/.device-deps"
@@ -21,6 +23,9 @@ die() {  # die CODE MESSAGE
 fetch() {
   mkdir -p "$deps"
   (cd "$deps" && apt-get download "${PACKAGES[@]}")
+  local pin
+  pin=$(grep -o 'transformers==[0-9.]*' "$root/scripts/dev.sh")
+  "$python" -m pip download -q --no-deps --only-binary=:all: -d "$deps" "$pin"
   ls -l "$deps"
 }
 
@@ -57,13 +62,20 @@ device_build() {
   cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 }
 
-# Unpacks the carried packages when there are any; dies when a GPU run needs
-# them and they are missing.
+# Unpacks the carried packages when there are any, and puts the carried wheels
+# first on PYTHONPATH; dies when a GPU run needs the packages and they are
+# missing.
 unpack_carried() {
   if compgen -G "$deps/*.deb" >/dev/null; then
     unpack
   elif [ "${1:-cuda}" = cuda ]; then
     die 2 "no $deps/*.deb: run 'bash scripts/device/$script.sh fetch' here and carry .device-deps"
+  fi
+  if compgen -G "$deps/*.whl" >/dev/null; then
+    local site="$prefix/site"
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$site" "$deps"/*.whl || die 2 "the carried wheels did not install"
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
   fi
 }
 

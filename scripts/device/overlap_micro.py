@@ -13,7 +13,11 @@ For each pair: each kernel alone, the two back to back on one stream, and the
 two launched together on two streams (median of --iters CUDA-event-timed
 runs). overlap = back-to-back / side-by-side: 1.0 means no gain, 2.0 perfect.
 The figures are what the model's constants (sm_memory, hbm_*, interference)
-are to be sourced from; written to DIR/overlap_micro.json.
+are to be sourced from; written to DIR/overlap_micro.json. Each pair is then run
+once more under torch.profiler (one ProfilerStep per pair: back to back, then
+side by side), into DIR/overlap_micro_trace.json, so that the simulator's
+prediction for the same kernels (launch configurations, bytes) can be computed
+afterwards without a GPU.
 
 --device cpu is a dry run of the flow at tiny sizes (CPU ops are synchronous:
 the overlap is 1 by construction and means nothing).
@@ -92,6 +96,25 @@ def side_by_side(f, g, streams):
         main.wait_stream(s)
 
 
+PAIRS = {"gemm+stream": ("gemm", "stream"), "stream+stream": ("stream", "stream2"),
+         "gemm+gemm": ("gemm", "gemm2")}
+
+
+def profile_pairs(k, pairs, streams, device, path):
+    """One profiler step per pair: its two kernels back to back, then side by side."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities, record_shapes=True, acc_events=True) as prof:
+        for f, g in pairs.values():
+            k[f]()
+            k[g]()
+            side_by_side(k[f], k[g], streams)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            prof.step()
+    prof.export_chrome_trace(path)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -108,13 +131,12 @@ def main():
     rows = []
     with torch.inference_mode():
         alone = {name: run(fn, a.iters) for name, fn in k.items()}
-        for name, (f, g) in {"gemm+stream": ("gemm", "stream"),
-                             "stream+stream": ("stream", "stream2"),
-                             "gemm+gemm": ("gemm", "gemm2")}.items():
+        for name, (f, g) in PAIRS.items():
             serial = run(lambda: (k[f](), k[g]()), a.iters)
             together = run(lambda: side_by_side(k[f], k[g], streams), a.iters)
             rows.append({"pair": name, "alone_us": [alone[f], alone[g]], "serial_us": serial,
                          "side_by_side_us": together, "overlap": serial / together})
+        profile_pairs(k, PAIRS, streams, a.device, os.path.join(a.out, "overlap_micro_trace.json"))
     summary = {"device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
                "torch": torch.__version__, "iters": a.iters, "rows": rows}
     json.dump(summary, open(os.path.join(a.out, "overlap_micro.json"), "w"), indent=2)

@@ -21,7 +21,8 @@ GPU machine and then runs:
 (e) CUDA graphs, NVTX and exit (item 7's remaining failures), on a small MLP
     traced once: its eager step, a CUDA graph of it replayed --replays times
     and a last eager step the program exits after without synchronising, each
-    under an NVTX range. Fails when a range is missing; when the replays do
+    under an NVTX range (kept as --out/graph_replay_h200.db, for tests/data).
+    Fails when a range is missing; when the replays do
     not give --replays launches of as many graph kernels each as the eager
     step has kernels, all linked to operators recorded during the capture
     (operators.in_graph_capture) and none to others; when operators outside
@@ -349,7 +350,8 @@ class Checker:
     # (e)
     def graphs_nvtx_exit(self):
         cuda = self.args.device == "cuda"
-        db = os.path.join(self.work, "graphs.db")
+        # Kept in --out beside (c)'s traces: a fixture for graph attribution.
+        db = os.path.join(self.args.out, "graph_replay_%s.db" % ("h200" if cuda else "cpu"))
         command = [self.python, os.path.abspath(__file__), "graph-workload",
                    "--device", self.args.device, "--replays", str(self.args.replays)]
         self.run(self.traced(command, db), "graph workload")
