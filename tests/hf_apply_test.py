@@ -93,12 +93,16 @@ def compare(test, base_path, other_path, patterns=PATTERNS):
 class HfApplyTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.dir = cls.tmp.name
+        # DYNAFLOW_HF_KEEP=DIR keeps the traces, plans and outputs there (the
+        # GPU script brings them back).
+        cls.tmp = None if os.environ.get("DYNAFLOW_HF_KEEP") else tempfile.TemporaryDirectory()
+        cls.dir = cls.tmp.name if cls.tmp else os.environ["DYNAFLOW_HF_KEEP"]
+        os.makedirs(cls.dir, exist_ok=True)
 
     @classmethod
     def tearDownClass(cls):
-        cls.tmp.cleanup()
+        if cls.tmp:
+            cls.tmp.cleanup()
 
     def path(self, name):
         return os.path.join(self.dir, name)

@@ -35,6 +35,9 @@ class CudaApi {
 
   // A non-blocking stream: no implicit synchronization with the legacy stream.
   virtual StatusOr<Stream> CreateStream() = 0;
+  // The executor is done with `stream`. An implementation over a framework's
+  // caching allocator keeps it alive for reuse (CudartApi: torch may still
+  // record events on it).
   virtual void DestroyStream(Stream stream) = 0;
 
   // An event without timing, the cheapest kind to record and wait for.

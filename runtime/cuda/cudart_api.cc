@@ -2,7 +2,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <map>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace dynaflow::runtime::cuda {
 namespace {
@@ -26,15 +29,41 @@ H FromNative(Native native) {
   return H{reinterpret_cast<std::uintptr_t>(native)};
 }
 
+// Streams are never destroyed, only handed to the next executor: torch's
+// caching allocator keeps the stream of every tensor allocated on one of ours
+// or recorded on it (record_stream), and records an event on it when that
+// tensor is freed, which may be after its executor is gone. A destroyed stream
+// there ended the program ("invalid device context" at a tensor's free, seen
+// on an H200). torch's own stream pool keeps its streams for the process too.
+// Kept per device: a stream belongs to the device current at its creation.
+std::mutex released_mutex;
+auto* released = new std::map<int, std::vector<cudaStream_t>>;  // never freed
+
 }  // namespace
 
 StatusOr<Stream> CudartApi::CreateStream() {
+  int device = 0;
+  DF_RETURN_IF_ERROR(DF_CUDA(cudaGetDevice(&device)));
+  {
+    std::lock_guard<std::mutex> lock(released_mutex);
+    std::vector<cudaStream_t>& kept = (*released)[device];
+    if (!kept.empty()) {
+      cudaStream_t stream = kept.back();
+      kept.pop_back();
+      return FromNative<Stream>(stream);
+    }
+  }
   cudaStream_t stream = nullptr;
   DF_RETURN_IF_ERROR(DF_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
   return FromNative<Stream>(stream);
 }
 
-void CudartApi::DestroyStream(Stream stream) { cudaStreamDestroy(ToNative<cudaStream_t>(stream)); }
+void CudartApi::DestroyStream(Stream stream) {
+  int device = 0;
+  if (cudaStreamGetDevice(ToNative<cudaStream_t>(stream), &device) != cudaSuccess) return;
+  std::lock_guard<std::mutex> lock(released_mutex);
+  (*released)[device].push_back(ToNative<cudaStream_t>(stream));
+}
 
 StatusOr<Event> CudartApi::CreateEvent() {
   cudaEvent_t event = nullptr;

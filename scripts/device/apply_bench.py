@@ -261,7 +261,13 @@ def main():
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--workload", choices=["prefill", "decode"], help="child mode: one workload")
     p.add_argument("--size", type=int)
+    for kind in ("prefill", "decode"):
+        p.add_argument(f"--{kind}", metavar="N,N,...",
+                       help=f"the {kind} sizes to time (default: all of SIZES)")
     opts = p.parse_args()
+    for kind in ("prefill", "decode"):
+        if getattr(opts, kind):
+            SIZES[opts.device][kind] = [int(n) for n in getattr(opts, kind).split(",")]
     if opts.workload:
         run_workload(opts)
         return 0

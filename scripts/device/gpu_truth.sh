@@ -12,15 +12,15 @@
 #               nano-batch step against the measured ones;
 #   3. micro    scripts/device/overlap_micro.py: a GEMM beside a bandwidth-bound
 #               kernel, two bandwidth-bound kernels, two GEMMs, on two streams;
-#   4. apply    scripts/device/apply_bench.py: eager, one CUDA graph and the
-#               advised plan, predicted and measured speedups side by side;
-#   5. hf       tests/hf_apply_test.py on the GPU: tiny Hugging Face models
+#   4. hf       tests/hf_apply_test.py on the GPU: tiny Hugging Face models
 #               under a forced plan through the runtime's CUDA streams, outputs
 #               against the unmodified run;
-#   6. graphs   plugin/python/graphs_test.py on the GPU: apply's own CUDA
+#   5. graphs   plugin/python/graphs_test.py on the GPU: apply's own CUDA
 #               graphs (dynaflow/_graphs.py) captured and replayed with torch's
 #               CUDA graphs, outputs against the unmodified run, and a capture
-#               that fails (a host read) running eagerly.
+#               that fails (a host read) running eagerly;
+#   6. apply    scripts/device/apply_bench.py: eager, one CUDA graph and the
+#               advised plan, predicted and measured speedups side by side.
 #
 #   bash scripts/device/gpu_truth.sh fetch     # here, once: .device-deps/*.deb
 #   run(command="bash scripts/device/gpu_truth.sh", carry=[".device-deps"], timeout_s=600)
@@ -52,6 +52,9 @@ BUILD_S=${TRUTH_BUILD_S:-100}
 TRACE_S=${TRUTH_TRACE_S:-120}
 PREDICT_S=${TRUTH_PREDICT_S:-25}  # each of three workloads
 MICRO_S=${TRUTH_MICRO_S:-25}
+# Ten workloads of an 8-layer Llama-8B-shaped decoder took past 50 s on the
+# H200 (one prefill row in 50 s with the trace and the plan):
+# TRUTH_APPLY_ARGS="--prefill 2048,8192 --decode 64,256" times fewer.
 APPLY_S=${TRUTH_APPLY_S:-50}
 # Two tests of about 12 Python processes each (trace, advise, every usage
 # pattern unmodified and applied); one took 24 s on the 2-core CPU VM.
@@ -150,7 +153,7 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
   fi
 
   step trace "$TRACE_S" "$python" "$root/scripts/device/trace_check.py" --dynaflow "$bin" \
-    --out "$work/trace" --device "$device" --reps "$reps"
+    --out "$work/trace" --device "$device" --reps "${TRUTH_TRACE_REPS:-$reps}"
   local pc=("$python" "$root/scripts/device/predict_check.py" --dynaflow "$bin"
             --device "$device" --layers "$layers" --iters "$iters")
   step predict-decode "$PREDICT_S" "${pc[@]}" --out "$work/predict" --workload decode "${decode[@]}"
@@ -160,17 +163,19 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
     --workload prefill "${p4096[@]}"
   step micro "$MICRO_S" "$python" "$root/scripts/device/overlap_micro.py" --out "$work/micro" \
     --device "$device" --iters "$iters"
-  step apply "$APPLY_S" "$python" "$root/scripts/device/apply_bench.py" --dynaflow "$bin" \
-    --runtime "$runtime" --out "$work/apply" --device "$device"
   step hf "$HF_S" env DYNAFLOW_BIN="$bin" DYNAFLOW_SOURCE_DIR="$root" DYNAFLOW_PYTHON="$python" \
     DYNAFLOW_APPLY_LIB_BUILT="$runtime" DYNAFLOW_REPLAY_EXT_BUILT="$replay" \
-    DYNAFLOW_HF_DEVICE="$device" \
+    DYNAFLOW_HF_DEVICE="$device" DYNAFLOW_HF_KEEP="$work/hf" \
     "$python" "$root/tests/hf_apply_test.py" HfApplyTest.test_llama HfApplyTest.test_mixtral
   # Every test must run there: a skip (no GPU seen) fails the step.
   step graphs "$GRAPHS_S" env DYNAFLOW_APPLY_LIB_BUILT="$runtime" DYNAFLOW_REPLAY_EXT_BUILT="$replay" \
     DYNAFLOW_GRAPHS_DEVICE="$device" \
     bash -c 'cd "$1/plugin/python" && "$2" -m unittest -v graphs_test 2>&1 | tee /dev/stderr |
              tail -n 1 | grep -qx OK' graphs "$root" "$python"
+  # The long benchmark last: the correctness checks above come back first.
+  step apply "$APPLY_S" env DYNAFLOW_REPLAY_EXT="$replay" \
+    "$python" "$root/scripts/device/apply_bench.py" --dynaflow "$bin" \
+    --runtime "$runtime" --out "$work/apply" --device "$device" ${TRUTH_APPLY_ARGS:-}
   echo "gpu_truth: $( [ "$failed" -eq 0 ] && echo "every step passed" || echo "a step failed" ) \
 (summary.txt, results.json in $out)" | tee -a "$out/summary.txt"
   return "$failed"
