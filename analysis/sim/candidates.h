@@ -115,9 +115,11 @@ SplitSchedule BuildSplit(const CandidateContext& ctx, int k, int groups,
 SimNode PartNode(const CandidateContext& ctx, size_t t, double scale);
 
 // What blocking calls wait for: each node issued after a blocking call, and
-// the step's end, wait for `last_part(task)`, the last node made of the task
-// the call waited for (its last micro-batch's part).
-void LinkSyncs(const StepGraph& g, const std::function<int32_t(int32_t task)>& last_part,
+// the step's end, wait for `awaited(task, waiting)`, a node made of the task
+// the call waited for; `waiting` is the node issued after the call, -1 for the
+// step's end. The node must be one the host issues before `waiting`.
+void LinkSyncs(const StepGraph& g,
+               const std::function<int32_t(int32_t task, int32_t waiting)>& awaited,
                Schedule* schedule);
 
 // Distinct names (operator, else kernel) of the tasks for which `pick` holds,

@@ -208,15 +208,29 @@ class PartsBuilder {
     HostOrder();
     Lanes();
     for (size_t t = 0; t < g_.tasks.size(); ++t) AddNodes(t);
-    sim_internal::LinkSyncs(
-        g_, [this](int32_t task) { return Id(static_cast<size_t>(task), k_ - 1); },
-        &out_.schedule);
+    sim_internal::LinkSyncs(g_, [this](int32_t task, int32_t waiting) { return Awaited(task, waiting); },
+                            &out_.schedule);
     return std::move(out_);
   }
 
  private:
   bool In(size_t t) const { return part_[t] >= 0; }
   int32_t Id(size_t t, int c) const { return first_id_[t] + (In(t) ? c : 0); }
+
+  // A micro-batch's blocking call waits for its own micro-batch's part of
+  // `task`, as `apply` runs each micro-batch's calls on its own thread and
+  // stream: in the staggered issue order the last micro-batch's part comes
+  // later, and waiting for it stalled the replay (a tiny Hugging Face Llama on
+  // an H200, tests/data/hf_llama_h200.db). Outside the unit, or at the step's
+  // end, the last part, which is issued by then.
+  int32_t Awaited(int32_t task, int32_t waiting) const {
+    int c = k_ - 1;
+    if (waiting >= 0) {
+      const size_t w = static_cast<size_t>(out_.schedule.nodes[static_cast<size_t>(waiting)].task);
+      if (In(w)) c = waiting - first_id_[w];
+    }
+    return Id(static_cast<size_t>(task), c);
+  }
 
   // Node ids first (a unit task has one node per micro-batch), so that
   // dependencies may point at nodes of later tasks.

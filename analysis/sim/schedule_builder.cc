@@ -84,7 +84,10 @@ SplitSchedule BuildSplit(const CandidateContext& ctx, int k, int groups,
       }
     }
   }
-  LinkSyncs(g, [&out, k](int32_t task) { return out.parts[static_cast<size_t>(task) * k + (k - 1)]; },
+  LinkSyncs(g,
+            [&out, k](int32_t task, int32_t) {
+              return out.parts[static_cast<size_t>(task) * k + (k - 1)];
+            },
             &sc);
   for (int32_t t : g.host_order) {
     const size_t u = static_cast<size_t>(t);
@@ -111,17 +114,21 @@ SimNode PartNode(const CandidateContext& ctx, size_t t, double scale) {
   return node;
 }
 
-void LinkSyncs(const StepGraph& g, const std::function<int32_t(int32_t task)>& last_part,
+void LinkSyncs(const StepGraph& g,
+               const std::function<int32_t(int32_t task, int32_t waiting)>& awaited,
                Schedule* schedule) {
-  for (SimNode& node : schedule->nodes) {
+  for (size_t i = 0; i < schedule->nodes.size(); ++i) {
+    SimNode& node = schedule->nodes[i];
     const SimTask& task = g.tasks[static_cast<size_t>(node.task)];
-    if (node.post_sync_us >= 0 && task.sync_task >= 0) node.sync_node = last_part(task.sync_task);
+    if (node.post_sync_us >= 0 && task.sync_task >= 0) {
+      node.sync_node = awaited(task.sync_task, static_cast<int32_t>(i));
+    }
   }
   if (!g.end_known) return;
   SimNode e;
   e.host_delta_us = g.end.host_delta_us;
   e.post_sync_us = g.end.post_sync_us;
-  if (g.end.sync_task >= 0) e.sync_node = last_part(g.end.sync_task);
+  if (g.end.sync_task >= 0) e.sync_node = awaited(g.end.sync_task, -1);
   e.launch_latency_us = g.end.latency_us;
   schedule->end_issue = e;
 }

@@ -1,0 +1,63 @@
+// The advisor on traces that dynaflow's tracer captured on an H200
+// (tests/data, docs/performance.md has the run).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "analysis/advisor/advisor.h"
+#include "analysis/advisor/plan.h"
+#include "analysis/importers/reader.h"
+
+namespace dynaflow {
+namespace {
+
+Trace Load(const std::string& name) {
+  const std::string path =
+      (std::filesystem::path(DYNAFLOW_SOURCE_DIR) / "tests" / "data" / name).string();
+  Trace trace;
+  const Status st = ImportFiles({path}, {}, &trace);
+  EXPECT_TRUE(st.ok()) << path << ": " << st.message();
+  return trace;
+}
+
+std::vector<std::string> RuleModules(const Plan& plan, const std::string& role) {
+  for (const PlanRule& r : plan.partition_rules) {
+    if (r.role == role) return r.modules;
+  }
+  return {};
+}
+
+// A tiny Hugging Face Llama (transformers 5.23, 2 layers) whose forward reads
+// the GPU from the host (a blocking call inside the decoder stack). The
+// staggered split's replay used to wait, in micro-batch 0, for micro-batch 1's
+// part of the awaited work, which the host issues later: the candidate
+// stalled, and a forced split found "nothing to split".
+TEST(AdvisorCapturesTest, ABlockingCallInsideTheStackReplaysUnderTheStaggeredSplit) {
+  const Trace trace = Load("hf_llama_h200.db");
+  AdviseOptions options;
+  options.splits = 2;
+  const AdviceResult advice = Advise(trace, {"hf_llama_h200.db"}, options);
+  EXPECT_TRUE(advice.replay_unfinished.empty()) << advice.replay_unfinished;
+  const auto nanobatch = std::find_if(
+      advice.recommendations.begin(), advice.recommendations.end(),
+      [](const Recommendation& r) { return r.strategy == Strategy::kNanobatchOverlap; });
+  ASSERT_NE(nanobatch, advice.recommendations.end());
+  // A launch-bound step: two micro-batches launch twice the kernels.
+  EXPECT_LT(nanobatch->predicted_speedup, 1.0);
+
+  options.force = Strategy::kNanobatchOverlap;
+  const AdviceResult forced = Advise(trace, {"hf_llama_h200.db"}, options);
+  EXPECT_TRUE(SplitsModules(forced.plan));
+  EXPECT_EQ(RuleModules(forced.plan, "split"), std::vector<std::string>{"LlamaForCausalLM.model"});
+  EXPECT_EQ(RuleModules(forced.plan, "stage"),
+            (std::vector<std::string>{"LlamaForCausalLM.model.layers.*.self_attn",
+                                      "LlamaForCausalLM.model.layers.*.mlp"}));
+  ASSERT_EQ(forced.plan.buckets.size(), 1u);
+  EXPECT_EQ(forced.plan.buckets[0].segments, 4);  // 2 layers x 2 stages
+}
+
+}  // namespace
+}  // namespace dynaflow
