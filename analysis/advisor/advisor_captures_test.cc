@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -57,6 +58,31 @@ TEST(AdvisorCapturesTest, ABlockingCallInsideTheStackReplaysUnderTheStaggeredSpl
                                       "LlamaForCausalLM.model.layers.*.mlp"}));
   ASSERT_EQ(forced.plan.buckets.size(), 1u);
   EXPECT_EQ(forced.plan.buckets[0].segments, 4);  // 2 layers x 2 stages
+}
+
+// The sequential step of scripts/device/predict_check.py's Llama-8B-shaped
+// decoder under torch.profiler: the replay of the traced steps gives back their
+// measured time, with decode and prefill told apart by attention shapes.
+TEST(AdvisorCapturesTest, ProfiledDecoderStepsReplayToTheirMeasuredTime) {
+  struct Case {
+    const char* file;
+    const char* phase;
+    double tokens;
+  };
+  for (const Case& c : {Case{"decode_b64_ctx4096.json.gz", "decode", 64},
+                        Case{"prefill_b4_s128.json.gz", "prefill", 512},
+                        Case{"prefill_b8_s512.json.gz", "prefill", 4096}}) {
+    SCOPED_TRACE(c.file);
+    const Trace trace = Load(std::string("h200_predict/") + c.file);
+    AdviseOptions options;
+    options.splits = 2;
+    const AdviceResult advice = Advise(trace, {c.file}, options);
+    ASSERT_TRUE(advice.has_graph);
+    EXPECT_EQ(advice.plan.device_name, "NVIDIA H200");
+    EXPECT_EQ(advice.plan.phase, c.phase);
+    EXPECT_EQ(advice.plan.tokens_per_step, c.tokens);
+    EXPECT_LT(std::abs(advice.replay_error_pct), 0.01);
+  }
 }
 
 }  // namespace
