@@ -4,25 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "analysis/advisor/advisor.h"
 #include "analysis/advisor/plan.h"
-#include "analysis/importers/reader.h"
+#include "analysis/importers/captured_traces_testing.h"
 
 namespace dynaflow {
 namespace {
-
-Trace Load(const std::string& name) {
-  const std::string path =
-      (std::filesystem::path(DYNAFLOW_SOURCE_DIR) / "tests" / "data" / name).string();
-  Trace trace;
-  const Status st = ImportFiles({path}, {}, &trace);
-  EXPECT_TRUE(st.ok()) << path << ": " << st.message();
-  return trace;
-}
 
 std::vector<std::string> RuleModules(const Plan& plan, const std::string& role) {
   for (const PlanRule& r : plan.partition_rules) {
@@ -37,7 +27,7 @@ std::vector<std::string> RuleModules(const Plan& plan, const std::string& role) 
 // part of the awaited work, which the host issues later: the candidate
 // stalled, and a forced split found "nothing to split".
 TEST(AdvisorCapturesTest, ABlockingCallInsideTheStackReplaysUnderTheStaggeredSplit) {
-  const Trace trace = Load("hf_llama_h200.db");
+  const Trace trace = LoadCapturedTrace("hf_llama_h200.db");
   AdviseOptions options;
   options.splits = 2;
   const AdviceResult advice = Advise(trace, {"hf_llama_h200.db"}, options);
@@ -73,7 +63,7 @@ TEST(AdvisorCapturesTest, ProfiledDecoderStepsReplayToTheirMeasuredTime) {
                         Case{"prefill_b4_s128.json.gz", "prefill", 512},
                         Case{"prefill_b8_s512.json.gz", "prefill", 4096}}) {
     SCOPED_TRACE(c.file);
-    const Trace trace = Load(std::string("h200_predict/") + c.file);
+    const Trace trace = LoadCapturedTrace(std::string("h200_predict/") + c.file);
     AdviseOptions options;
     options.splits = 2;
     const AdviceResult advice = Advise(trace, {c.file}, options);

@@ -6,27 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "analysis/importers/reader.h"
+#include "analysis/importers/captured_traces_testing.h"
 #include "analysis/roofline/bound.h"
 #include "analysis/timeline/timeline.h"
 
 namespace dynaflow {
 namespace {
-
-Trace Load(const std::string& name) {
-  const std::string path =
-      (std::filesystem::path(DYNAFLOW_SOURCE_DIR) / "tests" / "data" / name).string();
-  Trace trace;
-  const Status st = ImportFiles({path}, {}, &trace);
-  EXPECT_TRUE(st.ok()) << path << ": " << st.message();
-  return trace;
-}
 
 size_t CountKernels(const Trace& t) {
   return std::count_if(t.gpu.begin(), t.gpu.end(),
@@ -80,7 +70,7 @@ void ExpectTimelineByDefinition(const Trace& t) {
 }
 
 TEST(H200CapturesTest, DecodeStepsLinkEveryKernelToItsOperator) {
-  const Trace t = Load("llama_decode_h200.db");
+  const Trace t = LoadCapturedTrace("llama_decode_h200.db");
   ASSERT_EQ(t.devices.size(), 1u);
   EXPECT_EQ(t.devices[0].name, "NVIDIA H200");
   EXPECT_EQ(PeakRatesFor(t.devices[0]).sm_count, 132);
@@ -99,7 +89,7 @@ TEST(H200CapturesTest, DecodeStepsLinkEveryKernelToItsOperator) {
 }
 
 TEST(H200CapturesTest, TrainingStepsLinkBackwardKernelsToBackwardOperators) {
-  const Trace t = Load("train_step_h200.db");
+  const Trace t = LoadCapturedTrace("train_step_h200.db");
   EXPECT_EQ(CountKernels(t), 608u);
   const OperatorLinks links = LinkOperators(t);
   EXPECT_EQ(LinkedFraction(t, links), 1.0);
@@ -114,7 +104,7 @@ TEST(H200CapturesTest, TrainingStepsLinkBackwardKernelsToBackwardOperators) {
 }
 
 TEST(H200CapturesTest, GraphReplaysAttributeToTheCapturedOperators) {
-  const Trace t = Load("graph_replay_h200.db");
+  const Trace t = LoadCapturedTrace("graph_replay_h200.db");
   const OperatorLinks links = LinkOperators(t);
   std::map<int64_t, int> per_launch;  // cudaGraphLaunch correlation -> kernels
   for (size_t i = 0; i < t.gpu.size(); ++i) {
