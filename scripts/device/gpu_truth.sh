@@ -22,13 +22,18 @@
 #   6. apply    scripts/device/apply_bench.py: eager, one CUDA graph and the
 #               advised plan, predicted and measured speedups side by side.
 #
-#   bash scripts/device/gpu_truth.sh fetch     # here, once: .device-deps/*.deb
-#   run(command="bash scripts/device/gpu_truth.sh", carry=[".device-deps"], timeout_s=600)
+#   bash scripts/device/gpu_truth.sh fetch     # here, once: .device-deps (debs, wheel)
+#   run(command="TRUTH_STEPS=... bash scripts/device/gpu_truth.sh", carry=[".device-deps"],
+#       timeout_s=...)
 #
-# The time limits (seconds, TRUTH_*_S to change) add up to 8.8 minutes with the
-# replay module's build, within one 10-minute call of a 15-minute lease (a
-# machine's start takes a minute or two); TRUTH_STEPS=trace,apply (a comma list
-# of the step names above) reruns only those. Results in $OUT (at most 8 files come
+# What the steps took on the H200 (2026-12-04; docs/performance.md): build and
+# set-up 77 s, trace 194 s (--reps 2), each predict 11-13 s, micro 11 s, hf
+# 31-40 s and graphs 7-10 s (both stopped early by failures), apply past 110 s
+# for two prefill and two decode sizes. All of it does not fit one 10-minute
+# call, and a 15-minute lease holds about two calls, each of which builds
+# again on a fresh machine: choose the steps with TRUTH_STEPS (a comma list of
+# the step names above), and the time limits (seconds) with TRUTH_*_S. The
+# limits below are each step's measured time with a margin. Results in $OUT (at most 8 files come
 # back from the device tool): summary.txt (every step's output and exit
 # code), results.json (every step's JSON), build.log, work.tgz (every step's files), and the fixtures
 # llama_decode_h200.db, train_step_h200.db and graph_replay_h200.db for tests/data.
@@ -47,20 +52,20 @@ work="$build/truth-work"
 
 # A clean build of these targets took 136 s on the 2-core CPU VM; the machine has 16 cores.
 BUILD_S=${TRUTH_BUILD_S:-100}
-# About 17 processes (accuracy, 3 interleaved repetitions of 4 variants, the
-# graph workload, 2 small traces), 2-4 s each on the CPU VM; more with CUDA.
-TRACE_S=${TRUTH_TRACE_S:-120}
+# 13 processes with 2 repetitions of the 4 overhead variants (accuracy, the
+# graph workload, 2 small traces), 6-16 s each on the H200.
+TRACE_S=${TRUTH_TRACE_S:-220}
 PREDICT_S=${TRUTH_PREDICT_S:-25}  # each of three workloads
 MICRO_S=${TRUTH_MICRO_S:-25}
-# Ten workloads of an 8-layer Llama-8B-shaped decoder took past 50 s on the
-# H200 (one prefill row in 50 s with the trace and the plan):
-# TRUTH_APPLY_ARGS="--prefill 2048,8192 --decode 64,256" times fewer.
-APPLY_S=${TRUTH_APPLY_S:-50}
+# Ten workloads of an 8-layer Llama-8B-shaped decoder take minutes on the H200
+# (one prefill row in 50 s with the trace and the plan); TRUTH_APPLY_ARGS
+# (default: two prefill and two decode sizes) chooses them.
+APPLY_S=${TRUTH_APPLY_S:-180}
 # Two tests of about 12 Python processes each (trace, advise, every usage
 # pattern unmodified and applied); one took 24 s on the 2-core CPU VM.
 HF_S=${TRUTH_HF_S:-60}
 # 13 tests, 8 s on the 2-core CPU VM with the test double.
-GRAPHS_S=${TRUTH_GRAPHS_S:-35}
+GRAPHS_S=${TRUTH_GRAPHS_S:-40}
 STEPS=",${TRUTH_STEPS:-trace,predict,micro,apply,hf,graphs},"
 
 failed=0
@@ -150,10 +155,10 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
   export PYTHONFAULTHANDLER=1
   local bin="$build/cli/dynaflow" runtime="$build/plugin/apply/libdynaflow_apply.so"
   local replay="$build/plugin/torch/_dynaflow_replay.so"
-  local reps=3 layers=8 iters=20
+  local reps=2 layers=8 iters=20 apply_sizes="--prefill 2048,8192 --decode 64,256"
   local decode=(--batch 64 --context 4096) p512=(--batch 4 --seq 128) p4096=(--batch 8 --seq 512)
   if [ "$device" != cuda ]; then
-    reps=2 layers=2 iters=3
+    layers=2 iters=3 apply_sizes="--prefill 32 --decode 4"
     decode=(--batch 4 --context 64) p512=(--batch 4 --seq 16) p4096=(--batch 4 --seq 32)
   fi
 
@@ -183,7 +188,8 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
   # The long benchmark last: the correctness checks above come back first.
   step apply "$APPLY_S" env DYNAFLOW_REPLAY_EXT="$replay" \
     "$python" "$root/scripts/device/apply_bench.py" --dynaflow "$bin" \
-    --runtime "$runtime" --out "$work/apply" --device "$device" ${TRUTH_APPLY_ARGS:-}
+    --runtime "$runtime" --out "$work/apply" --device "$device" \
+    ${TRUTH_APPLY_ARGS:-$apply_sizes}
   echo "gpu_truth: $( [ "$failed" -eq 0 ] && echo "every step passed" || echo "a step failed" ) \
 (summary.txt, results.json in $out)" | tee -a "$out/summary.txt"
   return "$failed"
