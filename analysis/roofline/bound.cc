@@ -130,7 +130,7 @@ PeakRates PeakRatesFor(const DeviceInfo& d) {
   return p;
 }
 
-double GridFraction(const GpuActivity& k, const PeakRates& p) {
+double GridWaves(const GpuActivity& k, const PeakRates& p) {
   if (k.kind != GpuKind::kKernel || p.sm_count <= 0 || p.max_threads_per_sm <= 0) return 0;
   const double blocks = static_cast<double>(k.grid[0]) * std::max(1, k.grid[1]) * std::max(1, k.grid[2]);
   const int64_t threads = static_cast<int64_t>(k.block[0]) * std::max(1, k.block[1]) * std::max(1, k.block[2]);
@@ -140,8 +140,10 @@ double GridFraction(const GpuActivity& k, const PeakRates& p) {
   if (k.registers > 0) per_sm = std::min<int64_t>(per_sm, p.registers_per_sm / (k.registers * warp_threads));
   if (k.shared_memory > 0) per_sm = std::min<int64_t>(per_sm, p.shared_memory_per_sm / k.shared_memory);
   per_sm = std::max<int64_t>(per_sm, 1);  // it ran: at least one block fits
-  return std::min(1.0, blocks / (static_cast<double>(per_sm) * p.sm_count));
+  return blocks / (static_cast<double>(per_sm) * p.sm_count);
 }
+
+double GridFraction(const GpuActivity& k, const PeakRates& p) { return std::min(1.0, GridWaves(k, p)); }
 
 namespace {
 

@@ -66,12 +66,15 @@ struct PeakRates {
 
 PeakRates PeakRatesFor(const DeviceInfo& device);
 
-// The fraction of the device's SMs a kernel's grid occupies while it runs,
-// from its launch configuration: blocks / (resident blocks per SM x SMs),
-// at most 1 (a grid of a wave or more fills the device until its tail).
-// Resident blocks per SM are limited by threads (whole warps), blocks,
-// registers and shared memory per SM. 0 when unknown: no launch
-// configuration (memcpy, memset, traces without it) or no limits for the part.
+// A kernel's grid in waves of the device, from its launch configuration:
+// blocks / (resident blocks per SM x SMs); below 1, the fraction of the SMs it
+// occupies, from 1 on, it fills the device until its tail. Resident blocks per
+// SM are limited by threads (whole warps), blocks, registers and shared memory
+// per SM. 0 when unknown: no launch configuration (memcpy, memset, traces
+// without it) or no limits for the part.
+double GridWaves(const GpuActivity& kernel, const PeakRates& peaks);
+
+// The fraction of the device's SMs the grid occupies: GridWaves, at most 1.
 double GridFraction(const GpuActivity& kernel, const PeakRates& peaks);
 
 // Links between the trace's records, built once per trace in linear time

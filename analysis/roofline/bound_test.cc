@@ -259,8 +259,9 @@ TEST(BoundTest, GridFractionFromTheLaunchConfiguration) {
   EXPECT_NEAR(GridFraction(k, h200), 16.0 / (2 * 132), 1e-12);
   k.shared_memory = 200 * 1024;  // one block per SM by shared memory
   EXPECT_NEAR(GridFraction(k, h200), 16.0 / 132, 1e-12);
-  k.grid[0] = 1000;  // more than a wave: the whole device
+  k.grid[0] = 1000;  // more than a wave: the whole device, for 1000 / 132 waves
   EXPECT_DOUBLE_EQ(GridFraction(k, h200), 1.0);
+  EXPECT_NEAR(GridWaves(k, h200), 1000.0 / 132, 1e-12);
   k.grid[0] = 0;  // no launch configuration recorded
   EXPECT_DOUBLE_EQ(GridFraction(k, h200), 0.0);
   k.grid[0] = 16;

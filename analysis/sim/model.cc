@@ -41,8 +41,8 @@ double PartDuration(const SimTask& t, double s, const PeakRates& peaks, const Si
 }
 
 double SmNeed(const SimTask& t, double s) {
-  if (t.sm_fraction <= 0) return 0;
-  return std::min(1.0, t.token_scaled ? t.sm_fraction * s : t.sm_fraction);
+  if (t.grid_waves <= 0) return 0;
+  return std::min(1.0, t.token_scaled ? t.grid_waves * s : t.grid_waves);
 }
 
 double HbmDemand(const SimTask& t, const PeakRates& peaks, const SimParams& p) {

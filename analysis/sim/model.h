@@ -24,13 +24,19 @@
 //    the speeds of a class sum to at most its capacity (physical_bound.h),
 //    which keeps every simulation at or above BoundOf(schedule).
 //    a. SMs: a task needs the SM fraction its grid occupies (its footprint,
-//       GridFraction from the launch configuration: blocks over resident
-//       blocks per SM times SMs, at most 1; a split part's grid shrinks with
-//       its rows, SmNeed), or, where the launch configuration is unknown, its
+//       from the launch configuration: GridWaves, blocks over resident
+//       blocks per SM times SMs; a split part's grid shrinks with its rows;
+//       at most 1, SmNeed), or, where the launch configuration is unknown, its
 //       class's default: all of them for compute, sm_comm and sm_latency
-//       each, sm_memory for all memory tasks together. When the running
-//       tasks need no more than the device, none slows on SMs: kernels of
-//       small grids run side by side. Otherwise communication, latency and
+//       each, sm_memory for all memory tasks together. When every running
+//       task's footprint is known, they claim SMs in the order they started,
+//       as the block scheduler dispatches an earlier kernel's blocks first:
+//       kernels of small grids run side by side, and a grid of a wave or
+//       more holds the device until it ends (two such kernels on an H200
+//       gained 1.1% at most side by side, docs/performance.md); a memory
+//       task runs at full speed on sm_memory of the SMs. With a footprint
+//       unknown: when the running tasks need no more than the device, none
+//       slows on SMs; otherwise communication, latency and
 //       memory tasks first get what they need (scaled down together if they
 //       ask for more than 1 - sm_compute_min), compute tasks share the rest
 //       equally and run at min(1, share / need): two kernels that each fill
@@ -69,13 +75,15 @@ namespace dynaflow {
 // Where each number comes from. Calibrated: gemm_efficiency_max,
 // gemm_half_rows and hbm_efficiency to DESIGN.md's GEMM and attention
 // efficiencies and NanoFlow's 13% split loss (the calibration paragraph
-// above; sim_test recomputes it); region_turn_us measured (below). Not
-// measured, first estimates, to be replaced by scripts/device/overlap_micro.py
-// on an H200 (pending a device): the fixed costs, the SM needs of kernels
-// without a launch configuration, the HBM fractions of kernels without costed
-// bytes, sm_compute_min and interference. Kernels with a launch configuration
-// and costed bytes use their own footprint (GridFraction) and achieved
-// bandwidth instead of these defaults.
+// above; sim_test recomputes it); region_turn_us measured (below). The
+// sharing of kernels with a launch configuration (start order, a.) follows
+// overlap_micro.py's pairs on an H200 (advisor_captures_test holds it). Not
+// measured, first estimates: the fixed costs, the SM needs of kernels without
+// a launch configuration, the HBM fractions of kernels without costed bytes,
+// sm_compute_min and interference (the H200's two GEMMs side by side lost
+// 13%, which interference's 5% does not explain; a fit is open). Kernels with
+// a launch configuration and costed bytes use their own footprint (GridWaves)
+// and achieved bandwidth instead of these defaults.
 struct SimParams {
   // Splitting.
   double gemm_efficiency_max = 0.80;

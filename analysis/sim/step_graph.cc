@@ -225,7 +225,7 @@ StepGraph BuildStepGraph(const Trace& trace, const OperatorLinks& links,
     s.dur_us = Us(a.end - a.start);
     s.start_us = Us(a.start - step.start);
     s.kernel = a.name;
-    s.sm_fraction = GridFraction(a, dev.peaks);
+    s.grid_waves = GridWaves(a, dev.peaks);
     auto lane = std::find(g.lane_streams.begin(), g.lane_streams.end(), a.stream);
     s.lane = static_cast<int32_t>(lane - g.lane_streams.begin());
     if (lane == g.lane_streams.end()) g.lane_streams.push_back(a.stream);

@@ -48,7 +48,7 @@ struct SimTask {
   double bytes = 0;
   double weight_bytes = 0;
   double rows = 0;            // the operator's token rows (GEMM M), 0 unknown
-  double sm_fraction = 0;     // SMs its grid occupies (GridFraction), 0 unknown
+  double grid_waves = 0;      // its grid in waves of the device (GridWaves), 0 unknown
   double delay_us = 0;        // GPU-side latency after its last dependency
   bool launched = false;      // its launch call is known (host model applies)
   double host_delta_us = 0;   // host time since the previous launch (first: offset from step start)
