@@ -37,7 +37,8 @@ The tracer's timestamps are CLOCK_REALTIME nanoseconds, so its kernels in the
 region are those that start between the two. With --device cpu (a dry run on a
 machine without a GPU) there are no kernels to compare and (a) is skipped.
 
-Prints a summary table last; writes summary.json and summary.txt to --out.
+Prints a summary table last; writes summary.json and summary.txt to --out, and
+the trace.db of any traced child that failed as failed-NAME.db.
 Exit code 0 when every check passes, 1 otherwise.
 """
 
@@ -204,8 +205,18 @@ class Checker:
                        f"[{name}: exit {done.returncode}, {wall:.2f} s]\n")
         self.log.flush()
         if done.returncode != 0:
+            self.keep_store_of(command, name)
             raise RuntimeError(f"{name} failed (exit {done.returncode}): {done.stderr[-2000:]}")
         return wall
+
+    def keep_store_of(self, command, name):
+        """A traced child that failed: its trace.db into --out (failed-NAME.db),
+        for reading afterwards (what it recorded, its metadata)."""
+        if "-o" not in command:
+            return
+        db = command[command.index("-o") + 1]
+        if os.path.exists(db):
+            shutil.copy(db, os.path.join(self.args.out, "failed-%s.db" % name.replace(" ", "_")))
 
     def workload_command(self, marks, profiler_json=None):
         command = [self.python, os.path.abspath(__file__), "workload", "--marks", marks,
