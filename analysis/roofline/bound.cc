@@ -143,8 +143,6 @@ double GridWaves(const GpuActivity& k, const PeakRates& p) {
   return blocks / (static_cast<double>(per_sm) * p.sm_count);
 }
 
-double GridFraction(const GpuActivity& k, const PeakRates& p) { return std::min(1.0, GridWaves(k, p)); }
-
 namespace {
 
 // Older Kineto traces (before PyTorch 2.0's ids) write the CUDA correlation id

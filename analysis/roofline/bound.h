@@ -74,9 +74,6 @@ PeakRates PeakRatesFor(const DeviceInfo& device);
 // without it) or no limits for the part.
 double GridWaves(const GpuActivity& kernel, const PeakRates& peaks);
 
-// The fraction of the device's SMs the grid occupies: GridWaves, at most 1.
-double GridFraction(const GpuActivity& kernel, const PeakRates& peaks);
-
 // Links between the trace's records, built once per trace in linear time
 // (plus one sort of the operators per thread). A GPU activity links to the
 // operator its External id names; failing that (older Kineto traces write the

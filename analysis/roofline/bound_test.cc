@@ -246,7 +246,7 @@ TEST(BoundTest, ExternalIdFirstThenCorrelation) {
 
 // Issue 10, item 1: the SMs a grid occupies, from the launch configuration and
 // the part's per-SM limits (H200: compute capability 9.0, 132 SMs).
-TEST(BoundTest, GridFractionFromTheLaunchConfiguration) {
+TEST(BoundTest, GridWavesFromTheLaunchConfiguration) {
   const PeakRates h200 = PeakRatesFor(DeviceInfo{0, 0, "NVIDIA H200"});
   ASSERT_EQ(h200.max_threads_per_sm, 2048);
   ASSERT_EQ(h200.shared_memory_per_sm, 228 * 1024);
@@ -254,22 +254,21 @@ TEST(BoundTest, GridFractionFromTheLaunchConfiguration) {
   k.kind = GpuKind::kKernel;
   k.grid[0] = 16;  // 16 blocks of 256 threads: 8 fit per SM by threads
   k.block[0] = 256;
-  EXPECT_NEAR(GridFraction(k, h200), 16.0 / (8 * 132), 1e-12);
+  EXPECT_NEAR(GridWaves(k, h200), 16.0 / (8 * 132), 1e-12);
   k.registers = 128;  // 128 x 256 registers: 2 blocks per SM
-  EXPECT_NEAR(GridFraction(k, h200), 16.0 / (2 * 132), 1e-12);
+  EXPECT_NEAR(GridWaves(k, h200), 16.0 / (2 * 132), 1e-12);
   k.shared_memory = 200 * 1024;  // one block per SM by shared memory
-  EXPECT_NEAR(GridFraction(k, h200), 16.0 / 132, 1e-12);
+  EXPECT_NEAR(GridWaves(k, h200), 16.0 / 132, 1e-12);
   k.grid[0] = 1000;  // more than a wave: the whole device, for 1000 / 132 waves
-  EXPECT_DOUBLE_EQ(GridFraction(k, h200), 1.0);
   EXPECT_NEAR(GridWaves(k, h200), 1000.0 / 132, 1e-12);
   k.grid[0] = 0;  // no launch configuration recorded
-  EXPECT_DOUBLE_EQ(GridFraction(k, h200), 0.0);
+  EXPECT_DOUBLE_EQ(GridWaves(k, h200), 0.0);
   k.grid[0] = 16;
   k.kind = GpuKind::kMemcpy;
-  EXPECT_DOUBLE_EQ(GridFraction(k, h200), 0.0);
+  EXPECT_DOUBLE_EQ(GridWaves(k, h200), 0.0);
   // AMD compute units follow other residency rules: unknown.
   k.kind = GpuKind::kKernel;
-  EXPECT_DOUBLE_EQ(GridFraction(k, PeakRatesFor(DeviceInfo{0, 0, "AMD Instinct MI300X"})), 0.0);
+  EXPECT_DOUBLE_EQ(GridWaves(k, PeakRatesFor(DeviceInfo{0, 0, "AMD Instinct MI300X"})), 0.0);
 }
 
 }  // namespace
