@@ -42,8 +42,11 @@ double PartDuration(const SimTask& t, double s, const PeakRates& peaks, const Si
 
 double SmNeed(const SimTask& t, double s) {
   if (t.grid_waves <= 0) return 0;
-  return std::min(1.0, t.token_scaled ? t.grid_waves * s : t.grid_waves);
+  if (!t.token_scaled || PersistentGrid(t)) return std::min(1.0, t.grid_waves);
+  return std::min(1.0, t.grid_waves * s);
 }
+
+bool PersistentGrid(const SimTask& t) { return t.grid_waves == 1.0; }
 
 double HbmDemand(const SimTask& t, const PeakRates& peaks, const SimParams& p) {
   double fallback = p.hbm_memory;

@@ -25,8 +25,8 @@
 //    which keeps every simulation at or above BoundOf(schedule).
 //    a. SMs: a task needs the SM fraction its grid occupies (its footprint,
 //       from the launch configuration: GridWaves, blocks over resident
-//       blocks per SM times SMs; a split part's grid shrinks with its rows;
-//       at most 1, SmNeed), or, where the launch configuration is unknown, its
+//       blocks per SM times SMs; a split part's grid shrinks with its rows,
+//       but for a persistent grid; at most 1, SmNeed), or, where the launch configuration is unknown, its
 //       class's default: all of them for compute, sm_comm and sm_latency
 //       each, sm_memory for all memory tasks together. When every running
 //       task's footprint is known, they claim SMs in the order they started,
@@ -135,7 +135,16 @@ double HbmDemand(const SimTask& task, const PeakRates& peaks, const SimParams& p
 
 // The SM fraction a part of `task` on a fraction `s` of its batch occupies:
 // its footprint, scaled with its rows for token-scaled work (a GEMM's grid
-// tiles its rows), at most 1; 0 when the footprint is unknown.
+// tiles its rows), at most 1; 0 when the footprint is unknown. A persistent
+// grid keeps its footprint.
 double SmNeed(const SimTask& task, double s);
+
+// Whether `task`'s grid is exactly the device's resident capacity, as a
+// persistent kernel sizes it (cuBLAS's nvjet GEMMs and cuDNN's flash attention
+// on an H200 launch 132 blocks of one per SM whatever M, and loop over their
+// tiles: tests/data/h200_predict). Splitting its rows leaves it fewer tiles
+// per block, not fewer blocks, so a part still fills the device. A grid that
+// tiles its rows hits the capacity exactly only by chance.
+bool PersistentGrid(const SimTask& task);
 
 }  // namespace dynaflow

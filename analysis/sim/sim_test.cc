@@ -309,6 +309,26 @@ TEST(ModelTest, SplitCosts) {
   EXPECT_DOUBLE_EQ(PartDuration(adam, 0.25, h200, p), 500);
 }
 
+// A split part's footprint: a grid that tiles its rows shrinks with them; a
+// persistent grid (one block per SM of an H200, as its nvjet GEMMs launch
+// whatever M) keeps every SM, and a kernel beside it waits.
+TEST(ModelTest, APersistentGridKeepsItsFootprintWhenSplit) {
+  SimTask tiled;
+  tiled.resource = Resource::kCompute;
+  tiled.grid_waves = 0.8;
+  EXPECT_FALSE(PersistentGrid(tiled));
+  EXPECT_DOUBLE_EQ(SmNeed(tiled, 0.5), 0.4);
+  tiled.grid_waves = 3.0;
+  EXPECT_DOUBLE_EQ(SmNeed(tiled, 0.25), 0.75);
+  SimTask persistent = tiled;
+  persistent.grid_waves = 1.0;
+  EXPECT_TRUE(PersistentGrid(persistent));
+  EXPECT_DOUBLE_EQ(SmNeed(persistent, 0.5), 1.0);
+  SimTask unknown;
+  EXPECT_FALSE(PersistentGrid(unknown));
+  EXPECT_DOUBLE_EQ(SmNeed(unknown, 0.5), 0.0);
+}
+
 // NanoFlow's measurement: splitting into nano-batches without overlapping
 // costs ~13% (LLaMA-2-70B, 8 x A100, dense batch of 2048 tokens). One layer
 // of that setup: tensor-parallel GEMMs (8192 hidden, 1280 QKV, 7168 gate-up,
