@@ -154,6 +154,13 @@ assert len(t['processes']) == 1 and t['processes'][0]['meta']['ops'] == 'on', t"
   check "ops off: no operator rows" test "$(q "$work/off.db" 'SELECT count(*) FROM operators')" = 0
   check "ops off: the program ran" grep -q "^llama_decode:" "$work/out"
   check "ops off: no word on the torch extension" test "$(grep -c "torch extension" "$work/err")" -eq 0
+  # The last flush runs from Python's exit, before torch, libcuda and libcupti
+  # tear down, with operators off too (an H200 run under --ops off died of
+  # SIGSEGV when it ran from the C exit handler, after them).
+  check "ops off: the final flush ran at the program's exit" \
+    test "$(q "$work/off.db" "SELECT value FROM meta WHERE key = 'final_flush'")" = program_exit
+  check "ops on: the final flush ran at the program's exit" \
+    test "$(q "$db" "SELECT value FROM meta WHERE key = 'final_flush'")" = program_exit
 
   expect_code "no torch extension" 0 env DYNAFLOW_TORCH_EXT="$work/none.so" \
     "$bin" trace -o "$work/noext.db" -- "${llama[@]}"

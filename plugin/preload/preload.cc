@@ -65,9 +65,11 @@ struct HookedSignal {
 // SIGINT and SIGTERM, and the signals of a crash: a program that dies of one
 // keeps what it recorded since the last timed flush (a sub-second program
 // kept nothing). A crash handler runs in a damaged process, but only signals
-// the writer thread, which was not the one to fault (or the wait times out),
-// and waits at most kSignalFlushTimeout. A stack overflow, with no alternate
-// stack to run on, still dies unflushed.
+// the writer thread and waits at most kSignalFlushTimeout; the writer then
+// writes what it holds without calling CUPTI (the faulting thread may hold
+// the tracer's CUPTI lock). A fault on the writer thread itself is noted, not
+// waited for. A stack overflow, with no alternate stack to run on, still
+// dies unflushed.
 std::array<HookedSignal, 7> g_hooked_signals = {{{SIGINT, {}},
                                                 {SIGTERM, {}},
                                                 {SIGSEGV, {}},
@@ -92,7 +94,7 @@ void OnSignal(int signal) {
       if (TerminatesProcess(hooked.previous)) {
         (void)g_tracer->FinishOnSignal(signal, kSignalFlushTimeout);
       } else {
-        (void)g_tracer->Flush(kSignalFlushTimeout);
+        (void)g_tracer->FlushOnSignal(kSignalFlushTimeout);
       }
     }
     sigaction(signal, &hooked.previous, nullptr);
@@ -162,13 +164,15 @@ CuptiLoader RealCuptiLoader(const std::string& env_path) {
   };
 }
 
-void OnExit() {
+void OnExit(const char* by) {
   try {
-    g_tracer->Shutdown();
+    g_tracer->Shutdown(by);
   } catch (...) {
     // The process is exiting; the store keeps its last flush.
   }
 }
+
+void OnCExit() { OnExit("c_exit"); }
 
 void PrepareFork() { g_tracer->PrepareFork(); }
 void ParentAfterFork() { g_tracer->ParentAfterFork(); }
@@ -197,7 +201,7 @@ __attribute__((constructor)) void LoadTracer() {
     const std::string cupti_path = config.cupti_path;
     g_tracer = new Tracer(std::move(config), RealCuptiLoader(cupti_path), start);
     HookSignals();
-    atexit(OnExit);
+    atexit(OnCExit);
     pthread_atfork(PrepareFork, ParentAfterFork, ChildAfterFork);
     g_tracer->StartWriter();
   } catch (const std::exception& e) {
@@ -256,7 +260,7 @@ DYNAFLOW_EXPORT void dynaflow_record_operator(const DynaflowOperatorRecord* reco
 }
 
 DYNAFLOW_EXPORT void dynaflow_tracer_shutdown(void) {
-  if (g_tracer != nullptr && g_tracer->OwnsProcess()) dynaflow::OnExit();
+  if (g_tracer != nullptr && g_tracer->OwnsProcess()) dynaflow::OnExit("program_exit");
 }
 
 DYNAFLOW_EXPORT void dynaflow_record_process_group_rank(int32_t rank) {

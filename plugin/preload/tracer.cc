@@ -263,12 +263,22 @@ bool Tracer::FinishOnSignal(int signal, std::chrono::milliseconds timeout) noexc
   WriterThread* writer = writer_.load();
   if (writer == nullptr) return true;
   writer->NoteExitSignal(signal);
+  writer->NoteSignalFlush();
   return writer->Finish(timeout);
 }
 
-void Tracer::Shutdown() {
+bool Tracer::FlushOnSignal(std::chrono::milliseconds timeout) noexcept {
+  if (!OwnsProcess()) return false;
+  WriterThread* writer = writer_.load();
+  if (writer == nullptr) return true;
+  writer->NoteSignalFlush();
+  return writer->Flush(timeout);
+}
+
+void Tracer::Shutdown(const char* by) {
   if (shut_down_.load()) return;
   WriterThread* writer = EnsureWriter();
+  if (writer != nullptr) writer->SetMeta("final_flush", by);
   {
     // Disabling flushes CUPTI, whose buffers still reach the writer; lent to
     // torch.profiler, CUPTI is the profiler's to disable.

@@ -120,10 +120,16 @@ class Tracer {
   // Finish() for a process dying of `signal`, which the store then names
   // (metadata "exit_signal"). Async-signal-safe.
   bool FinishOnSignal(int signal, std::chrono::milliseconds timeout) noexcept;
+  // Flush() from a signal handler whose program handles the signal itself:
+  // the flush does not ask CUPTI (WriterThread::NoteSignalFlush).
+  // Async-signal-safe.
+  bool FlushOnSignal(std::chrono::milliseconds timeout) noexcept;
   // At exit: disables CUPTI, writes what remains and closes the store. Every
   // process that started a tracer leaves its <pid>.db, even if it recorded
-  // nothing. Later records are ignored.
-  void Shutdown();
+  // nothing. Later records are ignored. `by` names the caller in the store
+  // (metadata "final_flush"): Python's exit handler runs it before torch,
+  // libcuda and libcupti tear down, the C exit handler after them.
+  void Shutdown(const char* by = "c_exit");
 
   // pthread_atfork handlers. The child abandons the parent's writer and
   // CUPTI session state; its own start lazily under its own pid.

@@ -1,10 +1,12 @@
 #include "plugin/preload/tracer.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -190,6 +192,55 @@ TEST_F(TracerTest, RecordsOperatorsAndLinkedKernelsOnceCudaInitialises) {
   EXPECT_EQ(t.metadata["dropped_records"], "0");
   EXPECT_FALSE(t.metadata["command_line"].empty());
   EXPECT_FALSE(t.metadata["start_time_ns"].empty());
+}
+
+// A fault inside CUPTI while the tracer holds its CUPTI lock: at exit, the
+// C exit handler's Shutdown disables CUPTI, which may already be torn down
+// (an H200 run under --ops off died of SIGSEGV with nothing recorded). The
+// signal handler's flush must not wait for that lock: it writes what the
+// writer holds and names the signal, without asking CUPTI again.
+class FaultInForcedFlushCupti : public FakeCuptiApi {
+ public:
+  std::function<void()> on_forced_flush;
+  CUptiResult ActivityFlushAll(uint32_t flag) override {
+    if ((flag & CUPTI_ACTIVITY_FLAG_FLUSH_FORCED) != 0 && on_forced_flush) {
+      std::function<void()> fault = std::move(on_forced_flush);
+      on_forced_flush = nullptr;
+      fault();
+    }
+    return FakeCuptiApi::ActivityFlushAll(flag);
+  }
+};
+
+TEST_F(TracerTest, AFaultInsideCuptiAtExitIsRecordedWithoutWaitingForIt) {
+  FaultInForcedFlushCupti* cupti = nullptr;
+  Tracer tracer(
+      config_,
+      [&cupti](std::string*) {
+        auto fake = std::make_unique<FaultInForcedFlushCupti>();
+        cupti = fake.get();
+        return std::unique_ptr<CuptiApi>(std::move(fake));
+      },
+      CuptiStart::kAtCudaInit);
+  tracer.StartWriter();
+  tracer.OnCudaInit();
+  ASSERT_NE(cupti, nullptr);
+  tracer.RecordOperator(Op(7));
+  bool answered = false;
+  double waited_s = -1;
+  Trace at_signal;
+  cupti->on_forced_flush = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    answered = tracer.FinishOnSignal(SIGSEGV, milliseconds(3000));
+    waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    at_signal = ReadStore();
+  };
+  tracer.Shutdown();  // the C exit handler's
+  EXPECT_TRUE(answered);
+  EXPECT_LT(waited_s, 1.0);
+  EXPECT_EQ(at_signal.metadata["exit_signal"], "SIGSEGV");
+  EXPECT_EQ(at_signal.metadata["final_flush"], "c_exit");
+  EXPECT_EQ(at_signal.ops.size(), 1u);
 }
 
 TEST_F(TracerTest, WithoutCuptiRecordsOperatorsOnlyAndSaysWhy) {

@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <algorithm>
@@ -80,10 +82,14 @@ WriterThread::WriterThread(WriterOptions options)
 
 void WriterThread::Start() {
   // The thread starts with every signal blocked, so that the program's
-  // signals (SIGINT, SIGTERM, SIGALRM...) reach the program's own threads.
+  // signals (SIGINT, SIGTERM, SIGALRM...) reach the program's own threads,
+  // but for the signals of a fault: a fault with its signal blocked kills the
+  // process without running any handler (the tracer's, or Python's
+  // faulthandler), and the trace would not say what killed it.
   sigset_t all;
   sigset_t previous;
   sigfillset(&all);
+  for (int fault : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) sigdelset(&all, fault);
   pthread_sigmask(SIG_SETMASK, &all, &previous);
   thread_ = std::thread([this] { Run(); });
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
@@ -203,6 +209,9 @@ uint64_t WriterThread::RequestFlush(bool finish) noexcept {
 }
 
 bool WriterThread::WaitFlushed(uint64_t generation, std::chrono::milliseconds timeout) noexcept {
+  // A signal taken on the writer thread itself (a fault in its own work):
+  // nobody would answer.
+  if (tid_.load() == static_cast<pid_t>(syscall(SYS_gettid))) return false;
   const timespec deadline = MonotonicDeadline(timeout);
   waiters_.fetch_add(1);
   while (flush_done_.load() < generation) {
@@ -220,6 +229,7 @@ void WriterThread::Completed(uint64_t generation) {
 }
 
 void WriterThread::Run() noexcept {
+  tid_.store(static_cast<pid_t>(syscall(SYS_gettid)));
   Guarded([this] { OpenStore(); });
   auto next_flush = std::chrono::steady_clock::now() + options_.flush_interval;
   while (!finish_requested_.load()) {
@@ -250,14 +260,21 @@ void WriterThread::Step(bool asked, std::chrono::steady_clock::time_point* next_
   Drain();
   const auto now = std::chrono::steady_clock::now();
   if (!asked && now < *next_flush) return;
-  if (options_.before_flush) options_.before_flush(/*forced=*/asked);
+  const bool from_signal = asked && signal_flush_.exchange(false);
+  if (options_.before_flush && !from_signal) options_.before_flush(/*forced=*/asked);
   Drain();
   WriteBatch(/*release_all=*/asked);
   *next_flush = now + options_.flush_interval;
 }
 
 void WriterThread::FinalFlush() {
-  if (options_.before_flush) options_.before_flush(/*forced=*/true);
+  // Dying of a signal, the faulting thread may hold the tracer's CUPTI lock
+  // or have faulted inside CUPTI: asking CUPTI for its buffers would wait
+  // out the handler's timeout and lose everything queued (an H200 run under
+  // --ops off died with nothing recorded). What reached the queue is written.
+  if (options_.before_flush && exit_signal_.load() == 0 && !signal_flush_.load()) {
+    options_.before_flush(/*forced=*/true);
+  }
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     closed_ = true;  // what arrives from now on is dropped

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <semaphore.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
@@ -92,6 +93,11 @@ class WriterThread {
   // with the next flush as metadata "exit_signal" (e.g. "SIGSEGV").
   // Async-signal-safe (an atomic).
   void NoteExitSignal(int signal) noexcept { exit_signal_.store(signal); }
+  // The next flush is asked for by a signal handler: it writes what reached
+  // the queue without asking CUPTI for its buffers (before_flush), as the
+  // thread that took the signal may hold the tracer's CUPTI lock or have
+  // faulted inside CUPTI. Async-signal-safe (an atomic).
+  void NoteSignalFlush() noexcept { signal_flush_.store(true); }
 
   // Ask for everything queued so far to be committed (Flush) or, in
   // addition, for the store to be closed and the thread to end (Finish), and
@@ -170,6 +176,8 @@ class WriterThread {
   std::atomic<uint64_t> operators_queued_{0};
   std::atomic<uint64_t> buffers_queued_{0};
   std::atomic<int> exit_signal_{0};
+  std::atomic<bool> signal_flush_{false};
+  std::atomic<pid_t> tid_{0};  // the writer thread's, once it runs
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> cupti_dropped_{0};
   std::atomic<uint64_t> batches_written_{0};

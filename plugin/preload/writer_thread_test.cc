@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <thread>
 
@@ -166,6 +167,49 @@ TEST(WriterThreadTest, WritesPeriodicallyWithoutBeingAsked) {
   EXPECT_EQ(OperatorRows(path), 1);
   EXPECT_TRUE(writer.Stop().ok());
   EXPECT_GE(hook_calls, 3);
+  std::filesystem::remove(path);
+}
+
+// A signal handler asks for a flush while the faulting thread may hold the
+// tracer's CUPTI lock: that flush does not call before_flush (CUPTI), a later
+// one does. A fault on the writer thread itself does not wait for itself.
+TEST(WriterThreadTest, AFlushAskedByASignalLeavesCuptiAlone) {
+  const std::string path = TempPath("writer-signal.db");
+  WriterOptions options = Options(path);
+  options.flush_interval = milliseconds(3600 * 1000);  // only explicit flushes
+  std::atomic<int> hook_calls{0};
+  WriterThread* self = nullptr;
+  std::atomic<bool> self_answered{true};
+  std::atomic<double> self_waited_s{-1};
+  options.before_flush = [&](bool) {
+    if (hook_calls.fetch_add(1) != 1) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    self_answered = self->Flush(milliseconds(2000));  // as the handler would on this thread
+    self_waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  WriterThread writer(std::move(options));
+  self = &writer;
+  writer.Start();
+  ASSERT_TRUE(writer.EnqueueOperator(Op(1)));
+  writer.NoteSignalFlush();
+  ASSERT_TRUE(writer.Flush(milliseconds(10000)));
+  EXPECT_EQ(hook_calls.load(), 0);
+  EXPECT_EQ(OperatorRows(path), 1);
+  ASSERT_TRUE(writer.Flush(milliseconds(10000)));  // an ordinary flush asks CUPTI
+  EXPECT_EQ(hook_calls.load(), 1);
+  ASSERT_TRUE(writer.Flush(milliseconds(10000)));  // the hook waits on its own thread
+  EXPECT_GE(hook_calls.load(), 2);
+  EXPECT_FALSE(self_answered.load());
+  EXPECT_LT(self_waited_s.load(), 0.5);
+  EXPECT_GE(self_waited_s.load(), 0.0);
+  // The hook's own request runs one more flush, maybe after the one above.
+  ASSERT_TRUE(writer.Flush(milliseconds(10000)));
+  const int before_finish = hook_calls.load();
+  writer.NoteExitSignal(SIGSEGV);
+  ASSERT_TRUE(writer.Finish(milliseconds(10000)));
+  EXPECT_EQ(hook_calls.load(), before_finish);  // the final flush of a dying process neither
+  EXPECT_TRUE(writer.Stop().ok());
+  EXPECT_EQ(ReadOrDie(path).metadata["exit_signal"], "SIGSEGV");
   std::filesystem::remove(path);
 }
 

@@ -85,13 +85,20 @@ def _on_torch_imported():
             _torch_profiler.watch_torch_profiler()
         except Exception as e:  # noqa: BLE001 - the program must run on
             _warn(f"{e!r}; GPU activity after a torch.profiler window is not recorded")
+        # --ops off included: without it the tracer's last flush is its C exit
+        # handler's, after torch, libcuda and libcupti have torn down.
+        try:
+            from dynaflow import _module_paths
+
+            _module_paths.finish_trace_at_exit()
+        except Exception as e:  # noqa: BLE001 - the program must run on
+            _warn(f"{e!r}; the tracer flushes at exit after CUDA's teardown")
     if not _tracing():
         return
     try:
         from dynaflow import _module_paths
 
         _module_paths.watch_process_group()
-        _module_paths.finish_trace_at_exit()
     except Exception as e:  # noqa: BLE001 - the program must run on
         _warn(f"{e!r}; ranks come from the environment only")
     try:
