@@ -83,7 +83,7 @@ TEST(AdvisorCapturesTest, ProfiledDecoderStepsReplayToTheirMeasuredTime) {
 // The 4096-token prefill of predict_check.py's decoder: split in two
 // nano-batches it measured 0.977x on the H200 (h200_predict/measured.json).
 // Its GEMMs and its flash attention are persistent grids (132 blocks, one per
-// SM, whatever M), so a nano-batch's half GEMM still holds every SM. The
+// SM), so a nano-batch's half GEMM still holds every SM. The
 // advisor predicted +4.8% while it gave each half GEMM half the SMs, and
 // recommended the split.
 TEST(AdvisorCapturesTest, HalfAPersistentGemmStillFillsTheDevice) {

@@ -141,8 +141,8 @@ double SmNeed(const SimTask& task, double s);
 
 // Whether `task`'s grid is exactly the device's resident capacity, as a
 // persistent kernel sizes it (cuBLAS's nvjet GEMMs and cuDNN's flash attention
-// on an H200 launch 132 blocks of one per SM whatever M, and loop over their
-// tiles: tests/data/h200_predict). Splitting its rows leaves it fewer tiles
+// of a 4096-token prefill on an H200 launch 132 blocks, one per SM, and loop
+// over their tiles: tests/data/h200_predict). Splitting its rows leaves it fewer tiles
 // per block, not fewer blocks, so a part still fills the device. A grid that
 // tiles its rows hits the capacity exactly only by chance.
 bool PersistentGrid(const SimTask& task);

@@ -310,8 +310,8 @@ TEST(ModelTest, SplitCosts) {
 }
 
 // A split part's footprint: a grid that tiles its rows shrinks with them; a
-// persistent grid (one block per SM of an H200, as its nvjet GEMMs launch
-// whatever M) keeps every SM, and a kernel beside it waits.
+// persistent grid (one block per SM of an H200, as its nvjet GEMMs of a
+// 4096-token prefill launch) keeps every SM, and a kernel beside it waits.
 TEST(ModelTest, APersistentGridKeepsItsFootprintWhenSplit) {
   SimTask tiled;
   tiled.resource = Resource::kCompute;
