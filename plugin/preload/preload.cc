@@ -23,6 +23,7 @@
 
 #include <array>
 #include <atomic>
+#include <mutex>
 #include <string>
 
 #include "plugin/preload/cupti_api_dl.h"
@@ -173,6 +174,7 @@ void OnExit(const char* by) {
 }
 
 void OnCExit() { OnExit("c_exit"); }
+void OnCExitAfterCudaInit() { OnExit("c_exit_after_cuda_init"); }
 
 void PrepareFork() { g_tracer->PrepareFork(); }
 void ParentAfterFork() { g_tracer->ParentAfterFork(); }
@@ -305,7 +307,16 @@ DYNAFLOW_EXPORT void _Exit(int status) noexcept { dynaflow::FinishAndExit(status
 // this library. Returns 1: a tracer that cannot start must not fail CUDA.
 DYNAFLOW_EXPORT int InitializeInjection(void) {
   try {
-    if (g_tracer != nullptr) g_tracer->OnCudaInit();
+    if (g_tracer != nullptr) {
+      g_tracer->OnCudaInit();
+      // exit() runs its handlers in reverse order of registration, C++ static
+      // destructors included: registered now, after libcuda and libcupti
+      // loaded, the final flush runs before their teardown (the handler the
+      // constructor registered runs after it). Programs without Python's
+      // exit flush (plugin/python) get theirs from here.
+      static std::once_flag registered;
+      std::call_once(registered, [] { atexit(dynaflow::OnCExitAfterCudaInit); });
+    }
   } catch (...) {
     // CUDA goes on untraced.
   }

@@ -137,12 +137,30 @@ TEST_F(PreloadTest, ProgramsKeepTheirExitCodeAndLeaveOneStore) {
   EXPECT_EQ(t.metadata["cupti"].rfind("unavailable: ", 0), 0u) << t.metadata["cupti"];
   EXPECT_EQ(t.metadata["command_line"], "/bin/true");
   EXPECT_EQ(t.metadata["dropped_records"], "0");
+  EXPECT_EQ(t.metadata["final_flush"], "c_exit");  // the constructor's exit handler
 
   fs::remove(StorePath(pid));
   const int seven = RunToEnd({"/bin/sh", "-c", "exit 7"}, TracedEnv(), &pid);
   ASSERT_TRUE(WIFEXITED(seven));
   EXPECT_EQ(WEXITSTATUS(seven), 7);
   EXPECT_EQ(Stores(), std::set<std::string>{std::to_string(pid) + ".db"});
+}
+
+// A program that initialises CUDA gets its final flush from an exit handler
+// registered at cuInit (InitializeInjection), after libcuda and libcupti
+// loaded: exit() runs it before their static destructors. (CUPTI is kept out
+// here: no GPU, so a CUPTI that cannot load.)
+TEST_F(PreloadTest, AfterCudaInitTheFinalFlushRunsBeforeCudasTeardown) {
+  SKIP_IF_SANITIZED();
+  pid_t pid;
+  std::vector<std::string> env = TracedEnv();
+  env.push_back("DYNAFLOW_CUPTI_PATH=" + (dir_ / "no-libcupti.so").string());
+  const int status = RunToEnd({DYNAFLOW_INJECTION_HELPER}, env, &pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  Trace t = Read(pid);
+  EXPECT_EQ(t.metadata["final_flush"], "c_exit_after_cuda_init");
+  EXPECT_EQ(t.metadata["cupti"].rfind("unavailable: ", 0), 0u) << t.metadata["cupti"];
 }
 
 TEST_F(PreloadTest, WithoutOutputDirectoryTheLibraryDoesNothing) {
