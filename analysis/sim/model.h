@@ -26,9 +26,10 @@
 //    a. SMs: a task needs the SM fraction its grid occupies (its footprint,
 //       from the launch configuration: GridWaves, blocks over resident
 //       blocks per SM times SMs; a split part's grid shrinks with its rows,
-//       but for a persistent grid; at most 1, SmNeed), or, where the launch configuration is unknown, its
-//       class's default: all of them for compute, sm_comm and sm_latency
-//       each, sm_memory for all memory tasks together. When every running
+//       but for a persistent grid; at most 1, SmNeed), or, where the launch
+//       configuration is unknown, its class's default: all of them for
+//       compute, sm_comm and sm_latency each, sm_memory for all memory tasks
+//       together. When every running
 //       task's footprint is known, they claim SMs in the order they started,
 //       as the block scheduler dispatches an earlier kernel's blocks first:
 //       kernels of small grids run side by side, and a grid of a wave or
@@ -142,9 +143,9 @@ double SmNeed(const SimTask& task, double s);
 // Whether `task`'s grid is exactly the device's resident capacity, as a
 // persistent kernel sizes it (cuBLAS's nvjet GEMMs and cuDNN's flash attention
 // of a 4096-token prefill on an H200 launch 132 blocks, one per SM, and loop
-// over their tiles: tests/data/h200_predict). Splitting its rows leaves it fewer tiles
-// per block, not fewer blocks, so a part still fills the device. A grid that
-// tiles its rows hits the capacity exactly only by chance.
+// over their tiles: tests/data/h200_predict). Splitting its rows leaves it
+// fewer tiles per block, not fewer blocks, so a part still fills the device.
+// A grid that tiles its rows hits the capacity exactly only by chance.
 bool PersistentGrid(const SimTask& task);
 
 }  // namespace dynaflow

@@ -263,16 +263,12 @@ bool Tracer::FinishOnSignal(int signal, std::chrono::milliseconds timeout) noexc
   WriterThread* writer = writer_.load();
   if (writer == nullptr) return true;
   writer->NoteExitSignal(signal);
-  writer->NoteSignalFlush();
   return writer->Finish(timeout);
 }
 
 bool Tracer::FlushOnSignal(std::chrono::milliseconds timeout) noexcept {
-  if (!OwnsProcess()) return false;
-  WriterThread* writer = writer_.load();
-  if (writer == nullptr) return true;
-  writer->NoteSignalFlush();
-  return writer->Flush(timeout);
+  if (WriterThread* writer = OwnsProcess() ? writer_.load() : nullptr) writer->NoteSignalFlush();
+  return Flush(timeout);
 }
 
 void Tracer::Shutdown(const char* by) {

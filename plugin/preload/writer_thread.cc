@@ -272,9 +272,7 @@ void WriterThread::FinalFlush() {
   // or have faulted inside CUPTI: asking CUPTI for its buffers would wait
   // out the handler's timeout and lose everything queued (an H200 run under
   // --ops off died with nothing recorded). What reached the queue is written.
-  if (options_.before_flush && exit_signal_.load() == 0 && !signal_flush_.load()) {
-    options_.before_flush(/*forced=*/true);
-  }
+  if (options_.before_flush && exit_signal_.load() == 0) options_.before_flush(/*forced=*/true);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     closed_ = true;  // what arrives from now on is dropped

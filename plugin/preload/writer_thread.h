@@ -96,7 +96,8 @@ class WriterThread {
   // The next flush is asked for by a signal handler: it writes what reached
   // the queue without asking CUPTI for its buffers (before_flush), as the
   // thread that took the signal may hold the tracer's CUPTI lock or have
-  // faulted inside CUPTI. Async-signal-safe (an atomic).
+  // faulted inside CUPTI. The final flush of a process dying of a signal
+  // (NoteExitSignal) does not ask CUPTI either. Async-signal-safe (an atomic).
   void NoteSignalFlush() noexcept { signal_flush_.store(true); }
 
   // Ask for everything queued so far to be committed (Flush) or, in
