@@ -248,6 +248,24 @@ $how"
     check "crash by $name: said" grep -q "^dynaflow: process [0-9]* died of $name" "$work/err"
   done
 
+  # A C stack overflow (repr of a deeply nested list, the recursion limit
+  # raised) leaves no stack for the crash handler but the alternate one the
+  # tracer gives the main thread.
+  expect_code "stack overflow" 139 "$bin" trace -o "$work/overflow.db" -- "$py" -c "
+import sys, torch
+x = torch.ones(4, 4)
+for _ in range(200):
+    x = (x + 1).relu()
+sys.setrecursionlimit(10**8)
+nested = []
+for _ in range(10**6):
+    nested = [nested]
+repr(nested)"
+  check "stack overflow: operators kept" test "$(q "$work/overflow.db" \
+    "SELECT count(*) FROM operators")" -ge 400
+  check "stack overflow: named in the store" test "$(q "$work/overflow.db" \
+    "SELECT value FROM meta WHERE key = 'exit_signal'")" = SIGSEGV
+
   # SIGKILL of dynaflow itself: the traced program is not left running
   # orphaned; it gets SIGTERM, and its store (in the parts folder) is finished.
   mkdir "$work/killed"

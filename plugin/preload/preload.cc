@@ -17,10 +17,12 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <mutex>
@@ -69,8 +71,9 @@ struct HookedSignal {
 // the writer thread and waits at most kSignalFlushTimeout; the writer then
 // writes what it holds without calling CUPTI (the faulting thread may hold
 // the tracer's CUPTI lock). A fault on the writer thread itself is noted, not
-// waited for. A stack overflow, with no alternate stack to run on, still
-// dies unflushed.
+// waited for. The handler runs on an alternate signal stack where the thread
+// has one (see GiveThisThreadAnAlternateStack), so that a stack overflow is
+// flushed too.
 std::array<HookedSignal, 7> g_hooked_signals = {{{SIGINT, {}},
                                                 {SIGTERM, {}},
                                                 {SIGSEGV, {}},
@@ -114,9 +117,28 @@ void HookSignals() {
     struct sigaction ours = {};
     ours.sa_handler = OnSignal;
     sigemptyset(&ours.sa_mask);
-    ours.sa_flags = SA_RESTART;
+    ours.sa_flags = SA_RESTART | SA_ONSTACK;
     sigaction(hooked.signal, &ours, nullptr);
   }
+}
+
+// A stack overflow leaves no stack for a handler to run on, so the thread
+// that loads the library (the main thread, under LD_PRELOAD) gets an
+// alternate signal stack, unless the program or a sanitizer runtime gave it
+// one already. Kept for the life of the process. Other threads have none
+// (the tracer does not hook thread creation): their stack overflows still
+// die unflushed.
+void GiveThisThreadAnAlternateStack() {
+  stack_t current;
+  if (sigaltstack(nullptr, &current) != 0 || !(current.ss_flags & SS_DISABLE)) return;
+  // The handler signals the writer and waits for it: a few KiB of stack.
+  const size_t size = std::max<size_t>(SIGSTKSZ, 64 * 1024);
+  void* memory = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) return;
+  stack_t ours = {};
+  ours.ss_sp = memory;
+  ours.ss_size = size;
+  if (sigaltstack(&ours, nullptr) != 0) munmap(memory, size);
 }
 
 // The absolute path of this library, for the injection variables.
@@ -202,6 +224,7 @@ __attribute__((constructor)) void LoadTracer() {
     (void)ClaimInjection("NVTX_INJECTION64_PATH", own_path);
     const std::string cupti_path = config.cupti_path;
     g_tracer = new Tracer(std::move(config), RealCuptiLoader(cupti_path), start);
+    GiveThisThreadAnAlternateStack();
     HookSignals();
     atexit(OnCExit);
     pthread_atfork(PrepareFork, ParentAfterFork, ChildAfterFork);

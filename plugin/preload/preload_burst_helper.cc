@@ -1,15 +1,30 @@
 // A burst of operators through the C ABI from several threads, as the torch
 // extension records them, for preload_integration_test. Linked to
 // libdynaflow_preload.so (not LD_PRELOADed), so that it also runs in
-// sanitizer builds. Usage: preload_burst_helper THREADS OPS_PER_THREAD
+// sanitizer builds. Usage: preload_burst_helper THREADS OPS_PER_THREAD [overflow]
+// With `overflow`, the main thread then overflows its stack (SIGSEGV).
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
 #include "plugin/preload/dynaflow_tracer.h"
 
+// Recurses until the stack runs out: the frame is used after the call, so
+// the call cannot become a jump. `depth` never reaches the limit.
+__attribute__((noinline)) int64_t OverflowTheStack(volatile char* caller, int64_t depth) {
+  volatile char frame[4096];
+  frame[0] = static_cast<char>(caller[0] + 1);
+  if (depth == INT64_MAX) return frame[0];
+  return OverflowTheStack(frame, depth + 1) + frame[0];
+}
+
 int main(int argc, char** argv) {
-  if (argc != 3 || dynaflow_tracer_abi_version() != DYNAFLOW_TRACER_ABI_VERSION) return 2;
+  const bool overflow = argc == 4 && std::strcmp(argv[3], "overflow") == 0;
+  if ((argc != 3 && !overflow) || dynaflow_tracer_abi_version() != DYNAFLOW_TRACER_ABI_VERSION) {
+    return 2;
+  }
   const int threads = std::atoi(argv[1]);
   const int per_thread = std::atoi(argv[2]);
   std::vector<std::thread> producers;
@@ -33,5 +48,9 @@ int main(int argc, char** argv) {
     });
   }
   for (std::thread& p : producers) p.join();
+  if (overflow) {
+    volatile char start = 0;
+    return static_cast<int>(OverflowTheStack(&start, 0));
+  }
   return dynaflow_tracer_active() && dynaflow_tracer_record_ops() ? 0 : 3;
 }

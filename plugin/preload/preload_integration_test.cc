@@ -249,5 +249,23 @@ TEST_F(PreloadTest, MillionOperatorsThroughTheCAbiWithoutLoss) {
   EXPECT_EQ(db.execAndGet("SELECT count(*) FROM import_stats").getInt64(), 0);
 }
 
+// A stack overflow leaves no stack for the crash handler: it runs on the
+// alternate stack the library gives the main thread, so the program still
+// dies of SIGSEGV and keeps what it recorded (less than the writer's one
+// second between timed flushes, so without the handler it would keep nothing).
+TEST_F(PreloadTest, AStackOverflowKeepsWhatWasRecorded) {
+  if (kSanitized) GTEST_SKIP() << "the sanitizer runtime handles stack overflows itself";
+  pid_t pid;
+  const int status = RunToEnd({DYNAFLOW_BURST_HELPER, "2", "500", "overflow"},
+                              {"DYNAFLOW_OUTPUT_DIR=" + dir_.string()}, &pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << status;
+  EXPECT_EQ(WTERMSIG(status), SIGSEGV);
+  SQLite::Database db(StorePath(pid), SQLite::OPEN_READONLY);
+  EXPECT_EQ(db.execAndGet("SELECT count(*) FROM operators").getInt64(), 1000);
+  EXPECT_EQ(db.execAndGet("SELECT value FROM meta WHERE key = 'exit_signal'").getString(),
+            "SIGSEGV");
+  EXPECT_EQ(db.execAndGet("PRAGMA integrity_check").getString(), "ok");
+}
+
 }  // namespace
 }  // namespace dynaflow
