@@ -13,7 +13,8 @@ later stack call planned and run in the schedule's issue order, --verify
 passing, the same tokens and logits within float32's tolerance. Llama also
 runs in process (`dynaflow.apply(model, plan)`), with and without
 torch.compile; and once under torch.inference_mode(). LFM2 and Mamba, whose own caches hold state no
-adapter merges, are refused before they run.
+adapter merges, are refused before they run. A training step splits where the model has no
+dropout (Llama) and is refused where it has (GPT-2).
 
 Env (ctest sets them): DYNAFLOW_BIN, DYNAFLOW_SOURCE_DIR, DYNAFLOW_PYTHON (a
 Python with torch and transformers), DYNAFLOW_APPLY_LIB_BUILT and, for CUDA graphs in
@@ -260,6 +261,33 @@ class HfApplyTest(unittest.TestCase):
         self.assertIn("dynaflow apply: 1 planned and 1 original calls of 1 modules", r.stderr)
         self.assertIn("verify: max_abs_diff=", r.stdout)
         compare(self, self.outputs_base("mixtral", "router_logits"), out, ("router_logits",))
+
+    def test_a_training_step_splits_only_without_dropout(self):
+        # GPT-2's config has dropout (0.1): split, each micro-batch would draw
+        # its own masks, so its stack is refused at the audited first call,
+        # which ran the original way (it once ran split, exit 0, with another
+        # loss and other gradients). Llama has none: the step splits, and its
+        # loss and gradients are the unmodified step's.
+        for family, refused in (("gpt2", True), ("llama", False)):
+            with self.subTest(family=family):
+                out = self.path(f"{family}_train.pt")
+                r = run(BIN, "apply", "--strict", self.plan_for(family), "--", PY, MODELS,
+                        "--family", family, "--patterns", "train", "--out", out, "--warmup",
+                        *DEVICE)
+                self.assertNotIn("Traceback", r.stderr)
+                if refused:
+                    self.assertEqual(r.returncode, 2, r.stderr)
+                    self.assertIn(f"dynaflow apply: plan refused: {FAMILIES[family][0]}: the call "
+                                  "draws random numbers (dropout in training, say): split, each "
+                                  "micro-batch would draw its own", r.stderr)
+                    r = run(BIN, "apply", self.plan_for(family), "--", PY, MODELS, "--family",
+                            family, "--patterns", "train", "--out", out, "--warmup", *DEVICE)
+                    self.assertIn("the program runs unmodified", r.stderr)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                if not refused:
+                    self.assertIn("dynaflow apply: 1 planned and 1 original calls of 1 modules",
+                                  r.stderr)
+                compare(self, self.outputs_base(family, "train"), out, ("train",))
 
     def test_every_layers_outputs_asked_of_a_split_stack(self):
         # output_hidden_states and output_attentions: transformers collects

@@ -628,17 +628,52 @@ class ApplyTest(unittest.TestCase):
                     net(torch.ones(4, 3))
                     self.assertEqual(net.layers[0].calls, 4)
 
-    def test_verify_says_a_call_that_draws_random_numbers_cannot_match(self):
-        # Noise drawn once per call for every row: the micro-batches draw
-        # their own. (Dropout's masks, drawn per element, can even match on
-        # the CPU when the micro-batches happen to draw in order: the
-        # baseline's draws are put back, so the planned run draws where the
-        # program would have without --verify.)
+    def test_a_call_that_draws_random_numbers_is_refused_at_its_first_call(self):
+        # Dropout in training: split, each micro-batch would draw its own mask
+        # (on the CPU they can even match, when the micro-batches happen to
+        # draw in order; no split can promise it). The audited first call ran
+        # the original way, so the program's result is the unmodified one.
+        class DropNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))])
+
+            def forward(self, x):
+                return self.layers[0](x)
+
+        torch.manual_seed(0)
+        net, x = DropNet(), torch.randn(8, 8)
+        torch.manual_seed(3)
+        expected = [net(x), net(x)]
+        _apply.apply(net, plan(["DropNet.layers.*"]), runtime_lib=RUNTIME)
+        err = io.StringIO()
+        torch.manual_seed(3)
+        with redirect_stderr(err):
+            actual = [net(x), net(x)]
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=0, atol=0)
+        self.assertIn("plan refused: DropNet.layers.0: the call draws random numbers (dropout in "
+                      "training, say): split, each micro-batch would draw its own",
+                      err.getvalue())
+        self.assertNotIn("forward", net.layers[0].__dict__)  # restored
+        self.assertEqual(net._dynaflow_applier.report.planned_calls, 0)
+        # In eval mode nothing is drawn: the same net splits.
+        net.eval()
+        _apply.apply(net, plan(["DropNet.layers.*"]), runtime_lib=RUNTIME)
+        self.audit(net, x, units=1)
+        torch.testing.assert_close(net(x), net.layers[0][0](x))
+        self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
+
+    def test_a_split_call_that_draws_random_numbers_is_a_loud_error(self):
+        # Noise on a branch its audited first call did not take: known only
+        # once the micro-batches drew their own, so loud, and refused from then on.
+        noisy = [False]
+
         class Noise(nn.Module):
             def forward(self, x):
-                return x + torch.rand(x.shape[1]) * self.training
+                return x + torch.rand(x.shape[1]) if noisy[0] else x
 
-        class DropNet(nn.Module):
+        class NoiseNet(nn.Module):
             def __init__(self):
                 super().__init__()
                 self.layers = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), Noise())])
@@ -646,19 +681,18 @@ class ApplyTest(unittest.TestCase):
             def forward(self, x):
                 return self.layers[0](x)
 
-        net = DropNet()
-        _apply.apply(net, plan(["DropNet.layers.*"]), verify=True, runtime_lib=RUNTIME)
-        report = net._dynaflow_applier.report
-        torch.manual_seed(3)
-        self.audit(net, torch.randn(8, 8), units=1)  # noise the same for every row
-        net(torch.randn(8, 8))
-        self.assertFalse(report.verify_ok)
-        self.assertRegex(report.worst, r"DropNet\.layers\.0: output.*differs beyond .*\(the call "
-                                       r"draws random numbers, such as dropout in training")
-        net.eval()  # no noise: the same call verifies
-        report.verify_ok, report.worst = True, ""
-        net(torch.randn(8, 8))
-        self.assertTrue(report.verify_ok, report.worst)
+        net = NoiseNet()
+        _apply.apply(net, plan(["NoiseNet.layers.*"]), runtime_lib=RUNTIME)
+        self.audit(net, torch.randn(8, 8), units=1)
+        noisy[0] = True
+        with redirect_stderr(io.StringIO()) as err, \
+                self.assertRaisesRegex(RuntimeError, r"NoiseNet\.layers\.0: the call drew random "
+                                                     r"numbers, which the first call of its kind "
+                                                     r"did not"):
+            net(torch.randn(8, 8))
+        self.assertIn("plan refused: NoiseNet.layers.0: the call drew random numbers",
+                      err.getvalue())
+        self.assertNotIn("forward", net.layers[0].__dict__)  # refused from then on
 
     def test_a_lazy_modules_first_call_runs_unsplit_and_later_ones_split(self):
         # Its first call infers its parameters (a hook, new parameters): that

@@ -147,8 +147,27 @@ def pattern_router_logits(model, ids):
                                            out.aux_loss.reshape(1), *out.router_logits)]}
 
 
+def pattern_train(model, ids):
+    """A training step as fine-tuning runs it: train mode (the config's
+    dropout active, where it has one), the inputs as labels, the loss's
+    gradients. Seeded, so that two runs draw the same dropout masks."""
+    model.train()
+    try:
+        torch.manual_seed(5)
+        model.zero_grad()
+        with torch.enable_grad():
+            out = model(ids, labels=ids)
+            out.loss.backward()
+    finally:
+        model.eval()
+    grads = [p.grad.float() for p in model.parameters() if p.grad is not None]
+    return {"tokens": out.logits.argmax(-1),
+            "logits": [out.logits.detach().float(), out.loss.detach().reshape(1), *grads]}
+
+
 # Run only when named (not in "all").
-EXTRA_PATTERNS = {"outputs": pattern_outputs, "router_logits": pattern_router_logits}
+EXTRA_PATTERNS = {"outputs": pattern_outputs, "router_logits": pattern_router_logits,
+                  "train": pattern_train}
 
 
 def main():

@@ -664,12 +664,8 @@ class Report:
         pairs += _tensor_pairs(baseline.kwargs, kwargs, f"{path}: kwargs")
         with self.lock:
             self.verified_calls += 1
-        # A call that draws random numbers cannot match draw for draw: said
-        # with the first difference, which it likely explains.
-        why = (" (the call draws random numbers, such as dropout in training: split, each "
-               "micro-batch draws its own)") if baseline.drew_random else ""
         for where, e, a in pairs:
-            self._compare_tensor(where, e, a, why)
+            self._compare_tensor(where, e, a)
 
     def _fail(self, message):
         with self.lock:
@@ -677,7 +673,7 @@ class Report:
                 self.verify_ok = False
                 self.worst = message
 
-    def _compare_tensor(self, where, e, a, why=""):
+    def _compare_tensor(self, where, e, a):
         if e is None:
             self._fail(f"{where}: {a}")
             return
@@ -700,7 +696,7 @@ class Report:
             self.max_rel_diff = max(self.max_rel_diff, rel_max)
         if bad:
             self._fail(f"{where}: {e.dtype} differs beyond rtol={rtol} atol={atol} "
-                       f"(max abs {abs_max:.3g}){why}")
+                       f"(max abs {abs_max:.3g})")
 
     def as_json(self, verify):
         out = {
@@ -1089,6 +1085,13 @@ class _CollectiveCuts:
 # Why the first call of each kind runs the original way (_PlannedForward._audited).
 _AUDITED = ("the first call of its kind, run the original way to prove that its operators "
             "keep the rows apart")
+# Split, each micro-batch draws its own random numbers (dropout's masks, say),
+# in another order and count than the unsplit call: its result would differ.
+_DRAWS_RANDOM = ("the call draws random numbers (dropout in training, say): split, each "
+                 "micro-batch would draw its own, so the result could not equal the unsplit "
+                 "call's")
+_DREW_RANDOM = ("the call drew random numbers, which the first call of its kind did not: split, "
+                "each micro-batch drew its own, so the result differs from the unsplit call's")
 
 
 class _PlannedForward:
@@ -1221,6 +1224,7 @@ class _PlannedForward:
                 audit.tag_rows(t)
         handles = audit.watch(self.module)
         _ON_THREAD.auditing = True
+        rng = _rng_states()
         try:
             with audit:
                 out = self.original(*args, **kwargs)
@@ -1231,10 +1235,11 @@ class _PlannedForward:
         audit.check_result(_tensors_in(out), "the call")
         for adapter, original, _ in split.states:
             audit.check_result(adapter.row_tensors(original), type(original).__name__)
-        self.audited[key] = audit.mixed or ""
+        why = audit.mixed or ("" if rng == _rng_states() else _DRAWS_RANDOM)
+        self.audited[key] = why
         a.report.unsplit_call(f"{self.path}: {_AUDITED}")
-        if audit.mixed:
-            a.refuse(f"{self.path}: {audit.mixed}")
+        if why:
+            a.refuse(f"{self.path}: {why}")
         return out
 
     def _graphs(self):
@@ -1340,6 +1345,10 @@ class _PlannedForward:
         # inline, from this thread, micro-batch by micro-batch (_Region).
         region = self.regions.get(split.parts)
         state["region"] = region
+        # A call of a kind whose audit drew no random numbers may still draw
+        # some (a branch the audit did not take): known after it ran split,
+        # it is a loud error. Not under a capture (its warm-up checked).
+        rng = None if a.cuda and torch.cuda.is_current_stream_capturing() else _rng_states()
         if a.cuda or SLICES_ON_CPU:
             split.slices = SliceMerge(split, state["caller"])
         if region is not None:
@@ -1376,6 +1385,8 @@ class _PlannedForward:
             _record_on(results, state["caller"])
             _record_on([v for _, _, views in split.states for v in views], state["caller"])
         try:
+            if rng is not None and rng != _rng_states():
+                raise MergeError(_DREW_RANDOM)
             with unwatched():  # dynaflow's own check, which a capture skips
                 split.check_shared_unmodified()
             out = merge_outputs(split, results, split.states)
@@ -1493,14 +1504,11 @@ class _Baseline:
         before = {k: (b.detach().clone(), Unchanged(b, by_bytes=True))
                   for k, b in buffers.items()}
         # The random numbers the baseline draws are put back, so that the
-        # planned run draws from where the program would have; that it drew
-        # any (dropout in training) is kept: a split call's micro-batches
-        # draw their own, so its result cannot equal the unsplit call's.
+        # planned run draws from where the program would have (and is then
+        # refused for drawing them, see _DRAWS_RANDOM).
         cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
         with torch.random.fork_rng(devices=cuda), torch.no_grad():
-            rng = _rng_states()
             self.out = original(*self.args, **self.kwargs)
-            self.drew_random = not _same_rng_states(rng, _rng_states())
         with torch.no_grad():
             # The module's own state (running statistics, counters) as the
             # unsplit call leaves it; then put back for the planned run. Only
@@ -1514,19 +1522,16 @@ class _Baseline:
 
 
 def _rng_states():
-    """The default generators' states: the CPU's, and each CUDA device's once
-    CUDA is initialized."""
+    """The default generators' states, as bytes: the CPU's, and each CUDA
+    device's once CUDA is initialized. Read without dispatching an operator,
+    so that neither a warm-up's watch nor a graph's capture sees it."""
+    import ctypes
+
     import torch
 
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
-    return torch.get_rng_state(), cuda
-
-
-def _same_rng_states(a, b):
-    import torch
-
-    return torch.equal(a[0], b[0]) and len(a[1]) == len(b[1]) and \
-        all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+    return tuple(ctypes.string_at(t.data_ptr(), t.nbytes)
+                 for t in (torch.get_rng_state(), *cuda))
 
 
 def _snapshot(value):
