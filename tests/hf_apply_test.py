@@ -262,6 +262,19 @@ class HfApplyTest(unittest.TestCase):
         self.assertIn("verify: max_abs_diff=", r.stdout)
         compare(self, self.outputs_base("mixtral", "router_logits"), out, ("router_logits",))
 
+    def test_a_conversations_next_turn_reuses_the_first_turns_cache(self):
+        # generate() marks a cache its caller passes in (_is_user_defined);
+        # that flag once refused the stack mid-run. Two turns of 3 stack
+        # calls each, twice (--warmup): 3 kinds audited (the first prefill,
+        # the decode steps, the prefill onto the kept cache), 9 split.
+        out = self.path("llama_next_turn.pt")
+        r = run(BIN, "apply", "--verify", "--strict", self.plan_for("llama"), "--", PY, MODELS,
+                "--family", "llama", "--patterns", "next_turn", "--out", out, "--warmup", *DEVICE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("dynaflow apply: 9 planned and 3 original calls of 1 modules", r.stderr)
+        self.assertIn("(9 calls)", r.stdout)
+        compare(self, self.outputs_base("llama", "next_turn"), out, ("next_turn",))
+
     def test_a_training_step_splits_only_without_dropout(self):
         # GPT-2's config has dropout (0.1): split, each micro-batch would draw
         # its own masks, so its stack is refused at the audited first call,

@@ -114,6 +114,19 @@ def pattern_left_padding(model, ids):
     return greedy(model, input_ids=ids, attention_mask=mask)
 
 
+def pattern_next_turn(model, ids):
+    """A conversation's second turn: generate() again on the first turn's
+    sequences and new tokens, reusing the first turn's cache (generate()
+    marks a cache passed in as the caller's)."""
+    first = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                           max_new_tokens=NEW_TOKENS, do_sample=False,
+                           return_dict_in_generate=True)
+    more = torch.randint(2, VOCAB, (BATCH, 3), generator=torch.Generator().manual_seed(7))
+    ids = torch.cat([first.sequences, more.to(ids.device)], 1)
+    return greedy(model, input_ids=ids, attention_mask=torch.ones_like(ids),
+                  past_key_values=first.past_key_values)
+
+
 def pattern_outputs(model, ids):
     """model(ids) asked for every layer's hidden states and attention weights
     (eager attention, which returns them): transformers 5 collects them with
@@ -167,7 +180,7 @@ def pattern_train(model, ids):
 
 # Run only when named (not in "all").
 EXTRA_PATTERNS = {"outputs": pattern_outputs, "router_logits": pattern_router_logits,
-                  "train": pattern_train}
+                  "train": pattern_train, "next_turn": pattern_next_turn}
 
 
 def main():

@@ -825,7 +825,10 @@ class _CacheAdapter:
 
     # Cache attributes this adapter knows; any other refuses (another
     # transformers version may keep state it would not merge).
-    KNOWN = frozenset({"layers", "layer_class_to_replicate", "offloading"})
+    # `_is_user_defined` is the flag generate() sets on a cache its caller
+    # passed (a conversation's next turn): read by generate() outside the
+    # model, never written by a forward, so the micro-batches' copies share it.
+    KNOWN = frozenset({"layers", "layer_class_to_replicate", "offloading", "_is_user_defined"})
 
     def __init__(self, layer_adapters):
         self.layer_adapters = layer_adapters
