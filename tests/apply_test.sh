@@ -229,12 +229,13 @@ check "refusal said once" test "$(grep -c "plan refused" "$work/err")" -eq 1
 check "batch norm: unmodified result" has "$work/out" "$(cat "$work/bn_base.out")"
 expect_code "batch norm --strict" 2 "$bin" apply --strict "$work/bn.json" -- "$py" "$work/bn.py"
 
-# Two blocks a plan may not split as is. Center mixes rows in its own code (it
+# Blocks a plan may not split as is. Center mixes rows in its own code (it
 # centres each column on the batch's mean): the audit of its first call, which
 # runs the original way, refuses the plan before any call runs split, and the
-# program's result is its own. Noise adds noise drawn once per call for every
-# row: the audit passes it (the same for each row), each micro-batch draws its
-# own, and --verify says so.
+# program's result is its own. So is Noise, which draws random numbers (split,
+# each micro-batch would draw its own), and Count, which multiplies by the
+# batch size. Mean divides by the batch size as a float computed in Python,
+# which no audit of operators can trace back to the batch: --verify says so.
 cat >"$work/blocks.py" <<'PY'
 import sys, torch
 from torch import nn
@@ -247,6 +248,14 @@ class Noise(nn.Module):
     def forward(self, x):
         return x + torch.rand(x.shape[1])
 
+class Count(nn.Module):
+    def forward(self, x):
+        return x * x.shape[0]
+
+class Mean(nn.Module):
+    def forward(self, x):
+        return x * (1.0 / x.shape[0])
+
 class Net(nn.Module):
     def __init__(self, block):
         super().__init__()
@@ -257,7 +266,8 @@ class Net(nn.Module):
             x = b(x)
         return x
 
-net = Net({"center": Center, "noise": Noise}[sys.argv[1]])
+torch.manual_seed(0)
+net = Net({"center": Center, "noise": Noise, "count": Count, "mean": Mean}[sys.argv[1]])
 x = torch.arange(16.0).reshape(8, 2)
 for _ in range(2):
     print("sum of squares", float((net(x) ** 2).sum()))
@@ -269,7 +279,17 @@ check "row mixing named" has "$work/err" \
 check "row mixing: unmodified result" has "$work/out" "$(cat "$work/mix_base.out")"
 expect_code "row mixing --strict" 2 "$bin" apply --strict "$work/bn.json" -- "$py" \
   "$work/blocks.py" center
-expect_code "verify fails" 1 "$bin" apply --verify "$work/bn.json" -- "$py" "$work/blocks.py" noise
+for block in noise count; do
+  "$py" "$work/blocks.py" $block >"$work/${block}_base.out"
+  expect_code "$block refused" 0 "$bin" apply "$work/bn.json" -- "$py" "$work/blocks.py" $block
+  check "$block: unmodified result" has "$work/out" "$(cat "$work/${block}_base.out")"
+done
+check "count named" has "$work/err" \
+  "plan refused: Net.blocks.0: aten::mul.Tensor takes the batch size (8) as a number: split, each micro-batch would pass its own row count (at blocks.py:14 forward)"
+expect_code "noise refused" 0 "$bin" apply "$work/bn.json" -- "$py" "$work/blocks.py" noise
+check "noise named" has "$work/err" \
+  "plan refused: Net.blocks.0: the call draws random numbers (dropout in training, say)"
+expect_code "verify fails" 1 "$bin" apply --verify "$work/bn.json" -- "$py" "$work/blocks.py" mean
 check "verify failure named" has "$work/err" "verify: FAILED: Net.blocks.0: output"
 
 # --- calls that run unsplit for a reason that passes, counted by reason: the

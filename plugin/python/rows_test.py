@@ -163,6 +163,12 @@ class RowAuditTest(unittest.TestCase):
                 r"differs between rows"),
             "a reduction into an out= buffer": (
                 lambda x: torch.mean(x, 0, out=torch.zeros(T, H)), r"out= tensor"),
+            # Found by probing: split, each micro-batch divided by its own count.
+            "the batch size as a number": (lambda x: x / x.shape[0],
+                                           r"aten::div\.Tensor takes the batch size \(4\) as "
+                                           r"a number"),
+            "the batch size as a fill value": (lambda x: x.masked_fill(x > 0, x.shape[0]),
+                                               r"takes the batch size \(4\)"),
             "where's positions (one argument)": (lambda x: torch.where(x > 0)[0],
                                                  r"aten::(where|nonzero) computes from its "
                                                  r"inputs' values"),
@@ -170,6 +176,13 @@ class RowAuditTest(unittest.TestCase):
         for name, (fn, why) in cases.items():
             with self.subTest(name):
                 self.assertMixes(fn, x, why=why)
+
+    def test_the_batch_size_as_a_size_or_an_exponent_keeps_rows_apart(self):
+        # Sizes, dimensions and exponents equal to the batch size are not the
+        # batch size as a value; nor is it taken where no rows are involved.
+        x = torch.randn(B, B, B)
+        self.assertKeeps(lambda x: x.reshape(x.shape[0], -1).pow(B).sum(B - 3), x)
+        self.assertKeeps(lambda x: x * torch.full((B,), B), x)
 
     def test_an_index_that_holds_rows_is_not_the_identity(self):
         # x[p] with p = arange(batch) in the audited call could be any

@@ -1085,6 +1085,8 @@ class _CollectiveCuts:
 # Why the first call of each kind runs the original way (_PlannedForward._audited).
 _AUDITED = ("the first call of its kind, run the original way to prove that its operators "
             "keep the rows apart")
+_ATTACHED = ("the call the plan was attached in, whose forward torch had looked up before: "
+             "the model's own top module is a unit")
 # Split, each micro-batch draws its own random numbers (dropout's masks, say),
 # in another order and count than the unsplit call: its result would differ.
 _DRAWS_RANDOM = ("the call draws random numbers (dropout in training, say): split, each "
@@ -1768,8 +1770,9 @@ class _FromEnvironment:
             _say(f"{len(self.applier.forwards)} modules of {_cut(self.root)} run the plan")
             # torch looked up this call's forward before its hooks ran: when
             # the root is itself a unit, this first call runs the original.
-            if any(f.module is module for f in self.applier.forwards):
-                self.applier.report.original_calls += 1
+            for f in self.applier.forwards:
+                if f.module is module:
+                    self.applier.report.unsplit_call(f"{f.path}: {_ATTACHED}")
         except PlanMismatch as e:
             if self.applier is not None:
                 self.applier.detach()

@@ -23,8 +23,10 @@ to choose between forms that give each row the same result. Modules that
 implement transformers' experts interface are taken whole (`_is_experts`).
 
 What the proof covers is the path this call took: a forward whose
-operators depend on its inputs' values, or on the batch size as a number,
-beyond what `audit_key` distinguishes is not covered; nor are reads of a
+operators depend on its inputs' values beyond what `audit_key`
+distinguishes is not covered. The batch size passed to an operator on the
+rows as a number ends the proof (`check_numbers`); derived from it in
+Python first (`1 / x.shape[0]`), it is not seen. Nor are reads of a
 tensor's bytes that bypass torch's dispatcher (`tolist()`, `numpy()`) or
 operators compiled outside it (a torch.compile'd submodule).
 """
@@ -56,6 +58,10 @@ _ROW_GUARDS = frozenset({
     ("transformers.masking_utils", "find_packed_sequence_indices"),
     ("transformers.modeling_utils", "warn_if_padding_and_no_attention_mask"),
 })
+
+# Schema types of an operator's value arguments (a Python number passed
+# for a Tensor argument is a wrapped scalar), as opposed to sizes and dims.
+_VALUE_TYPES = frozenset({"Tensor", "number", "Optional[number]"})
 
 REDUCED = "reduced"  # tag of a value reduced over the rows
 CUT = "cut"  # tag of a slice of part of the rows of a tensor rows were written into
@@ -303,6 +309,7 @@ def _audit_class():
             if CUT in tags:
                 raise _Mixed("reads part of the rows' dimension of a tensor rows were "
                              "written into")
+            self.check_numbers(func, args, kwargs)
             if any(x.alias_info is not None and x.alias_info.is_write and x.kwarg_only
                    for x in func._schema.arguments):
                 raise _Mixed("writes into an out= tensor, which the audit does not follow")
@@ -318,6 +325,20 @@ def _audit_class():
             if torch.Tag.pointwise in func.tags or name in _BROADCASTING:
                 return self.broadcast(func, args, kwargs)
             raise _Mixed("has no rule proving that it keeps rows apart")
+
+        def check_numbers(self, func, args, kwargs):
+            """Raises _Mixed when an operator on the rows takes the batch size
+            as a value (`x / x.shape[0]`): split, each micro-batch would pass
+            its own row count. Sizes and dimensions are not values; nor is an
+            exponent (`pow(2)` at batch 2 is a square)."""
+            schema = func._schema.arguments
+            named = list(zip(schema, args)) + \
+                [(a, kwargs[a.name]) for a in schema if a.name in kwargs]
+            for arg, value in named:
+                if type(value) is int and value == self.batch and arg.name != "exponent" and \
+                        str(arg.type) in _VALUE_TYPES:
+                    raise _Mixed(f"takes the batch size ({value}) as a number: split, each "
+                                 f"micro-batch would pass its own row count")
 
         def reduced_rule(self, func, args, kwargs, tags):
             """A value reduced over the rows goes on only into values
