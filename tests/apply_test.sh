@@ -324,6 +324,35 @@ check "lazy: three of them" test "$(grep -c "ran the original way: LazyStack" "$
 check "lazy: the others counted" has "$work/err" \
   "dynaflow apply: 5 more calls ran the original way, for 5 other modules or reasons"
 
+# --- the model's own top module as the unit: torch looked up the forward of
+# the call the plan is attached in before the plan was in place, so that call
+# runs the original way, and says why; the next is audited, then they split
+cat >"$work/top.py" <<'PY'
+import torch
+from torch import nn
+
+class Top(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+model, x = Top(), torch.randn(4, 8)
+for _ in range(3):
+    model(x)
+PY
+edit_plan "$work/plan.json" "$work/top.json" 'units(p, ["Top"])
+p["buckets"] = [dict(b, min_tokens=0, max_tokens=None) for b in p["buckets"] if b["splits"] > 1][:1]'
+expect_code "top module as the unit" 0 "$bin" apply "$work/top.json" -- "$py" "$work/top.py"
+check "top: attached, audited, split" has "$work/err" \
+  "dynaflow apply: 1 planned and 2 original calls of 1 modules"
+check "top: the attach call said" has "$work/err" \
+  "dynaflow apply: 1 call ran the original way: Top: the call the plan was attached in, whose forward torch had looked up before: the model's own top module is a unit"
+
 # --- the plan's model: module fingerprint recorded by the tracer
 check "plan has the module fingerprint" grep -qE '"module_fingerprint": "[0-9a-f]{16}"' "$work/plan.json"
 edit_plan "$work/plan.json" "$work/other.json" 'p["model"]["module_fingerprint"] = "0" * 16'
