@@ -14,7 +14,8 @@ passing, the same tokens and logits within float32's tolerance. Llama also
 runs in process (`dynaflow.apply(model, plan)`), with and without
 torch.compile; and once under torch.inference_mode(). LFM2 and Mamba, whose own caches hold state no
 adapter merges, are refused before they run. A training step splits where the model has no
-dropout (Llama) and is refused where it has (GPT-2).
+dropout (Llama) and is refused where it has (GPT-2). The encoder-decoders T5 and BART split
+their encoder and, with their EncoderDecoderCache, their decoder.
 
 Env (ctest sets them): DYNAFLOW_BIN, DYNAFLOW_SOURCE_DIR, DYNAFLOW_PYTHON (a
 Python with torch and transformers), DYNAFLOW_APPLY_LIB_BUILT and, for CUDA graphs in
@@ -71,6 +72,20 @@ PLANNED = 2 * STACK_CALLS - KINDS
 AUDITED = "the first call of its kind, run the original way to prove that its operators keep " \
           "the rows apart"
 RTOL, ATOL = 1e-4, 1e-5  # float32, as dynaflow apply --verify
+# Encoder-decoders: family -> (the model's class, its encoder, its decoder,
+# their layers' list). T5's encoder and decoder are one class (T5Stack).
+SEQ2SEQ = {
+    "t5": ("T5ForConditionalGeneration", "encoder", "decoder", "block"),
+    "bart": ("BartForConditionalGeneration", "model.encoder", "model.decoder", "layers"),
+}
+# A forward with labels, and generate() with a dynamic cache, a static one and
+# padding: the decoder runs once per call of `labels` and NEW_TOKENS (3) times
+# per generate(), the encoder once per call; twice (--warmup). Audited, the
+# first call of each kind: the encoder's in a forward and in generate(); the
+# decoder's in the forward (a cache of its own), and a prefill and a decode
+# step on a dynamic and on a static cache.
+SEQ2SEQ_PATTERNS = ("labels", "generate", "static_cache", "left_padding")
+SEQ2SEQ_CALLS = {"encoder": (2 * 4, 2), "decoder": (2 * (1 + 3 * 3), 1 + 2 * 2)}
 
 
 def run(*cmd, env=None):
@@ -445,6 +460,57 @@ class HfApplyTest(unittest.TestCase):
         self.in_process("--compile")
 
 
+    def test_encoder_decoder_models_split_their_encoder_and_their_decoder(self):
+        # The forced plan splits the encoder (T5's was refused: its stack
+        # takes past_key_values, and the probe took it for a decoder). The
+        # same plan turned onto the decoder splits its EncoderDecoderCache:
+        # self- and cross-attention caches (dynamic and static) and the
+        # is_updated flags each layer sets once its cross-attention keys
+        # exist, per micro-batch and merged back.
+        for family, (top, encoder, decoder, layers) in SEQ2SEQ.items():
+            db, plan = self.path(f"{family}.db"), self.path(f"{family}.json")
+            r = run(BIN, "trace", "-o", db, "--", PY, MODELS, "--family", family, "--patterns",
+                    "labels", *DEVICE)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            r = run(BIN, "advise", db, "--plan", plan, "--force-strategy", "nanobatch_overlap",
+                    "--splits", "2")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(plan) as f:
+                p = json.load(f)
+            rules = {r["role"]: r for r in p["partition_rules"] if r["modules"]}
+            self.assertEqual(rules["split"]["modules"], [f"{top}.{encoder}"])
+            base = self.path(f"{family}_seq2seq_base.pt")
+            r = run(PY, MODELS, "--family", family, "--patterns", ",".join(SEQ2SEQ_PATTERNS),
+                    "--out", base, *DEVICE)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            for part in ("encoder", "decoder"):
+                with self.subTest(family=family, part=part):
+                    unit = f"{top}.{encoder if part == 'encoder' else decoder}"
+                    rules["split"]["modules"] = [unit]
+                    rules["stage"]["modules"] = [f"{unit}.{layers}.*"]
+                    p["buckets"][0]["segments"] = 2  # 2 layers
+                    part_plan = self.path(f"{family}_{part}.json")
+                    with open(part_plan, "w") as f:
+                        json.dump(p, f)
+                    out = self.path(f"{family}_{part}.pt")
+                    r = run(BIN, "apply", "--verify", "--strict", part_plan, "--", PY, MODELS,
+                            "--family", family, "--patterns", ",".join(SEQ2SEQ_PATTERNS),
+                            "--out", out, "--warmup", *DEVICE)
+                    self.assertEqual(r.returncode, 0, r.stderr)
+                    calls, kinds = SEQ2SEQ_CALLS[part]
+                    planned = calls - kinds
+                    self.assertIn(f"dynaflow apply: {planned} planned and {kinds} original calls "
+                                  f"of 1 modules", r.stderr)
+                    self.assertIn(f"dynaflow apply: {kinds} calls ran the original way: {unit}: "
+                                  f"{AUDITED}", r.stderr)
+                    self.assertIn(f"dynaflow apply: {unit} ran staggered (2 segments x 2 "
+                                  f"micro-batches) in the predicted order in {planned} of "
+                                  f"{planned} calls", r.stderr)
+                    self.assertIn(f"({planned} calls)", r.stdout)
+                    self.assertNotIn("FAILED", r.stderr + r.stdout)
+                    compare(self, base, out, SEQ2SEQ_PATTERNS)
+
+
 def main():
     if not (BIN and SRC):
         sys.exit("needs DYNAFLOW_BIN and DYNAFLOW_SOURCE_DIR")
@@ -457,3 +523,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+

@@ -514,9 +514,82 @@ class CacheTest(unittest.TestCase):
 
         config = LlamaConfig(hidden_size=8, num_attention_heads=2, num_hidden_layers=2)
         config.is_encoder_decoder = True
-        self.assertEqual(_split.default_state_refusal(Decoder(config)),
-                         "EncoderDecoderCache is not a state dynaflow can split")
+        self.assertEqual(_split.default_state_refusal(Decoder(config)), "")
         self.assertEqual(_split.default_state_refusal(Stack(config)), "")  # the encoder
+        encoder = Decoder(config)
+        encoder.is_decoder = False  # T5's encoder stack: takes past_key_values, builds none
+        self.assertEqual(_split.default_state_refusal(encoder), "")
+
+    def test_an_encoder_decoder_cache_splits_both_caches_and_its_cross_attention_flags(self):
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        def cross_step(cache, keys, values):
+            # What BART's and T5's cross-attention does: compute the encoder's
+            # keys and values on a layer's first call, reuse them after.
+            if not cache.is_updated.get(0):
+                cache.cross_attention_cache.update(keys, values, 0)
+                cache.is_updated[0] = True
+            return cache.cross_attention_cache.layers[0].keys
+
+        enc_k, enc_v = self.kv(4, 3, 9)
+        whole = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        for step, length in ((1, 5), (2, 1)):
+            k, v = self.kv(4, length, step)
+            whole.self_attention_cache.update(k, v, 0)
+            cross_step(whole, enc_k, enc_v)
+            s = split((torch.randn(4, length),), {"past_key_values": cache})
+            for i in range(2):
+                begin, count = s.rows(i)
+                view = s.kwargs[i]["past_key_values"]
+                view.self_attention_cache.update(k.narrow(0, begin, count),
+                                                 v.narrow(0, begin, count), 0)
+                # Each micro-batch computes its own rows' cross-attention
+                # keys: a flag shared by the views would skip micro-batch 1's.
+                self.assertEqual(cross_step(view, enc_k.narrow(0, begin, count),
+                                            enc_v.narrow(0, begin, count)).shape[0], count)
+            s.merge_state()
+            self.assertEqual(cache.is_updated, {0: True})
+            for name in ("self_attention_cache", "cross_attention_cache"):
+                a, b = getattr(cache, name).layers[0], getattr(whole, name).layers[0]
+                torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=0)
+                torch.testing.assert_close(a.values, b.values, rtol=0, atol=0)
+
+        # A CUDA graph replays a call only once its cross-attention keys are
+        # computed (a replay would not set the flags) and both caches are
+        # written in place (static).
+        from transformers import LlamaConfig, StaticCache
+
+        config = LlamaConfig(hidden_size=self.HEADS * self.DIM, num_attention_heads=self.HEADS,
+                             num_key_value_heads=self.HEADS, num_hidden_layers=1,
+                             head_dim=self.DIM)
+        static = EncoderDecoderCache(StaticCache(config=config, max_cache_len=8),
+                                     StaticCache(config=config, max_cache_len=3))
+        adapter = _split.state_adapter(static)
+        for part in (static.self_attention_cache, static.cross_attention_cache):
+            part.update(*self.kv(4, 3, 4), 0, {"cache_position": torch.arange(3)})
+        self.assertEqual(adapter.graph_state(static), "marks its cross-attention keys computed "
+                                                      "(is_updated) on the host")
+        static.is_updated[0] = True
+        fingerprint, tensors = adapter.graph_state(static)
+        self.assertEqual([name for name, _ in tensors],
+                         [f"{c}.layers[0].{t}" for c in ("self_attention_cache",
+                                                         "cross_attention_cache")
+                          for t in ("keys", "values", "cumulative_length")])
+        self.assertIn("grows its keys and values by concatenation",
+                      adapter.graph_state(cache))  # dynamic: never replayed
+
+        odd = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        odd.self_attention_cache.extra = 1
+        self.assertEqual(_split.state_adapter(odd).refusal(odd, 4),
+                         "self_attention_cache: keeps state this version of dynaflow cannot "
+                         "split (extra)")
+        s = split((torch.randn(4, 1),), {"past_key_values": EncoderDecoderCache(
+            DynamicCache(), DynamicCache())})
+        s.kwargs[0]["past_key_values"].is_updated[0] = True
+        with self.assertRaisesRegex(_split.MergeError,
+                                    "micro-batches computed different cross-attention layers"):
+            s.merge_state()
 
     def test_caches_made_inside_the_call_are_stacked_by_rows(self):
         from transformers import DynamicCache

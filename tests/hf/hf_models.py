@@ -51,14 +51,26 @@ def tiny_config(family):
     if family == "lfm2":  # short-convolution layers: state no adapter merges
         return tf.Lfm2Config(intermediate_size=128, num_key_value_heads=2,
                              layer_types=["conv", "full_attention"], **common)
+    # Encoder-decoders: their decoders build an EncoderDecoderCache (self- and
+    # cross-attention); T5's encoder and decoder are one class, T5Stack.
+    if family == "t5":
+        return tf.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                           num_decoder_layers=2, num_heads=4, pad_token_id=0, eos_token_id=None,
+                           decoder_start_token_id=0)
+    if family == "bart":
+        return tf.BartConfig(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2,
+                             encoder_attention_heads=4, decoder_attention_heads=4,
+                             encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64,
+                             pad_token_id=0, eos_token_id=None, bos_token_id=1,
+                             decoder_start_token_id=2, forced_eos_token_id=None)
     raise SystemExit(f"unknown family {family}")
 
 
 def build(family):
     torch.manual_seed(0)
     config = tiny_config(family)
-    model = tf.AutoModelForCausalLM.from_config(config).eval()
-    return model
+    auto = tf.AutoModelForSeq2SeqLM if config.is_encoder_decoder else tf.AutoModelForCausalLM
+    return auto.from_config(config).eval()
 
 
 DEVICE = "cpu"
@@ -160,6 +172,17 @@ def pattern_router_logits(model, ids):
                                            out.aux_loss.reshape(1), *out.router_logits)]}
 
 
+def pattern_labels(model, ids):
+    """An encoder-decoder's forward with labels, as its training loop and its
+    evaluation call it: the decoder's inputs are the labels shifted right,
+    and the decoder builds its EncoderDecoderCache (use_cache defaults on)."""
+    labels = torch.randint(2, VOCAB, (BATCH, 6), generator=torch.Generator().manual_seed(2))
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels.to(ids.device))
+    return {"tokens": out.logits.argmax(-1),
+            "logits": [out.logits.float(), out.loss.float().reshape(1),
+                       out.encoder_last_hidden_state.float()]}
+
+
 def pattern_train(model, ids):
     """A training step as fine-tuning runs it: train mode (the config's
     dropout active, where it has one), the inputs as labels, the loss's
@@ -180,7 +203,8 @@ def pattern_train(model, ids):
 
 # Run only when named (not in "all").
 EXTRA_PATTERNS = {"outputs": pattern_outputs, "router_logits": pattern_router_logits,
-                  "train": pattern_train, "next_turn": pattern_next_turn}
+                  "train": pattern_train, "next_turn": pattern_next_turn,
+                  "labels": pattern_labels}
 
 
 def main():

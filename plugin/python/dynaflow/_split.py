@@ -915,6 +915,99 @@ class _CacheAdapter:
             cache.layers.append(new)
 
 
+class _EncoderDecoderCacheAdapter:
+    """transformers.cache_utils.EncoderDecoderCache (BART's, T5's, Whisper's
+    decoders): a self-attention and a cross-attention cache, each split and
+    merged by its own adapter, and `is_updated`, a dict {layer: whether the
+    cross-attention keys and values were computed}, which a decoder layer
+    sets on its first call. A micro-batch gets its own copy of the dict (a
+    shared one would tell micro-batch 1 that its cross-attention keys exist
+    when only micro-batch 0's do); the micro-batches must agree on it, and
+    the merged cache takes it."""
+
+    KNOWN = frozenset({"self_attention_cache", "cross_attention_cache", "is_updated"})
+
+    def __init__(self, caches):
+        self.caches = caches  # {cache class: its adapter}
+
+    def _parts(self, cache):
+        return (("self_attention_cache", cache.self_attention_cache),
+                ("cross_attention_cache", cache.cross_attention_cache))
+
+    def refusal(self, cache, batch):
+        unknown = sorted(set(vars(cache)) - self.KNOWN)
+        if unknown:
+            return f"keeps state this version of dynaflow cannot split ({', '.join(unknown)})"
+        for name, part in self._parts(cache):
+            adapter = self.caches.get(type(part))
+            if adapter is None:
+                return f"has a {name} of type {type(part).__qualname__}"
+            why = adapter.refusal(part, batch)
+            if why:
+                return f"{name}: {why}"
+        return ""
+
+    def row_tensors(self, cache):
+        return [t for _, part in self._parts(cache)
+                for t in self.caches[type(part)].row_tensors(part)]
+
+    def audit_key(self, cache):
+        return tuple(self.caches[type(part)].audit_key(part) for _, part in self._parts(cache)) \
+            + (tuple(sorted(cache.is_updated.items())),)
+
+    def view(self, cache, begin, count):
+        v = copy.copy(cache)
+        for name, part in self._parts(cache):
+            setattr(v, name, self.caches[type(part)].view(part, begin, count))
+        v.is_updated = dict(cache.is_updated)
+        return v
+
+    def graph_state(self, cache):
+        """As _CacheAdapter.graph_state, once every layer's cross-attention
+        keys are computed: until then the call marks them in `is_updated`,
+        on the host, which a replay would skip."""
+        if self.refusal(cache, None):
+            return f"cannot be split ({self.refusal(cache, None)})"
+        flags = [cache.is_updated.get(k) for k in range(len(cache.cross_attention_cache.layers))]
+        if not all(flags):
+            return "marks its cross-attention keys computed (is_updated) on the host"
+        fingerprint, tensors = [], []
+        for name, part in self._parts(cache):
+            state = self.caches[type(part)].graph_state(part)
+            if isinstance(state, str):
+                return f"{name} {state}"
+            fingerprint.append(state[0])
+            tensors += [(f"{name}.{n}", t) for n, t in state[1]]
+        return tuple(fingerprint), tensors
+
+    @staticmethod
+    def _is_updated(caches, where):
+        flags = [c.is_updated for c in caches]
+        if any(f != flags[0] for f in flags):
+            raise MergeError(f"{where}micro-batches computed different cross-attention layers")
+        return flags[0]
+
+    def concat(self, caches, where):
+        for c in caches:
+            why = self.refusal(c, None)
+            if why:
+                raise MergeError(f"{where}: {type(c).__qualname__} {why}")
+        out = copy.copy(caches[0])
+        for name, part in self._parts(caches[0]):
+            setattr(out, name, self.caches[type(part)].concat(
+                [getattr(c, name) for c in caches], f"{where}: {name}"))
+        out.is_updated = dict(self._is_updated(caches, f"{where}: "))
+        return out
+
+    def merge(self, cache, views, bounds, host_reads=True):
+        is_updated = self._is_updated(views, "")
+        for name, part in self._parts(cache):
+            self.caches[type(part)].merge(part, [getattr(v, name) for v in views], bounds,
+                                          host_reads)
+        cache.is_updated.clear()
+        cache.is_updated.update(is_updated)
+
+
 class _DynamicLayerAdapter:
     """transformers.cache_utils.DynamicLayer: keys and values grow by
     concatenation along the sequence, so a micro-batch's layer starts from
@@ -1143,6 +1236,8 @@ def _state_adapters():
     for name in ("DynamicCache", "StaticCache"):
         if hasattr(cu, name):
             adapters[getattr(cu, name)] = cache
+    if hasattr(cu, "EncoderDecoderCache"):
+        adapters[cu.EncoderDecoderCache] = _EncoderDecoderCacheAdapter(dict(adapters))
     return adapters
 
 
@@ -1176,12 +1271,14 @@ def default_state_refusal(module):
         params = inspect.signature(module.forward).parameters
         if "past_key_values" not in params and "cache_params" not in params:  # Mamba's name
             return ""
-        if getattr(config, "is_encoder_decoder", False) and "encoder_hidden_states" in params:
-            # A decoder (T5's, BART's) builds an EncoderDecoderCache.
-            return "EncoderDecoderCache is not a state dynaflow can split"
+        if getattr(module, "is_decoder", None) is False:
+            return ""  # T5's encoder stack: it takes past_key_values and drops it
         from transformers import cache_utils as cu
 
         cache = cu.DynamicCache(config=config)
+        if getattr(config, "is_encoder_decoder", False) and "encoder_hidden_states" in params:
+            # A decoder (T5's, BART's) builds an EncoderDecoderCache.
+            cache = cu.EncoderDecoderCache(cache, cu.DynamicCache(config=config))
     except Exception:  # noqa: BLE001 - not a cache-building model this probe knows
         return ""
     adapter = state_adapter(cache)
