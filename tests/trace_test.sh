@@ -265,6 +265,26 @@ repr(nested)"
     "SELECT count(*) FROM operators")" -ge 400
   check "stack overflow: named in the store" test "$(q "$work/overflow.db" \
     "SELECT value FROM meta WHERE key = 'exit_signal'")" = SIGSEGV
+  # The same in a Python thread (started through the tracer's pthread_create,
+  # which gives it an alternate stack too), its operators recorded in it.
+  expect_code "stack overflow in a thread" 139 "$bin" trace -o "$work/thread_overflow.db" -- \
+    "$py" -c "
+import sys, threading, torch
+def work():
+    x = torch.ones(4, 4)
+    for _ in range(200):
+        x = (x + 1).relu()
+    nested = []
+    for _ in range(10**6):
+        nested = [nested]
+    repr(nested)
+sys.setrecursionlimit(10**8)
+threading.stack_size(4 * 1024 * 1024)
+t = threading.Thread(target=work)
+t.start()
+t.join()"
+  check "stack overflow in a thread: operators kept" test "$(q "$work/thread_overflow.db" \
+    "SELECT count(*) FROM operators")" -ge 400
 
   # SIGKILL of dynaflow itself: the traced program is not left running
   # orphaned; it gets SIGTERM, and its store (in the parts folder) is finished.

@@ -4,7 +4,9 @@
 // With DYNAFLOW_OUTPUT_DIR unset it does nothing at all. Otherwise it writes
 // <DYNAFLOW_OUTPUT_DIR>/<pid>.db for this process and for every forked child,
 // flushed periodically, on SIGINT/SIGTERM and at exit, through exit() or
-// _exit() (which it interposes: see FinishAndExit). It claims the CUDA and
+// _exit() (which it interposes: see FinishAndExit), and on a crash, a stack
+// overflow included (it interposes pthread_create to give every thread an
+// alternate signal stack: see AlternateSignalStack). It claims the CUDA and
 // NVTX injection hooks when nobody else has, so that CUPTI starts inside
 // cuInit, before any kernel runs, and NVTX ranges reach CUPTI.
 //
@@ -26,6 +28,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include "plugin/preload/cupti_api_dl.h"
@@ -72,7 +75,7 @@ struct HookedSignal {
 // writes what it holds without calling CUPTI (the faulting thread may hold
 // the tracer's CUPTI lock). A fault on the writer thread itself is noted, not
 // waited for. The handler runs on an alternate signal stack where the thread
-// has one (see GiveThisThreadAnAlternateStack), so that a stack overflow is
+// has one (see AlternateSignalStack), so that a stack overflow is
 // flushed too.
 std::array<HookedSignal, 7> g_hooked_signals = {{{SIGINT, {}},
                                                 {SIGTERM, {}},
@@ -123,23 +126,70 @@ void HookSignals() {
 }
 
 // A stack overflow leaves no stack for a handler to run on, so the thread
-// that loads the library (the main thread, under LD_PRELOAD) gets an
-// alternate signal stack, unless the program or a sanitizer runtime gave it
-// one already. Kept for the life of the process. Other threads have none
-// (the tracer does not hook thread creation): their stack overflows still
-// die unflushed.
-void GiveThisThreadAnAlternateStack() {
-  stack_t current;
-  if (sigaltstack(nullptr, &current) != 0 || !(current.ss_flags & SS_DISABLE)) return;
+// that loads the library (the main thread, under LD_PRELOAD) and every thread
+// started after it (see pthread_create below) get an alternate signal stack,
+// unless the program or a sanitizer runtime gave them one already.
+class AlternateSignalStack {
+ public:
+  AlternateSignalStack() {
+    stack_t current;
+    if (sigaltstack(nullptr, &current) != 0 || !(current.ss_flags & SS_DISABLE)) return;
+    void* memory = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (memory == MAP_FAILED) return;
+    stack_t ours = {};
+    ours.ss_sp = memory;
+    ours.ss_size = size_;
+    if (sigaltstack(&ours, nullptr) != 0) {
+      munmap(memory, size_);
+      return;
+    }
+    memory_ = memory;
+  }
+  // At the thread's end: disabled and unmapped while it is still the thread's
+  // stack. One the thread's code replaced is left mapped: whoever replaced it
+  // may have unmapped it already (a sanitizer runtime unmaps the stack it
+  // finds at a thread's end), and its pages may hold other memory by now.
+  ~AlternateSignalStack() {
+    if (memory_ == nullptr) return;
+    stack_t current;
+    if (sigaltstack(nullptr, &current) != 0 || current.ss_sp != memory_) return;
+    stack_t disabled = {};
+    disabled.ss_flags = SS_DISABLE;
+    if (sigaltstack(&disabled, nullptr) != 0) return;  // in use: a handler is on it
+    munmap(memory_, size_);
+  }
+  AlternateSignalStack(const AlternateSignalStack&) = delete;
+  AlternateSignalStack& operator=(const AlternateSignalStack&) = delete;
+
+ private:
+  void* memory_ = nullptr;
   // The handler signals the writer and waits for it: a few KiB of stack.
-  const size_t size = std::max<size_t>(SIGSTKSZ, 64 * 1024);
-  void* memory = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (memory == MAP_FAILED) return;
-  stack_t ours = {};
-  ours.ss_sp = memory;
-  ours.ss_size = size;
-  if (sigaltstack(&ours, nullptr) != 0) munmap(memory, size);
+  // (SIGSTKSZ is a sysconf call in glibc 2.34 and later.)
+  const size_t size_ = std::max<size_t>(SIGSTKSZ, 64 * 1024);
+};
+
+// A thread started while tracing: its routine runs with an alternate signal
+// stack, freed when the routine returns or the thread exits (pthread_exit and
+// cancellation unwind through this frame).
+struct ThreadStart {
+  void* (*routine)(void*);
+  void* arg;
+};
+
+void* StartWithAlternateStack(void* boxed) {
+  const ThreadStart start = *static_cast<ThreadStart*>(boxed);
+  delete static_cast<ThreadStart*>(boxed);
+  const AlternateSignalStack stack;
+  return start.routine(start.arg);
 }
+
+// The loading thread's, kept for the life of the process (a static object's
+// destructor would unmap it during exit, while exit handlers still run).
+AlternateSignalStack* g_loading_thread_stack = nullptr;
+
+using PthreadCreateFunction = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
+// The C library's pthread_create, resolved by the constructor.
+PthreadCreateFunction g_libc_pthread_create = nullptr;
 
 // The absolute path of this library, for the injection variables.
 std::string OwnPath() {
@@ -211,6 +261,8 @@ void ChildAfterFork() {
 
 __attribute__((constructor)) void LoadTracer() {
   g_libc_exit = reinterpret_cast<ExitFunction>(dlsym(RTLD_NEXT, "_exit"));
+  g_libc_pthread_create =
+      reinterpret_cast<PthreadCreateFunction>(dlsym(RTLD_NEXT, "pthread_create"));
   SeedOperatorIds();
   try {
     std::vector<std::string> problems;
@@ -224,7 +276,7 @@ __attribute__((constructor)) void LoadTracer() {
     (void)ClaimInjection("NVTX_INJECTION64_PATH", own_path);
     const std::string cupti_path = config.cupti_path;
     g_tracer = new Tracer(std::move(config), RealCuptiLoader(cupti_path), start);
-    GiveThisThreadAnAlternateStack();
+    g_loading_thread_stack = new AlternateSignalStack();
     HookSignals();
     atexit(OnCExit);
     pthread_atfork(PrepareFork, ParentAfterFork, ChildAfterFork);
@@ -321,6 +373,26 @@ DYNAFLOW_EXPORT void dynaflow_tracer_reclaim_cupti(void) {
   } catch (...) {
     // Out of memory: CUPTI stays with the profiler; the trace says "-" for the window's end.
   }
+}
+
+// Threads started while tracing get an alternate signal stack, so that their
+// stack overflows are flushed too. Untraced, or out of memory, a thread starts
+// as it would without the library.
+DYNAFLOW_EXPORT int pthread_create(pthread_t* thread, const pthread_attr_t* attr,
+                                   void* (*routine)(void*), void* arg) {
+  using dynaflow::g_libc_pthread_create;
+  if (g_libc_pthread_create == nullptr) {  // called before our constructor ran
+    g_libc_pthread_create = reinterpret_cast<dynaflow::PthreadCreateFunction>(
+        dlsym(RTLD_NEXT, "pthread_create"));
+    if (g_libc_pthread_create == nullptr) return EAGAIN;
+  }
+  auto* start = g_tracer != nullptr ? new (std::nothrow) dynaflow::ThreadStart{routine, arg}
+                                    : nullptr;
+  if (start == nullptr) return g_libc_pthread_create(thread, attr, routine, arg);
+  const int result =
+      g_libc_pthread_create(thread, attr, dynaflow::StartWithAlternateStack, start);
+  if (result != 0) delete start;
+  return result;
 }
 
 DYNAFLOW_EXPORT void _exit(int status) noexcept { dynaflow::FinishAndExit(status); }

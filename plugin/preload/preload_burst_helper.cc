@@ -1,8 +1,9 @@
 // A burst of operators through the C ABI from several threads, as the torch
 // extension records them, for preload_integration_test. Linked to
 // libdynaflow_preload.so (not LD_PRELOADed), so that it also runs in
-// sanitizer builds. Usage: preload_burst_helper THREADS OPS_PER_THREAD [overflow]
-// With `overflow`, the main thread then overflows its stack (SIGSEGV).
+// sanitizer builds. Usage: preload_burst_helper THREADS OPS_PER_THREAD [overflow|thread_overflow]
+// With `overflow`, the main thread then overflows its stack (SIGSEGV); with
+// `thread_overflow`, a thread started after the burst does.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -22,7 +23,9 @@ __attribute__((noinline)) int64_t OverflowTheStack(volatile char* caller, int64_
 
 int main(int argc, char** argv) {
   const bool overflow = argc == 4 && std::strcmp(argv[3], "overflow") == 0;
-  if ((argc != 3 && !overflow) || dynaflow_tracer_abi_version() != DYNAFLOW_TRACER_ABI_VERSION) {
+  const bool thread_overflow = argc == 4 && std::strcmp(argv[3], "thread_overflow") == 0;
+  if ((argc != 3 && !overflow && !thread_overflow) ||
+      dynaflow_tracer_abi_version() != DYNAFLOW_TRACER_ABI_VERSION) {
     return 2;
   }
   const int threads = std::atoi(argv[1]);
@@ -51,6 +54,12 @@ int main(int argc, char** argv) {
   if (overflow) {
     volatile char start = 0;
     return static_cast<int>(OverflowTheStack(&start, 0));
+  }
+  if (thread_overflow) {
+    std::thread([] {
+      volatile char start = 0;
+      (void)OverflowTheStack(&start, 0);
+    }).join();
   }
   return dynaflow_tracer_active() && dynaflow_tracer_record_ops() ? 0 : 3;
 }

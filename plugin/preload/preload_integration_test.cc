@@ -250,13 +250,16 @@ TEST_F(PreloadTest, MillionOperatorsThroughTheCAbiWithoutLoss) {
 }
 
 // A stack overflow leaves no stack for the crash handler: it runs on the
-// alternate stack the library gives the main thread, so the program still
-// dies of SIGSEGV and keeps what it recorded (less than the writer's one
-// second between timed flushes, so without the handler it would keep nothing).
-TEST_F(PreloadTest, AStackOverflowKeepsWhatWasRecorded) {
+// alternate stack the library gives the main thread and every thread started
+// after it, so the program still dies of SIGSEGV and keeps what it recorded
+// (less than the writer's one second between timed flushes, so without the
+// handler it would keep nothing).
+class StackOverflowTest : public PreloadTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(StackOverflowTest, KeepsWhatWasRecorded) {
   if (kSanitized) GTEST_SKIP() << "the sanitizer runtime handles stack overflows itself";
   pid_t pid;
-  const int status = RunToEnd({DYNAFLOW_BURST_HELPER, "2", "500", "overflow"},
+  const int status = RunToEnd({DYNAFLOW_BURST_HELPER, "2", "500", GetParam()},
                               {"DYNAFLOW_OUTPUT_DIR=" + dir_.string()}, &pid);
   ASSERT_TRUE(WIFSIGNALED(status)) << status;
   EXPECT_EQ(WTERMSIG(status), SIGSEGV);
@@ -266,6 +269,9 @@ TEST_F(PreloadTest, AStackOverflowKeepsWhatWasRecorded) {
             "SIGSEGV");
   EXPECT_EQ(db.execAndGet("PRAGMA integrity_check").getString(), "ok");
 }
+
+INSTANTIATE_TEST_SUITE_P(OnTheMainThreadAndOnAThreadStartedLater, StackOverflowTest,
+                         ::testing::Values("overflow", "thread_overflow"));
 
 }  // namespace
 }  // namespace dynaflow
