@@ -78,14 +78,14 @@ SEQ2SEQ = {
     "t5": ("T5ForConditionalGeneration", "encoder", "decoder", "block"),
     "bart": ("BartForConditionalGeneration", "model.encoder", "model.decoder", "layers"),
 }
-# A forward with labels, and generate() with a dynamic cache, a static one and
-# padding: the decoder runs once per call of `labels` and NEW_TOKENS (3) times
-# per generate(), the encoder once per call; twice (--warmup). Audited, the
-# first call of each kind: the encoder's in a forward and in generate(); the
-# decoder's in the forward (a cache of its own), and a prefill and a decode
-# step on a dynamic and on a static cache.
-SEQ2SEQ_PATTERNS = ("labels", "generate", "static_cache", "left_padding")
-SEQ2SEQ_CALLS = {"encoder": (2 * 4, 2), "decoder": (2 * (1 + 3 * 3), 1 + 2 * 2)}
+# A forward with labels, and generate() with a dynamic cache, a static one,
+# padding and a cache the caller passed: the decoder runs once per call of
+# `labels` and NEW_TOKENS (3) times per generate(), the encoder once per call;
+# twice (--warmup). Audited, the first call of each kind: the encoder's in a
+# forward and in generate(); the decoder's in the forward (a cache of its
+# own), and a prefill and a decode step on a dynamic and on a static cache.
+SEQ2SEQ_PATTERNS = ("labels", "generate", "static_cache", "left_padding", "passed_cache")
+SEQ2SEQ_CALLS = {"encoder": (2 * 5, 2), "decoder": (2 * (1 + 3 * 4), 1 + 2 * 2)}
 
 
 def run(*cmd, env=None):
@@ -123,17 +123,23 @@ class HfApplyTest(unittest.TestCase):
     def path(self, name):
         return os.path.join(self.dir, name)
 
-    def plan_for(self, family):
-        """Trace a forward of `family` and force a 2-way split: plan.json."""
+    def force_plan(self, family, pattern):
+        """Trace `pattern` of `family` and force a 2-way split: the plan's path."""
         db, plan = self.path(f"{family}.db"), self.path(f"{family}.json")
-        if os.path.exists(plan):
-            return plan
-        r = run(BIN, "trace", "-o", db, "--", PY, MODELS, "--family", family,
-                "--patterns", "forward", *DEVICE)
+        r = run(BIN, "trace", "-o", db, "--", PY, MODELS, "--family", family, "--patterns",
+                pattern, *DEVICE)
         self.assertEqual(r.returncode, 0, r.stderr)
         r = run(BIN, "advise", db, "--plan", plan, "--force-strategy", "nanobatch_overlap",
                 "--splits", "2")
         self.assertEqual(r.returncode, 0, r.stderr)
+        return plan
+
+    def plan_for(self, family):
+        """Trace a forward of `family` and force a 2-way split: plan.json."""
+        plan = self.path(f"{family}.json")
+        if os.path.exists(plan):
+            return plan
+        self.force_plan(family, "forward")
         with open(plan) as f:
             p = json.load(f)
         unit, layers = FAMILIES[family]
@@ -199,13 +205,7 @@ class HfApplyTest(unittest.TestCase):
     def refused_at_attach(self, family, unit):
         """Trace, force a split and apply --strict: refused before any call,
         for the cache `unit` builds when a call passes none."""
-        db, plan = self.path(f"{family}.db"), self.path(f"{family}.json")
-        r = run(BIN, "trace", "-o", db, "--", PY, MODELS, "--family", family, "--patterns",
-                "forward", *DEVICE)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        r = run(BIN, "advise", db, "--plan", plan, "--force-strategy", "nanobatch_overlap",
-                "--splits", "2")
-        self.assertEqual(r.returncode, 0, r.stderr)
+        plan = self.force_plan(family, "forward")
         r = run(BIN, "apply", "--strict", plan, "--", PY, MODELS, "--family", family,
                 "--patterns", "forward", *DEVICE)
         self.assertEqual(r.returncode, 2, r.stderr)
@@ -468,14 +468,7 @@ class HfApplyTest(unittest.TestCase):
         # is_updated flags each layer sets once its cross-attention keys
         # exist, per micro-batch and merged back.
         for family, (top, encoder, decoder, layers) in SEQ2SEQ.items():
-            db, plan = self.path(f"{family}.db"), self.path(f"{family}.json")
-            r = run(BIN, "trace", "-o", db, "--", PY, MODELS, "--family", family, "--patterns",
-                    "labels", *DEVICE)
-            self.assertEqual(r.returncode, 0, r.stderr)
-            r = run(BIN, "advise", db, "--plan", plan, "--force-strategy", "nanobatch_overlap",
-                    "--splits", "2")
-            self.assertEqual(r.returncode, 0, r.stderr)
-            with open(plan) as f:
+            with open(self.force_plan(family, "labels")) as f:
                 p = json.load(f)
             rules = {r["role"]: r for r in p["partition_rules"] if r["modules"]}
             self.assertEqual(rules["split"]["modules"], [f"{top}.{encoder}"])

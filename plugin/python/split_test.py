@@ -579,6 +579,9 @@ class CacheTest(unittest.TestCase):
         self.assertIn("grows its keys and values by concatenation",
                       adapter.graph_state(cache))  # dynamic: never replayed
 
+        passed = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        passed._is_user_defined = True  # generate() marks a cache its caller passed
+        self.assertEqual(_split.state_adapter(passed).refusal(passed, 4), "")
         odd = EncoderDecoderCache(DynamicCache(), DynamicCache())
         odd.self_attention_cache.extra = 1
         self.assertEqual(_split.state_adapter(odd).refusal(odd, 4),

@@ -183,6 +183,17 @@ def pattern_labels(model, ids):
                        out.encoder_last_hidden_state.float()]}
 
 
+def pattern_passed_cache(model, ids):
+    """generate() on a cache its caller made and passed (an encoder-decoder's
+    EncoderDecoderCache), which generate() marks as the caller's."""
+    config = model.config
+    cache = tf.DynamicCache(config=config)
+    if config.is_encoder_decoder:
+        cache = tf.EncoderDecoderCache(cache, tf.DynamicCache(config=config))
+    return greedy(model, input_ids=ids, attention_mask=torch.ones_like(ids),
+                  past_key_values=cache)
+
+
 def pattern_train(model, ids):
     """A training step as fine-tuning runs it: train mode (the config's
     dropout active, where it has one), the inputs as labels, the loss's
@@ -204,7 +215,7 @@ def pattern_train(model, ids):
 # Run only when named (not in "all").
 EXTRA_PATTERNS = {"outputs": pattern_outputs, "router_logits": pattern_router_logits,
                   "train": pattern_train, "next_turn": pattern_next_turn,
-                  "labels": pattern_labels}
+                  "labels": pattern_labels, "passed_cache": pattern_passed_cache}
 
 
 def main():

@@ -925,7 +925,10 @@ class _EncoderDecoderCacheAdapter:
     when only micro-batch 0's do); the micro-batches must agree on it, and
     the merged cache takes it."""
 
-    KNOWN = frozenset({"self_attention_cache", "cross_attention_cache", "is_updated"})
+    # `_is_user_defined`: as in _CacheAdapter.KNOWN (a cache the caller passed
+    # to generate()).
+    KNOWN = frozenset({"self_attention_cache", "cross_attention_cache", "is_updated",
+                       "_is_user_defined"})
 
     def __init__(self, caches):
         self.caches = caches  # {cache class: its adapter}
