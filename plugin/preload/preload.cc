@@ -125,6 +125,34 @@ void HookSignals() {
   }
 }
 
+// The size of the alternate signal stacks: the handler signals the writer
+// and waits for it, a few KiB of stack. (SIGSTKSZ is a sysconf call in glibc
+// 2.34 and later.)
+size_t AlternateStackSize() { return std::max<size_t>(SIGSTKSZ, 64 * 1024); }
+
+// Alternate stacks of ended threads, kept for the threads started next: a
+// thread start then costs two sigaltstack calls, not also a mmap and a munmap
+// (which, in a multi-threaded process, interrupts the other cores to flush
+// their TLBs; docs/performance.md, bench/thread_start_overhead.sh). Lock-free
+// slots, so that a fork never leaves one locked.
+std::array<std::atomic<void*>, 16> g_spare_stacks{};
+
+void* TakeSpareStack() {
+  for (std::atomic<void*>& slot : g_spare_stacks) {
+    if (slot.load(std::memory_order_relaxed) == nullptr) continue;
+    if (void* memory = slot.exchange(nullptr, std::memory_order_acquire)) return memory;
+  }
+  return nullptr;
+}
+
+void KeepOrUnmapStack(void* memory) {
+  for (std::atomic<void*>& slot : g_spare_stacks) {
+    void* empty = nullptr;
+    if (slot.compare_exchange_strong(empty, memory, std::memory_order_release)) return;
+  }
+  munmap(memory, AlternateStackSize());
+}
+
 // A stack overflow leaves no stack for a handler to run on, so the thread
 // that loads the library (the main thread, under LD_PRELOAD) and every thread
 // started after it (see pthread_create below) get an alternate signal stack,
@@ -134,21 +162,26 @@ class AlternateSignalStack {
   AlternateSignalStack() {
     stack_t current;
     if (sigaltstack(nullptr, &current) != 0 || !(current.ss_flags & SS_DISABLE)) return;
-    void* memory = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (memory == MAP_FAILED) return;
+    void* memory = TakeSpareStack();
+    if (memory == nullptr) {
+      memory = mmap(nullptr, AlternateStackSize(), PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (memory == MAP_FAILED) return;
+    }
     stack_t ours = {};
     ours.ss_sp = memory;
-    ours.ss_size = size_;
+    ours.ss_size = AlternateStackSize();
     if (sigaltstack(&ours, nullptr) != 0) {
-      munmap(memory, size_);
+      KeepOrUnmapStack(memory);
       return;
     }
     memory_ = memory;
   }
-  // At the thread's end: disabled and unmapped while it is still the thread's
-  // stack. One the thread's code replaced is left mapped: whoever replaced it
-  // may have unmapped it already (a sanitizer runtime unmaps the stack it
-  // finds at a thread's end), and its pages may hold other memory by now.
+  // At the thread's end: disabled and kept for the next thread (or unmapped)
+  // while it is still the thread's stack. One the thread's code replaced is
+  // left alone: whoever replaced it may have unmapped it already (a sanitizer
+  // runtime unmaps the stack it finds at a thread's end), and its pages may
+  // hold other memory by now.
   ~AlternateSignalStack() {
     if (memory_ == nullptr) return;
     stack_t current;
@@ -156,16 +189,13 @@ class AlternateSignalStack {
     stack_t disabled = {};
     disabled.ss_flags = SS_DISABLE;
     if (sigaltstack(&disabled, nullptr) != 0) return;  // in use: a handler is on it
-    munmap(memory_, size_);
+    KeepOrUnmapStack(memory_);
   }
   AlternateSignalStack(const AlternateSignalStack&) = delete;
   AlternateSignalStack& operator=(const AlternateSignalStack&) = delete;
 
  private:
   void* memory_ = nullptr;
-  // The handler signals the writer and waits for it: a few KiB of stack.
-  // (SIGSTKSZ is a sysconf call in glibc 2.34 and later.)
-  const size_t size_ = std::max<size_t>(SIGSTKSZ, 64 * 1024);
 };
 
 // A thread started while tracing: its routine runs with an alternate signal
