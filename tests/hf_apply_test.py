@@ -13,7 +13,8 @@ later stack call planned and run in the schedule's issue order, --verify
 passing, the same tokens and logits within float32's tolerance. Llama also
 runs in process (`dynaflow.apply(model, plan)`), with and without
 torch.compile; and once under torch.inference_mode(). LFM2 and Mamba, whose own caches hold state no
-adapter merges, are refused before they run. A training step splits where the model has no
+adapter merges, are refused before a call that builds one runs split; their calls that build none
+split. GPT-J, XGLM and DeepSeek-V2 look their position tables up by per-row positions, and split. A training step splits where the model has no
 dropout (Llama) and is refused where it has (GPT-2). The encoder-decoders T5 and BART split
 their encoder and, with their EncoderDecoderCache, their decoder.
 
@@ -202,29 +203,67 @@ class HfApplyTest(unittest.TestCase):
     def test_gemma2(self):
         self.check_family("gemma2")
 
-    def refused_at_attach(self, family, unit):
-        """Trace, force a split and apply --strict: refused before any call,
-        for the cache `unit` builds when a call passes none."""
-        plan = self.force_plan(family, "forward")
-        r = run(BIN, "apply", "--strict", plan, "--", PY, MODELS, "--family", family,
-                "--patterns", "forward", *DEVICE)
+    def forced_plan(self, family):
+        """The forced 2-way plan of a forward of `family`, made once."""
+        plan = self.path(f"{family}.json")
+        return plan if os.path.exists(plan) else self.force_plan(family, "forward")
+
+    def refused_at_its_first_call(self, family, unit, field):
+        """Apply --strict to a forward with the library's defaults: the cache
+        the call builds has a layer no adapter merges. Its first call runs the
+        original way, audited, and that finds the cache and refuses the plan
+        before any call runs split."""
+        r = run(BIN, "apply", "--strict", self.forced_plan(family), "--", PY, MODELS, "--family",
+                family, "--patterns", "forward", *DEVICE)
         self.assertEqual(r.returncode, 2, r.stderr)
-        self.assertIn(f"dynaflow apply: plan refused: {unit}: the cache it builds "
-                      "when a call passes none, DynamicCache has a layer of type "
-                      "LinearAttentionLayer (layer 0)", r.stderr)
+        self.assertIn(f"dynaflow apply: plan refused: {unit}: the output.{field} is a "
+                      "DynamicCache the call built, which has a layer of type "
+                      "LinearAttentionLayer (layer 0) (a call with use_cache=False builds "
+                      "none); exiting (--strict)", r.stderr)
         self.assertNotIn("Traceback", r.stderr)
-        self.assertNotIn("tokens", r.stdout)  # the program never ran a forward
+        self.assertNotIn("tokens", r.stdout)  # it exited in the program's first forward
 
-    def test_a_model_whose_own_cache_cannot_be_split_is_refused_before_it_runs(self):
+    def test_a_model_whose_own_cache_cannot_be_split_is_refused_before_it_runs_split(self):
         # LFM2's short-convolution layers keep LinearAttentionLayer state in the
-        # DynamicCache it builds when a call passes none: no adapter merges it,
-        # so the stack is refused at attach (it once failed after running).
-        self.refused_at_attach("lfm2", "Lfm2ForCausalLM.model")
+        # DynamicCache it builds when a call passes none: no adapter merges it
+        # (it once failed after the micro-batches ran).
+        self.refused_at_its_first_call("lfm2", "Lfm2ForCausalLM.model", "past_key_values")
 
-    def test_mamba_whose_cache_is_cache_params_is_refused_before_it_runs(self):
-        # Mamba names the cache it builds cache_params (it once failed after
-        # its micro-batches ran).
-        self.refused_at_attach("mamba", "MambaForCausalLM.backbone")
+    def test_mamba_whose_cache_is_cache_params_is_refused_before_it_runs_split(self):
+        self.refused_at_its_first_call("mamba", "MambaForCausalLM.backbone", "cache_params")
+
+    def test_calls_that_build_no_cache_split_where_the_cache_could_not(self):
+        # Such models were refused whole, though a call that builds no cache
+        # (use_cache=False; Mamba's training step) splits safely. Run twice
+        # (--warmup): the first call audited, the second split.
+        for family, pattern in (("mamba", "no_cache"), ("lfm2", "no_cache"), ("mamba", "train")):
+            with self.subTest(family=family, pattern=pattern):
+                out = self.path(f"{family}_{pattern}.pt")
+                r = run(BIN, "apply", "--verify", "--strict", self.forced_plan(family), "--", PY,
+                        MODELS, "--family", family, "--patterns", pattern, "--out", out,
+                        "--warmup", *DEVICE)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn("dynaflow apply: 1 planned and 1 original calls of 1 modules",
+                              r.stderr)
+                compare(self, self.outputs_base(family, pattern), out, (pattern,))
+
+    def test_position_tables_looked_up_by_per_row_positions_split(self):
+        # GPT-J gathers its sines from a table repeated per row, XGLM selects
+        # them from a sinusoidal table, DeepSeek-V2 rotates by complex numbers
+        # (polar, view_as_complex): each was refused, though it keeps rows
+        # apart. generate() twice (--warmup): a prefill and a decode step
+        # audited, 4 of the 6 stack calls split.
+        for family in ("gptj", "xglm", "deepseek_v2"):
+            with self.subTest(family=family):
+                out = self.path(f"{family}_generate.pt")
+                r = run(BIN, "apply", "--verify", "--strict", self.forced_plan(family), "--", PY,
+                        MODELS, "--family", family, "--patterns", "generate", "--out", out,
+                        "--warmup", *DEVICE)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn("dynaflow apply: 4 planned and 2 original calls of 1 modules",
+                              r.stderr)
+                self.assertRegex(r.stdout, r"verify: max_abs_diff=\S+ max_rel_diff=\S+ \(4 calls\)")
+                compare(self, self.outputs_base(family, "generate"), out, ("generate",))
 
     def layers_plan(self):
         """A plan whose units are Llama's layers themselves, with no stage

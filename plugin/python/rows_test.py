@@ -191,6 +191,51 @@ class RowAuditTest(unittest.TestCase):
         self.assertMixes(lambda x, p: x[p], self.x, p, why=r"indexes the dimension of the "
                                                            r"rows with other than arange")
 
+    def test_position_tables_looked_up_by_per_row_positions_keep_rows_apart(self):
+        # Found by probing transformers' models: each was refused, safe.
+        x, half = self.x, H // 2
+        positions = torch.randint(0, 10, (B, T))
+        table = torch.randn(10, H)  # made once, the same for every row
+
+        def gptj(x, positions):  # a table repeated per row, gathered by positions
+            repeated = table.unsqueeze(0).repeat(positions.shape[0], 1, 1)
+            index = positions.unsqueeze(-1).repeat(1, 1, H)
+            return x * torch.gather(repeated, 1, index)
+
+        def xglm(x, positions):  # a sinusoidal table selected by positions
+            return x + table.index_select(0, positions.view(-1)).view(B, T, H)
+
+        def deepseek_v2(x, positions):  # rotation by complex numbers
+            freqs = positions[..., None].float() * torch.linspace(0.1, 1.0, half)
+            cis = torch.polar(torch.ones_like(freqs), freqs)
+            return torch.view_as_real(torch.view_as_complex(x.reshape(B, T, half, 2)) *
+                                      cis).flatten(2)
+
+        for fn in (gptj, xglm, deepseek_v2):
+            with self.subTest(fn.__name__):
+                self.assertKeeps(fn, x, positions)
+        # Rows gathered or selected along their own dimension, or from a
+        # table that differs between rows, are still caught.
+        differs = torch.arange(B).float().view(B, 1, 1).expand(B, 10, H)
+        cases = {
+            "a gather across the rows": (
+                lambda x, p: x.gather(0, torch.zeros(B, T, H, dtype=torch.long)),
+                r"aten::gather gathers along the dimension of the rows"),
+            "a table that differs between rows, gathered by positions": (
+                lambda x, p: x * differs.gather(1, p.unsqueeze(-1).expand(B, T, H)),
+                r"aten::gather pairs rows with a tensor of 4 elements made in the call that "
+                r"differs between rows"),
+            "rows selected by positions that hold rows": (
+                lambda x, p: x.index_select(1, p[:, 0] % T),
+                r"aten::index_select selects from rows by indices that hold rows"),
+            "rows selected along their own dimension": (
+                lambda x, p: x.index_select(0, torch.tensor([1, 0, 3, 2])),
+                r"aten::index_select selects along the dimension of the rows"),
+        }
+        for name, (fn, why) in cases.items():
+            with self.subTest(name):
+                self.assertMixes(fn, x, positions, why=why)
+
     def test_shape_operators_keep_rows_apart(self):
         # Seen undecomposed under inference mode.
         x = self.x

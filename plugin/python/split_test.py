@@ -483,42 +483,27 @@ class CacheTest(unittest.TestCase):
         with self.assertRaisesRegex(_split.MergeError, "replaced its rows of a static cache"):
             s.merge_state()
 
-    def test_a_model_whose_own_cache_has_no_adapter_is_refused_before_it_runs(self):
+    def test_an_output_that_could_not_be_merged_is_found_in_the_unsplit_call(self):
+        # Asked of the audited first call: a cache the call built that no
+        # adapter stacks (LFM2's, Mamba's) once failed after the micro-batches ran.
         from transformers import LlamaConfig
-
-        class Stack(torch.nn.Module):
-            def __init__(self, config):
-                super().__init__()
-                self.config = config
-
-            def forward(self, x, past_key_values=None):
-                return x
+        from transformers.cache_utils import DynamicCache
+        from transformers.modeling_outputs import CausalLMOutputWithPast
 
         config = LlamaConfig(hidden_size=8, num_attention_heads=2, num_hidden_layers=2)
-        self.assertEqual(_split.default_state_refusal(Stack(config)), "")
+        logits = torch.ones(2, 3)
+        merged = CausalLMOutputWithPast(logits=logits, past_key_values=DynamicCache(config=config))
+        self.assertEqual(_split.output_refusal((merged, 3, None, "x"), set()), "")
         config.layer_types = ["full_attention", "linear_attention"]
-        self.assertEqual(_split.default_state_refusal(Stack(config)),
-                         "DynamicCache has a layer of type LinearAttentionLayer (layer 1)")
-        self.assertEqual(_split.default_state_refusal(torch.nn.Linear(2, 2)), "")  # no cache
-
-        class Mamba(Stack):  # Mamba's own name for the cache it builds
-            def forward(self, x, cache_params=None):
-                return x
-
-        self.assertEqual(_split.default_state_refusal(Mamba(config)),
-                         "DynamicCache has a layer of type LinearAttentionLayer (layer 1)")
-
-        class Decoder(Stack):  # T5's and BART's decoder stacks
-            def forward(self, x, encoder_hidden_states=None, past_key_values=None):
-                return x
-
-        config = LlamaConfig(hidden_size=8, num_attention_heads=2, num_hidden_layers=2)
-        config.is_encoder_decoder = True
-        self.assertEqual(_split.default_state_refusal(Decoder(config)), "")
-        self.assertEqual(_split.default_state_refusal(Stack(config)), "")  # the encoder
-        encoder = Decoder(config)
-        encoder.is_decoder = False  # T5's encoder stack: takes past_key_values, builds none
-        self.assertEqual(_split.default_state_refusal(encoder), "")
+        built = DynamicCache(config=config)
+        out = CausalLMOutputWithPast(logits=logits, past_key_values=built)
+        self.assertEqual(_split.output_refusal(out, set()),
+                         "the output.past_key_values is a DynamicCache the call built, which has "
+                         "a layer of type LinearAttentionLayer (layer 1) (a call with "
+                         "use_cache=False builds none)")
+        self.assertEqual(_split.output_refusal(out, {id(built)}), "")  # passed, returned as is
+        self.assertEqual(_split.output_refusal({"h": [logits, object()]}, set()),
+                         "the output['h'][1] is a object, which dynaflow cannot merge")
 
     def test_an_encoder_decoder_cache_splits_both_caches_and_its_cross_attention_flags(self):
         from transformers import DynamicCache, EncoderDecoderCache

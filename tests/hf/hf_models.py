@@ -51,6 +51,22 @@ def tiny_config(family):
     if family == "lfm2":  # short-convolution layers: state no adapter merges
         return tf.Lfm2Config(intermediate_size=128, num_key_value_heads=2,
                              layer_types=["conv", "full_attention"], **common)
+    # Position tables looked up by per-row positions: GPT-J gathers from a
+    # table repeated per row, XGLM selects from a sinusoidal one, DeepSeek-V2
+    # rotates by complex numbers (polar, view_as_complex).
+    if family == "gptj":
+        return tf.GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                             rotary_dim=8, pad_token_id=0, eos_token_id=None, bos_token_id=1)
+    if family == "xglm":
+        return tf.XGLMConfig(vocab_size=VOCAB, d_model=64, num_layers=2, attention_heads=4,
+                             ffn_dim=128, max_position_embeddings=64, pad_token_id=0,
+                             eos_token_id=None, bos_token_id=1, decoder_start_token_id=2)
+    if family == "deepseek_v2":
+        return tf.DeepseekV2Config(intermediate_size=128, moe_intermediate_size=32,
+                                   n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                                   topk_group=1, first_k_dense_replace=1, kv_lora_rank=16,
+                                   q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                   v_head_dim=16, num_key_value_heads=2, **common)
     # Encoder-decoders: their decoders build an EncoderDecoderCache (self- and
     # cross-attention); T5's encoder and decoder are one class, T5Stack.
     if family == "t5":
@@ -90,6 +106,13 @@ def greedy(model, **kwargs):
 def pattern_forward(model, ids):
     """model(ids) with the library's defaults (a DynamicCache is made)."""
     logits = model(ids).logits
+    return {"tokens": logits.argmax(-1), "logits": [logits.float()]}
+
+
+def pattern_no_cache(model, ids):
+    """model(ids, use_cache=False): a scoring or evaluation forward that
+    builds no cache."""
+    logits = model(ids, use_cache=False).logits
     return {"tokens": logits.argmax(-1), "logits": [logits.float()]}
 
 
@@ -215,7 +238,8 @@ def pattern_train(model, ids):
 # Run only when named (not in "all").
 EXTRA_PATTERNS = {"outputs": pattern_outputs, "router_logits": pattern_router_logits,
                   "train": pattern_train, "next_turn": pattern_next_turn,
-                  "labels": pattern_labels, "passed_cache": pattern_passed_cache}
+                  "labels": pattern_labels, "passed_cache": pattern_passed_cache,
+                  "no_cache": pattern_no_cache}
 
 
 def main():

@@ -71,8 +71,8 @@ import threading
 from ._graphs import EAGER, CudaGraphs, NoGraph, UnitGraphs, rebuild, unwatched
 from ._rows import audit_key, make_audit
 from ._split import (_UNCHECKABLE, MergeError, Refusal, SliceMerge, Unchanged, Unsplittable,
-                     check_module, default_state_refusal, inference_buffers, install_lazy_hooks,
-                     merge_outputs, split_call)
+                     check_module, inference_buffers, install_lazy_hooks, merge_outputs,
+                     output_refusal, split_call)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -1214,9 +1214,11 @@ class _PlannedForward:
     def _audited(self, key, split, args, kwargs, batch):
         """The first call of its kind (`_rows.audit_key`) runs the original
         way, once, under `_rows`' audit: the proof that its operators keep
-        the batch's rows apart. Calls of that kind split from then on; if
-        they would mix rows, the plan is refused (before any of them ran
-        split)."""
+        the batch's rows apart, and that their outputs can be merged (a
+        cache the call builds has an adapter: `_split.output_refusal`).
+        Calls of that kind split from then on; if they would mix rows or
+        return what cannot be merged, the plan is refused (before any of them
+        ran split)."""
         a = self.applier
         audit = make_audit(batch)
         for t, _ in split.row_views.values():
@@ -1237,7 +1239,8 @@ class _PlannedForward:
         audit.check_result(_tensors_in(out), "the call")
         for adapter, original, _ in split.states:
             audit.check_result(adapter.row_tensors(original), type(original).__name__)
-        why = audit.mixed or ("" if rng == _rng_states() else _DRAWS_RANDOM)
+        why = audit.mixed or ("" if rng == _rng_states() else _DRAWS_RANDOM) or \
+            output_refusal(out, {id(original) for _, original, _ in split.states})
         self.audited[key] = why
         a.report.unsplit_call(f"{self.path}: {_AUDITED}")
         if why:
@@ -1634,10 +1637,6 @@ class Applier:
         # that make other collectives are reported off schedule.)
         stages = {}
         for path, module in units:
-            why = default_state_refusal(module)
-            if why:
-                raise PlanMismatch(f"{_cut(path)}: the cache it builds when a call passes none, "
-                                   f"{why}")
             for splits, (kind, patterns, segments) in regions.items():
                 if kind != STAGGERED:
                     stages[(path, splits)] = []

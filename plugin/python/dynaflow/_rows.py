@@ -542,7 +542,7 @@ _BROADCASTING = frozenset({"where", "masked_fill", "masked_fill_", "copy_", "cop
                            "lift_fresh_copy", "fill_", "fill", "zero_", "native_dropout",
                            "bernoulli", "bernoulli_", "uniform_", "normal_", "_conj",
                            "_neg_view", "resolve_conj", "resolve_neg",
-                           "logical_not", "bitwise_not"})
+                           "logical_not", "bitwise_not", "polar", "complex"})
 
 
 # Batch norms whose argument 5 says training (statistics of the whole batch).
@@ -733,9 +733,17 @@ def _rule_table(torch, cls):
     add("embedding", embedding)
 
     def index_select(a, func, args, kwargs):
-        t, dim, index = args[0], args[1], args[2]
-        tag = a.tag_of(t)
-        if tag is None or a.tag_of(index) is not None or dim % t.dim() == tag[0]:
+        """t.index_select(dim, index), index one-dimensional: rows of t off
+        `dim` by an index that holds none; or a table that holds none (a
+        sinusoidal position table) looked up by an index that holds rows
+        (per-row positions), as `embedding` does."""
+        t, dim, index = args[0], args[1] % max(args[0].dim(), 1), args[2]
+        tag, ti = a.tag_of(t), a.tag_of(index)
+        if tag is None:
+            return a.set_all((dim, ti[1]))
+        if ti is not None:
+            raise _Mixed("selects from rows by indices that hold rows")
+        if dim == tag[0]:
             raise _Mixed("selects along the dimension of the rows")
         return a.set_all(tag)
 
@@ -813,12 +821,25 @@ def _rule_table(torch, cls):
     add("index_put index_put_ _index_put_impl_", index_put)
 
     def gather(a, func, args, kwargs):
-        t, dim, index = args[0], args[1], args[2]
+        """gather(t, dim, index): out[..., i, ...] = t[..., index[..., i, ...],
+        ...] along `dim`; off `dim`, t is read at the index's own positions.
+        The rows off `dim`, in the same place in both, or in one of them with
+        the other the same for every row (GPT-J's position table, repeated
+        per row, gathered by per-row positions)."""
+        t, index = args[0], args[2]
+        dim = args[1] % t.dim()
         tag, ti = a.tag_of(t), a.tag_of(index)
-        dim %= t.dim()
-        if tag is None or ti != tag or dim == tag[0]:
-            raise _Mixed("gathers along, or across, the dimension of the rows")
-        return a.set_all(tag)
+        rows = ti if ti is not None else tag
+        if tag is not None and ti is not None and tag != ti:
+            raise _Mixed("gathers from rows by indices that hold rows in another place")
+        if rows[0] == dim:
+            raise _Mixed("gathers along the dimension of the rows")
+        if t.shape[rows[0]] != index.shape[rows[0]]:
+            raise _Mixed("gathers from a tensor of another size in the dimension of the rows")
+        for x in (t, index):
+            if a.tag_of(x) is None:
+                a.require_uniform(x, rows[0], rows[1])
+        return a.set_all(rows)
 
     add("gather", gather)
 
@@ -995,6 +1016,18 @@ def _rule_table(torch, cls):
         return a.set_all(a.tag_of(args[0]))
 
     add("one_hot", one_hot)
+
+    def complex_views(a, func, args, kwargs):
+        """view_as_complex takes the last dimension (real and imaginary
+        parts, 2) into the dtype; view_as_real gives it back."""
+        t = args[0]
+        tag = a.tag_of(t)
+        kept = t.dim() - (func.overloadpacket.__name__ == "view_as_complex")
+        if tag is None or tag[0] >= kept:
+            raise _Mixed("takes the dimension of the rows as a complex number's parts")
+        return a.set_all(tag)
+
+    add("view_as_complex view_as_real", complex_views)
 
     def c10d_same(a, func, args, kwargs):
         """A tensor-parallel all-reduce: each element summed with the same

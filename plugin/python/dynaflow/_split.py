@@ -1260,32 +1260,31 @@ def state_adapter(value):
     return _ADAPTERS.get(type(value))
 
 
-def default_state_refusal(module):
-    """Why the cache a Hugging Face model builds for itself when a call passes
-    none (`DynamicCache(config=...)`, returned as `past_key_values`) could not
-    be merged after a split call, or "". Asked before anything runs, so that
-    such a model is refused instead of failing after its micro-batches ran."""
-    import sys
+def output_refusal(value, passed, where="the output"):
+    """Why the output of a call, run unsplit, could not be merged from its
+    micro-batches' outputs by `merge_outputs`, or "": a state object the call
+    built (a cache a Hugging Face model makes when a call passes none) that
+    no adapter can stack, or a value of a type `_merge` does not know.
+    Asked of the audited first call of each kind, so that such calls are
+    refused before any of them runs split (the merge would fail after the
+    micro-batches ran). `passed`: the ids of the state objects the call was
+    passed, which it may return as they are."""
+    import torch
 
-    config = getattr(module, "config", None)
-    if "transformers" not in sys.modules or config is None:
+    if id(value) in passed or isinstance(value, torch.Tensor) or _is_immutable(value):
         return ""
-    try:
-        params = inspect.signature(module.forward).parameters
-        if "past_key_values" not in params and "cache_params" not in params:  # Mamba's name
-            return ""
-        if getattr(module, "is_decoder", None) is False:
-            return ""  # T5's encoder stack: it takes past_key_values and drops it
-        from transformers import cache_utils as cu
-
-        cache = cu.DynamicCache(config=config)
-        if getattr(config, "is_encoder_decoder", False) and "encoder_hidden_states" in params:
-            # A decoder (T5's, BART's) builds an EncoderDecoderCache.
-            cache = cu.EncoderDecoderCache(cache, cu.DynamicCache(config=config))
-    except Exception:  # noqa: BLE001 - not a cache-building model this probe knows
-        return ""
-    adapter = state_adapter(cache)
-    if adapter is None:
-        return f"{type(cache).__qualname__} is not a state dynaflow can split"
-    why = adapter.refusal(cache, None)
-    return f"{type(cache).__qualname__} {why}" if why else ""
+    adapter = state_adapter(value)
+    if adapter is not None:
+        why = adapter.refusal(value, None)
+        return f"{where} is a {type(value).__qualname__} the call built, which {why} (a call " \
+               f"with use_cache=False builds none)" if why else ""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [(f"{where}.{f.name}", getattr(value, f.name))
+                 for f in dataclasses.fields(value) if f.init]
+    elif isinstance(value, (tuple, list)):
+        items = [(f"{where}[{k}]", v) for k, v in enumerate(value)]
+    elif type(value) is dict:
+        items = [(f"{where}[{k!r}]", v) for k, v in value.items()]
+    else:
+        return f"{where} is a {type(value).__qualname__}, which dynaflow cannot merge"
+    return next((why for w, v in items if (why := output_refusal(v, passed, w))), "")
