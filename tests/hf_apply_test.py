@@ -14,7 +14,9 @@ passing, the same tokens and logits within float32's tolerance. Llama also
 runs in process (`dynaflow.apply(model, plan)`), with and without
 torch.compile; and once under torch.inference_mode(). LFM2 and Mamba, whose own caches hold state no
 adapter merges, are refused before a call that builds one runs split; their calls that build none
-split. GPT-J, XGLM and DeepSeek-V2 look their position tables up by per-row positions, and split. A training step splits where the model has no
+split, as do Qwen3-Next's. RecurrentGemma, which keeps state in its modules, is refused before
+any call runs split. GPT-J, XGLM and DeepSeek-V2 look their position tables up by per-row
+positions, and split. A training step splits where the model has no
 dropout (Llama) and is refused where it has (GPT-2). The encoder-decoders T5 and BART split
 their encoder and, with their EncoderDecoderCache, their decoder.
 
@@ -236,7 +238,8 @@ class HfApplyTest(unittest.TestCase):
         # Such models were refused whole, though a call that builds no cache
         # (use_cache=False; Mamba's training step) splits safely. Run twice
         # (--warmup): the first call audited, the second split.
-        for family, pattern in (("mamba", "no_cache"), ("lfm2", "no_cache"), ("mamba", "train")):
+        for family, pattern in (("mamba", "no_cache"), ("lfm2", "no_cache"), ("mamba", "train"),
+                                ("qwen3_next", "no_cache")):
             with self.subTest(family=family, pattern=pattern):
                 out = self.path(f"{family}_{pattern}.pt")
                 r = run(BIN, "apply", "--verify", "--strict", self.forced_plan(family), "--", PY,
@@ -246,6 +249,24 @@ class HfApplyTest(unittest.TestCase):
                 self.assertIn("dynaflow apply: 1 planned and 1 original calls of 1 modules",
                               r.stderr)
                 compare(self, self.outputs_base(family, pattern), out, (pattern,))
+
+    def test_a_model_that_keeps_state_in_its_modules_is_refused_before_it_runs_split(self):
+        # RecurrentGemma's recurrent layers set their state as attributes on
+        # every call, also with use_cache=False: split, each micro-batch
+        # would set it. Its first call changed it, so its second is audited
+        # too; that one changes it again, and the plan is refused: both ran
+        # the original way (the second once ran split and failed after).
+        family = "recurrent_gemma"
+        out = self.path(f"{family}_no_cache.pt")
+        r = run(BIN, "apply", self.forced_plan(family), "--", PY, MODELS, "--family", family,
+                "--patterns", "no_cache", "--out", out, "--warmup", *DEVICE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("dynaflow apply: plan refused: RecurrentGemmaForCausalLM.model: attribute "
+                      "layers.0.temporal_block.rg_lru.recurrent_states is shared by the "
+                      "micro-batches and was replaced: the split result would be wrong; the "
+                      "program runs unmodified", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        compare(self, self.outputs_base(family, "no_cache"), out, ("no_cache",))
 
     def test_position_tables_looked_up_by_per_row_positions_split(self):
         # GPT-J gathers its sines from a table repeated per row, XGLM selects

@@ -527,9 +527,24 @@ class ApplyTest(unittest.TestCase):
         self.net(self.x, cache=cache)
         torch.testing.assert_close(cache, expected)
 
-    def test_a_module_that_writes_its_own_buffers_is_a_loud_error(self):
+    def refused_at_second_call(self, net, x, message):
+        """The audited first call of `net` changed its modules' state, so its
+        second is audited too: it changes it again, and the plan is refused
+        with `message`, both calls run the original way (split, each
+        micro-batch would change that state once)."""
+        report = net._dynaflow_applier.report
+        self.audit(net, x, units=1)
+        err = io.StringIO()
+        with redirect_stderr(err):
+            out = net(x)
+        torch.testing.assert_close(out, x * 2, rtol=0, atol=0)
+        self.assertIn(f"plan refused: CountNet.layers.0: {message}", err.getvalue())
+        self.assertNotIn("forward", net.layers[0].__dict__)  # restored
+        self.assertEqual((report.planned_calls, report.original_calls), (0, 2))
+
+    def test_a_module_that_writes_its_own_buffers_is_refused_before_it_runs_split(self):
         # Each micro-batch would count once where the unsplit call counts
-        # once in all: a wrong state, so the call fails, loudly.
+        # once in all (it once failed after the micro-batches ran).
         class Counting(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -549,20 +564,16 @@ class ApplyTest(unittest.TestCase):
 
         net = CountNet()
         _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
-        self.audit(net, torch.ones(4, 3), units=1)  # operators on rows: none mix them
-        with self.assertRaisesRegex(RuntimeError, r"CountNet\.layers\.0: buffer calls is shared "
-                                                  r"by the micro-batches and was modified"):
-            net(torch.ones(4, 3))
-        # The plan is refused from then on: the next call runs unmodified.
-        self.assertNotIn("forward", net.layers[0].__dict__)
-        calls = net.layers[0].calls.item()
+        self.refused_at_second_call(net, torch.ones(4, 3), "buffer calls is shared by the "
+                                    "micro-batches and was modified in place")
         net(torch.ones(4, 3))
-        self.assertEqual(net.layers[0].calls.item(), calls + 1)
+        self.assertEqual(net.layers[0].calls.item(), 3)  # once per call, as unmodified
 
-    def test_a_module_that_changes_its_python_state_is_a_loud_error(self):
+    def test_a_module_that_changes_its_python_state_is_refused_before_it_runs_split(self):
         # A Python counter, a list appended to, a dict entry replaced, an
         # attribute set to the output: each micro-batch would do it again.
-        # Loud, and the plan is refused from then on.
+        later = {"on": False}
+
         class Counting(nn.Module):
             def __init__(self, how):
                 super().__init__()
@@ -586,6 +597,9 @@ class ApplyTest(unittest.TestCase):
                     calls = self.calls
                     del self.calls
                     self.calls = calls
+                elif self.how == "later":  # only once the program says so
+                    if later["on"]:
+                        self.calls += 1
                 elif not hasattr(self, "scale"):
                     self.register_buffer("scale", torch.ones(()))
                 return x * 2
@@ -598,16 +612,19 @@ class ApplyTest(unittest.TestCase):
             def forward(self, x):
                 return self.layers[0](x)
 
+        x = torch.ones(4, 3)
         net = CountNet("reset")
         _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
-        self.audit(net, torch.ones(4, 3), units=1)
-        net(torch.ones(4, 3))
+        self.audit(net, x, units=1)
+        net(x)
         self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
-        # A buffer made on the first call: made by the audited call, unsplit.
+        # A buffer made on the first call: that call changed the module, so
+        # the second is audited too; it changes nothing, and the third splits.
         net = CountNet("buffer")
         _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
-        self.audit(net, torch.ones(4, 3), units=1)
-        net(torch.ones(4, 3))
+        self.audit(net, x, units=1)
+        self.audit(net, x, units=1)
+        net(x)
         self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
         changed = "of the module was changed by the call, once per micro-batch"
         for how, message in [("count", f"attribute calls {changed}"),
@@ -619,14 +636,20 @@ class ApplyTest(unittest.TestCase):
             with self.subTest(how=how):
                 net = CountNet(how)
                 _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
-                self.audit(net, torch.ones(4, 3), units=1)  # the state is the module's
-                with self.assertRaisesRegex(RuntimeError, rf"CountNet\.layers\.0: {message}"):
-                    net(torch.ones(4, 3))
-                self.assertNotIn("forward", net.layers[0].__dict__)  # refused from then on
+                self.refused_at_second_call(net, x, message)
                 if how == "count":
-                    self.assertEqual(net.layers[0].calls, 3)  # the audit's, one per micro-batch
-                    net(torch.ones(4, 3))
-                    self.assertEqual(net.layers[0].calls, 4)
+                    net(x)
+                    self.assertEqual(net.layers[0].calls, 3)  # once per call, as unmodified
+        # A change that the audited calls did not make, split, is still
+        # caught after the micro-batches ran: loud, and refused from then on.
+        net = CountNet("later")
+        _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
+        self.audit(net, x, units=1)
+        later["on"] = True
+        with self.assertRaisesRegex(RuntimeError, rf"CountNet\.layers\.0: attribute calls "
+                                                  rf"{changed}"):
+            net(x)
+        self.assertNotIn("forward", net.layers[0].__dict__)
 
     def test_a_call_that_draws_random_numbers_is_refused_at_its_first_call(self):
         # Dropout in training: split, each micro-batch would draw its own mask

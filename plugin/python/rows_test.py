@@ -236,6 +236,24 @@ class RowAuditTest(unittest.TestCase):
             with self.subTest(name):
                 self.assertMixes(fn, x, positions, why=why)
 
+    def test_triangular_systems_solved_per_row_keep_rows_apart(self):
+        # Qwen3-Next's chunked delta rule: one system per row, head and chunk.
+        systems = torch.eye(T) + torch.randn(B, 2, T, T).tril(-1) * 0.1
+        rhs = torch.randn(B, 2, T, H)
+
+        def solve(systems, rhs):
+            return torch.linalg.solve_triangular(systems, rhs, upper=False, unitriangular=True)
+
+        self.assertKeeps(solve, systems, rhs)
+        self.assertKeeps(solve, systems[0, 0], rhs, rows=[rhs])  # one system for every row
+        across = torch.eye(B) + torch.randn(B, B).tril(-1) * 0.1
+        self.assertMixes(solve, across, torch.randn(B, H),
+                         why=r"aten::linalg_solve_triangular solves across the dimension of "
+                             r"the rows")
+        self.assertMixes(solve, systems, rhs, rows=[rhs],  # other systems for each row
+                         why=r"pairs rows with a tensor of 4 elements made in the call that "
+                             r"differs between rows")
+
     def test_shape_operators_keep_rows_apart(self):
         # Seen undecomposed under inference mode.
         x = self.x

@@ -51,6 +51,23 @@ def tiny_config(family):
     if family == "lfm2":  # short-convolution layers: state no adapter merges
         return tf.Lfm2Config(intermediate_size=128, num_key_value_heads=2,
                              layer_types=["conv", "full_attention"], **common)
+    # Gated delta-rule linear attention (its chunked form solves triangular
+    # systems) beside full attention; its cache holds LinearAttentionLayer state.
+    if family == "qwen3_next":
+        return tf.Qwen3NextConfig(intermediate_size=128, moe_intermediate_size=32,
+                                  shared_expert_intermediate_size=32, num_experts=4,
+                                  num_experts_per_tok=2, head_dim=16, num_key_value_heads=2,
+                                  layer_types=["linear_attention", "full_attention"],
+                                  linear_num_value_heads=4, linear_num_key_heads=2,
+                                  linear_key_head_dim=16, linear_value_head_dim=16, **common)
+    # Its recurrent layers keep their state as module attributes, set by every call.
+    if family == "recurrent_gemma":
+        return tf.RecurrentGemmaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=1, lru_width=64,
+                                       attention_window_size=8,
+                                       block_types=["recurrent", "attention"], pad_token_id=0,
+                                       eos_token_id=None, bos_token_id=1)
     # Position tables looked up by per-row positions: GPT-J gathers from a
     # table repeated per row, XGLM selects from a sinusoidal one, DeepSeek-V2
     # rotates by complex numbers (polar, view_as_complex).

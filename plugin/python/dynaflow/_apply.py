@@ -70,9 +70,9 @@ import threading
 
 from ._graphs import EAGER, CudaGraphs, NoGraph, UnitGraphs, rebuild, unwatched
 from ._rows import audit_key, make_audit
-from ._split import (_UNCHECKABLE, MergeError, Refusal, SliceMerge, Unchanged, Unsplittable,
-                     check_module, inference_buffers, install_lazy_hooks, merge_outputs,
-                     output_refusal, split_call)
+from ._split import (_UNCHECKABLE, MergeError, ModuleState, Refusal, SliceMerge, Unchanged,
+                     Unsplittable, check_module, inference_buffers, install_lazy_hooks,
+                     merge_outputs, output_refusal, split_call)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -1118,6 +1118,7 @@ class _PlannedForward:
         self.schedules = {}  # splits -> (schedule handle, task function, state)
         self.regions = {}    # splits -> _Region, where the plan staggers the unit
         self.audited = {}    # _rows.audit_key -> why its calls mix rows ("": they do not)
+        self.changed_state = set()  # keys whose audited first call changed the modules' state
         self.graphs = None   # _graphs.UnitGraphs, made at the first call with a graph backend
         # Under torch.compile the planned call is a graph break: the split,
         # the runtime's threads and streams, and the merge run as they do
@@ -1183,7 +1184,7 @@ class _PlannedForward:
             a.report.unsplit_call(str(e))
             return self.original(*args, **kwargs)
         if key not in self.audited:
-            return self._audited(key, split, args, kwargs, batch)
+            return self._audited(key, split, args, kwargs, batch, modules)
         baseline = _Baseline(self.module, self.original, args, kwargs) if a.verify else None
         split.share_buffers(modules)  # after the baseline, which writes them back
         prepared = None
@@ -1211,15 +1212,20 @@ class _PlannedForward:
             a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
         return out
 
-    def _audited(self, key, split, args, kwargs, batch):
+    def _audited(self, key, split, args, kwargs, batch, modules):
         """The first call of its kind (`_rows.audit_key`) runs the original
         way, once, under `_rows`' audit: the proof that its operators keep
         the batch's rows apart, and that their outputs can be merged (a
         cache the call builds has an adapter: `_split.output_refusal`).
         Calls of that kind split from then on; if they would mix rows or
         return what cannot be merged, the plan is refused (before any of them
-        ran split)."""
+        ran split). A call that changes the state of the unit's modules
+        (`_split.ModuleState`: an attribute set, a buffer replaced) would
+        change it once per micro-batch: the next call of its kind is audited
+        too, and the plan refused if it changes that state again (the first
+        may only have set up what later calls reuse)."""
         a = self.applier
+        state = ModuleState(modules)
         audit = make_audit(batch)
         for t, _ in split.row_views.values():
             audit.tag_rows(t)
@@ -1241,8 +1247,15 @@ class _PlannedForward:
             audit.check_result(adapter.row_tensors(original), type(original).__name__)
         why = audit.mixed or ("" if rng == _rng_states() else _DRAWS_RANDOM) or \
             output_refusal(out, {id(original) for _, original, _ in split.states})
-        self.audited[key] = why
         a.report.unsplit_call(f"{self.path}: {_AUDITED}")
+        try:
+            state.check()
+        except MergeError as e:
+            if not why and key not in self.changed_state:
+                self.changed_state.add(key)
+                return out  # its next call is audited again
+            why = why or str(e)
+        self.audited[key] = why
         if why:
             a.refuse(f"{self.path}: {why}")
         return out

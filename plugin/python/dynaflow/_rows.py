@@ -927,6 +927,28 @@ def _rule_table(torch, cls):
 
     add("matmul", matmul)
 
+    def solve_triangular(a, func, args, kwargs):
+        """linalg_solve_triangular(A [..., n, n], B [..., n, k]): one system
+        per index of the leading dimensions (broadcast): rows in a leading
+        dimension, in the same place in both or in one with the other the
+        same for every row (Qwen3-Next's chunked delta rule)."""
+        systems, rhs = args[0], args[1]
+        ndim = max(systems.dim(), rhs.dim())
+        places = {(tag[0] + ndim - x.dim(), tag[1]) for x in (systems, rhs)
+                  if (tag := a.tag_of(x)) is not None}
+        if len(places) != 1:
+            raise _Mixed("solves with rows held in different places")
+        d, inner = places.pop()
+        if d >= ndim - 2:
+            raise _Mixed("solves across the dimension of the rows")
+        for x in (systems, rhs):
+            k = d - (ndim - x.dim())
+            if a.tag_of(x) is None and k >= 0:
+                a.require_uniform(x, k, inner)
+        return a.set_all((d, inner))
+
+    add("linalg_solve_triangular", solve_triangular)
+
     def repeat_interleave(a, func, args, kwargs):
         t = args[0]
         tag = a.tag_of(t)
