@@ -263,8 +263,9 @@ class HfApplyTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("dynaflow apply: plan refused: RecurrentGemmaForCausalLM.model: attribute "
                       "layers.0.temporal_block.rg_lru.recurrent_states is shared by the "
-                      "micro-batches and was replaced: the split result would be wrong; the "
-                      "program runs unmodified", r.stderr)
+                      "micro-batches and was replaced: the split result would be wrong (found "
+                      "in two unsplit calls of its kind: none ran split); the program runs "
+                      "unmodified", r.stderr)
         self.assertNotIn("Traceback", r.stderr)
         compare(self, self.outputs_base(family, "no_cache"), out, ("no_cache",))
 

@@ -357,6 +357,12 @@ class RowAuditTest(unittest.TestCase):
         m.eval()
         self.assertNotEqual(later, _rows.audit_key(m, (torch.randn(B, 1, H),),
                                                     {"use_cache": True}))
+        # A Hugging Face model builds a cache when a call leaves use_cache
+        # to its config: the config's flag is part of the kind.
+        m.config = type("Config", (), {"use_cache": False})()
+        no_cache = _rows.audit_key(m, (torch.randn(B, T, H),), {})
+        m.config.use_cache = True
+        self.assertNotEqual(no_cache, _rows.audit_key(m, (torch.randn(B, T, H),), {}))
 
 
 if __name__ == "__main__":

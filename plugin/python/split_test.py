@@ -493,17 +493,28 @@ class CacheTest(unittest.TestCase):
         config = LlamaConfig(hidden_size=8, num_attention_heads=2, num_hidden_layers=2)
         logits = torch.ones(2, 3)
         merged = CausalLMOutputWithPast(logits=logits, past_key_values=DynamicCache(config=config))
-        self.assertEqual(_split.output_refusal((merged, 3, None, "x"), set()), "")
+        self.assertEqual(_split.output_refusal((merged, 3, None, "x"), set(), 2), "")
         config.layer_types = ["full_attention", "linear_attention"]
         built = DynamicCache(config=config)
         out = CausalLMOutputWithPast(logits=logits, past_key_values=built)
-        self.assertEqual(_split.output_refusal(out, set()),
+        self.assertEqual(_split.output_refusal(out, set(), 2),
                          "the output.past_key_values is a DynamicCache the call built, which has "
                          "a layer of type LinearAttentionLayer (layer 1) (a call with "
                          "use_cache=False builds none)")
-        self.assertEqual(_split.output_refusal(out, {id(built)}), "")  # passed, returned as is
-        self.assertEqual(_split.output_refusal({"h": [logits, object()]}, set()),
-                         "the output['h'][1] is a object, which dynaflow cannot merge")
+        self.assertEqual(_split.output_refusal(out, {id(built)}, 2), "")  # passed, returned as is
+        self.assertEqual(_split.output_refusal({"h": [logits, object()]}, set(), 2),
+                         "the output['h'][1] is of type object, which dynaflow cannot merge")
+        # Tensors whose dimension 0 is not the batch's rows (each micro-batch
+        # would return another shape), but for the per-token fields.
+        for tensor in (torch.zeros(()), logits.reshape(-1), logits[:1]):
+            self.assertEqual(_split.output_refusal((logits, tensor), set(), 2),
+                             f"the output[1] is a tensor of shape {tuple(tensor.shape)}, not 2 "
+                             f"rows")
+        from transformers.modeling_outputs import MoeModelOutputWithPast
+
+        per_token = MoeModelOutputWithPast(last_hidden_state=logits,
+                                           router_logits=(logits.reshape(6, 1),))
+        self.assertEqual(_split.output_refusal(per_token, set(), 2), "")
 
     def test_an_encoder_decoder_cache_splits_both_caches_and_its_cross_attention_flags(self):
         from transformers import DynamicCache, EncoderDecoderCache

@@ -1246,7 +1246,7 @@ class _PlannedForward:
         for adapter, original, _ in split.states:
             audit.check_result(adapter.row_tensors(original), type(original).__name__)
         why = audit.mixed or ("" if rng == _rng_states() else _DRAWS_RANDOM) or \
-            output_refusal(out, {id(original) for _, original, _ in split.states})
+            output_refusal(out, {id(original) for _, original, _ in split.states}, batch)
         a.report.unsplit_call(f"{self.path}: {_AUDITED}")
         try:
             state.check()
@@ -1254,7 +1254,7 @@ class _PlannedForward:
             if not why and key not in self.changed_state:
                 self.changed_state.add(key)
                 return out  # its next call is audited again
-            why = why or str(e)
+            why = why or f"{e} (found in two unsplit calls of its kind: none ran split)"
         self.audited[key] = why
         if why:
             a.refuse(f"{self.path}: {why}")

@@ -123,12 +123,14 @@ def audit_key(module, args, kwargs):
     module's mode, grad, inference mode and autocast, and the structure of
     its arguments (types, flags, tensors' dtypes, devices, ranks and which of
     their dimensions past the rows are 1: a prefill and a decode step of a
-    decoder differ, two decode steps do not). Calls with the same key take
-    the path the audited one took."""
+    decoder differ, two decode steps do not), and its config's use_cache (a
+    Hugging Face model builds a cache when a call does not say). Calls with
+    the same key take the path the audited one took."""
     import torch
 
     key = [module.training, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-           tuple(d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d))]
+           tuple(d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)),
+           getattr(getattr(module, "config", None), "use_cache", None)]
 
     def walk(v):
         if isinstance(v, torch.Tensor):

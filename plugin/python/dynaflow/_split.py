@@ -1260,9 +1260,10 @@ def state_adapter(value):
     return _ADAPTERS.get(type(value))
 
 
-def output_refusal(value, passed, where="the output"):
-    """Why the output of a call, run unsplit, could not be merged from its
-    micro-batches' outputs by `merge_outputs`, or "": a state object the call
+def output_refusal(value, passed, batch, where="the output", per_token=False):
+    """Why the output of a call of `batch` rows, run unsplit, could not be
+    merged from its micro-batches' outputs by `merge_outputs`, or "": a
+    tensor without the batch's rows in dimension 0, a state object the call
     built (a cache a Hugging Face model makes when a call passes none) that
     no adapter can stack, or a value of a type `_merge` does not know.
     Asked of the audited first call of each kind, so that such calls are
@@ -1271,7 +1272,11 @@ def output_refusal(value, passed, where="the output"):
     passed, which it may return as they are."""
     import torch
 
-    if id(value) in passed or isinstance(value, torch.Tensor) or _is_immutable(value):
+    if isinstance(value, torch.Tensor):
+        if per_token or (value.dim() >= 1 and value.shape[0] == batch):
+            return ""
+        return f"{where} is a tensor of shape {tuple(value.shape)}, not {batch} rows"
+    if id(value) in passed or _is_immutable(value):
         return ""
     adapter = state_adapter(value)
     if adapter is not None:
@@ -1279,12 +1284,14 @@ def output_refusal(value, passed, where="the output"):
         return f"{where} is a {type(value).__qualname__} the call built, which {why} (a call " \
                f"with use_cache=False builds none)" if why else ""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = [(f"{where}.{f.name}", getattr(value, f.name))
+        items = [(f"{where}.{f.name}", getattr(value, f.name),
+                  per_token or _per_token_field(value, f.name))
                  for f in dataclasses.fields(value) if f.init]
     elif isinstance(value, (tuple, list)):
-        items = [(f"{where}[{k}]", v) for k, v in enumerate(value)]
+        items = [(f"{where}[{k}]", v, per_token) for k, v in enumerate(value)]
     elif type(value) is dict:
-        items = [(f"{where}[{k!r}]", v) for k, v in value.items()]
+        items = [(f"{where}[{k!r}]", v, per_token) for k, v in value.items()]
     else:
-        return f"{where} is a {type(value).__qualname__}, which dynaflow cannot merge"
-    return next((why for w, v in items if (why := output_refusal(v, passed, w))), "")
+        return f"{where} is of type {type(value).__qualname__}, which dynaflow cannot merge"
+    return next((why for w, v, t in items if (why := output_refusal(v, passed, batch, w, t))),
+                "")
