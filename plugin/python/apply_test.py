@@ -654,6 +654,47 @@ class ApplyTest(unittest.TestCase):
             net(x)
         self.assertNotIn("forward", net.layers[0].__dict__)
 
+    def test_an_output_the_merge_could_not_stack_is_refused_at_its_first_call(self):
+        # Each once passed the audit and failed after the micro-batches of
+        # the next call ran: a 0-d value, the rows flattened with the tokens,
+        # a parameter returned. The audited call runs the original way.
+        class Layer(nn.Module):
+            def __init__(self, how):
+                super().__init__()
+                self.how = how
+                self.pos = nn.Parameter(torch.randn(1, 5, 3))
+
+            def forward(self, x):
+                if self.how == "0-d":
+                    return x * 2, torch.zeros(())
+                if self.how == "flattened":
+                    return (x * 2).reshape(-1, x.shape[-1])
+                return x + self.pos, self.pos
+
+        class Net(nn.Module):
+            def __init__(self, how):
+                super().__init__()
+                self.layers = nn.ModuleList([Layer(how)])
+
+            def forward(self, x):
+                return self.layers[0](x)
+
+        x = torch.randn(4, 5, 3)
+        for how, where, shape in (("0-d", "[1]", "()"), ("flattened", "", "(20, 3)"),
+                                  ("parameter", "[1]", "(1, 5, 3)")):
+            with self.subTest(how=how):
+                net = Net(how)
+                expected = net(x)
+                _apply.apply(net, plan(["Net.layers.*"]), runtime_lib=RUNTIME)
+                err = io.StringIO()
+                with redirect_stderr(err):
+                    actual = [net(x), net(x)]
+                for a in actual:
+                    torch.testing.assert_close(a, expected, rtol=0, atol=0)
+                self.assertIn(f"plan refused: Net.layers.0: the output{where} is a tensor of "
+                              f"shape {shape}, not 4 rows", err.getvalue())
+                self.assertEqual(net._dynaflow_applier.report.planned_calls, 0)
+
     def test_a_call_that_draws_random_numbers_is_refused_at_its_first_call(self):
         # Dropout in training: split, each micro-batch would draw its own mask
         # (on the CPU they can even match, when the micro-batches happen to
