@@ -139,10 +139,7 @@ class HfApplyTest(unittest.TestCase):
 
     def plan_for(self, family):
         """Trace a forward of `family` and force a 2-way split: plan.json."""
-        plan = self.path(f"{family}.json")
-        if os.path.exists(plan):
-            return plan
-        self.force_plan(family, "forward")
+        plan = self.forced_plan(family)
         with open(plan) as f:
             p = json.load(f)
         unit, layers = FAMILIES[family]

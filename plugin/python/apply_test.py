@@ -43,6 +43,16 @@ if HAS_TORCH:
                 x = b(x, scale=0.5, cache=cache)
             return self.head(x)
 
+    class Holder(nn.Module):
+        """Calls `layer`, the unit a test's plan splits ("Holder.layers.*")."""
+
+        def __init__(self, layer):
+            super().__init__()
+            self.layers = nn.ModuleList([layer])
+
+        def forward(self, *args, **kwargs):
+            return self.layers[0](*args, **kwargs)
+
     class SumBlock(nn.Module):
         """Returns a scalar: its output has no batch dimension to merge."""
 
@@ -539,7 +549,7 @@ class ApplyTest(unittest.TestCase):
         with redirect_stderr(err):
             out = net(x)
         torch.testing.assert_close(out, x * 2, rtol=0, atol=0)
-        self.assertRegex(err.getvalue(), rf"plan refused: CountNet\.layers\.0: {re.escape(message)}"
+        self.assertRegex(err.getvalue(), rf"plan refused: Holder\.layers\.0: {re.escape(message)}"
                                          rf".* \(found in two unsplit calls of its kind: none "
                                          rf"ran split\)")
         self.assertNotIn("forward", net.layers[0].__dict__)  # restored
@@ -557,16 +567,8 @@ class ApplyTest(unittest.TestCase):
                 self.calls.add_(1)
                 return x * 2
 
-        class CountNet(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.layers = nn.ModuleList([Counting()])
-
-            def forward(self, x):
-                return self.layers[0](x)
-
-        net = CountNet()
-        _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
+        net = Holder(Counting())
+        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
         self.refused_at_second_call(net, torch.ones(4, 3), "buffer calls is shared by the "
                                     "micro-batches and was modified in place")
         net(torch.ones(4, 3))
@@ -607,24 +609,16 @@ class ApplyTest(unittest.TestCase):
                     self.register_buffer("scale", torch.ones(()))
                 return x * 2
 
-        class CountNet(nn.Module):
-            def __init__(self, how):
-                super().__init__()
-                self.layers = nn.ModuleList([Counting(how)])
-
-            def forward(self, x):
-                return self.layers[0](x)
-
         x = torch.ones(4, 3)
-        net = CountNet("reset")
-        _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
+        net = Holder(Counting("reset"))
+        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
         self.audit(net, x, units=1)
         net(x)
         self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
         # A buffer made on the first call: that call changed the module, so
         # the second is audited too; it changes nothing, and the third splits.
-        net = CountNet("buffer")
-        _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
+        net = Holder(Counting("buffer"))
+        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
         self.audit(net, x, units=1)
         self.audit(net, x, units=1)
         net(x)
@@ -637,19 +631,19 @@ class ApplyTest(unittest.TestCase):
                              ("keep tuple", f"attribute seen {changed}"),
                              ("replace entry", f"attribute slots {changed}")]:
             with self.subTest(how=how):
-                net = CountNet(how)
-                _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
+                net = Holder(Counting(how))
+                _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
                 self.refused_at_second_call(net, x, message)
                 if how == "count":
                     net(x)
                     self.assertEqual(net.layers[0].calls, 3)  # once per call, as unmodified
         # A change that the audited calls did not make, split, is still
         # caught after the micro-batches ran: loud, and refused from then on.
-        net = CountNet("later")
-        _apply.apply(net, plan(["CountNet.layers.*"]), runtime_lib=RUNTIME)
+        net = Holder(Counting("later"))
+        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
         self.audit(net, x, units=1)
         later["on"] = True
-        with self.assertRaisesRegex(RuntimeError, rf"CountNet\.layers\.0: attribute calls "
+        with self.assertRaisesRegex(RuntimeError, rf"Holder\.layers\.0: attribute calls "
                                                   rf"{changed}"):
             net(x)
         self.assertNotIn("forward", net.layers[0].__dict__)
@@ -671,27 +665,19 @@ class ApplyTest(unittest.TestCase):
                     return (x * 2).reshape(-1, x.shape[-1])
                 return x + self.pos, self.pos
 
-        class Net(nn.Module):
-            def __init__(self, how):
-                super().__init__()
-                self.layers = nn.ModuleList([Layer(how)])
-
-            def forward(self, x):
-                return self.layers[0](x)
-
         x = torch.randn(4, 5, 3)
         for how, where, shape in (("0-d", "[1]", "()"), ("flattened", "", "(20, 3)"),
                                   ("parameter", "[1]", "(1, 5, 3)")):
             with self.subTest(how=how):
-                net = Net(how)
+                net = Holder(Layer(how))
                 expected = net(x)
-                _apply.apply(net, plan(["Net.layers.*"]), runtime_lib=RUNTIME)
+                _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
                 err = io.StringIO()
                 with redirect_stderr(err):
                     actual = [net(x), net(x)]
                 for a in actual:
                     torch.testing.assert_close(a, expected, rtol=0, atol=0)
-                self.assertIn(f"plan refused: Net.layers.0: the output{where} is a tensor of "
+                self.assertIn(f"plan refused: Holder.layers.0: the output{where} is a tensor of "
                               f"shape {shape}, not 4 rows", err.getvalue())
                 self.assertEqual(net._dynaflow_applier.report.planned_calls, 0)
 

@@ -36,17 +36,8 @@ if HAS_TORCH:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves, tree_map
 
-    from apply_test import Net  # noqa: E402 - its blocks write a `cache` argument in place
-
-    class Holder(nn.Module):
-        """Calls `layer`, the unit a test's plan splits ("Holder.layers.*")."""
-
-        def __init__(self, layer):
-            super().__init__()
-            self.layers = nn.ModuleList([layer])
-
-        def forward(self, *args, **kwargs):
-            return self.layers[0](*args, **kwargs)
+    # Net's blocks write a `cache` argument in place; Holder calls one layer.
+    from apply_test import Holder, Net  # noqa: E402
 
     # Operators that read a device value on the host: on CUDA they fail a
     # capture ("operation not permitted when stream is capturing").
