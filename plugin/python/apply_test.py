@@ -17,9 +17,15 @@ from dynaflow import _apply, _split  # noqa: E402 - after the path is set
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 RUNTIME = os.environ.get("DYNAFLOW_APPLY_LIB_BUILT", "")
+# The replay module, which carries the caller's torch state into the
+# micro-batches (CallerState), as `dynaflow apply` passes it.
+REPLAY = os.environ.get("DYNAFLOW_REPLAY_EXT_BUILT", "")
+if REPLAY:
+    os.environ["DYNAFLOW_REPLAY_EXT"] = REPLAY
 if HAS_TORCH:
     import torch
     from torch import nn
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     class Block(nn.Module):
         def __init__(self, width):
@@ -52,6 +58,16 @@ if HAS_TORCH:
 
         def forward(self, *args, **kwargs):
             return self.layers[0](*args, **kwargs)
+
+    class NegateLinear(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return -out if func is torch.nn.functional.linear else out
+
+    class DoubleAddmm(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return out * 2 if func is torch.ops.aten.addmm.default else out
 
     class SumBlock(nn.Module):
         """Returns a scalar: its output has no batch dimension to merge."""
@@ -833,6 +849,88 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
         self.assertEqual(out.dtype, torch.bfloat16)
         torch.testing.assert_close(out, expected)
+
+    def modes_net(self):
+        """A one-layer net, the input, and the net's unplanned outputs under
+        a function mode that negates linear layers and a dispatch mode that
+        doubles addmm (self.plain: under neither); the net planned and
+        audited."""
+        net, x = nn.Sequential(nn.Linear(3, 3)), torch.randn(4, 3)
+        self.plain = net(x)
+        with NegateLinear():
+            negated = net(x)
+        with DoubleAddmm():
+            doubled = net(x)
+        _apply.apply(net, plan(["Sequential.*"]), runtime_lib=RUNTIME)
+        self.audit(net, x, units=1)
+        return net, x, negated, doubled
+
+    @unittest.skipUnless(REPLAY, "the replay module is not built (DYNAFLOW_REPLAY_EXT_BUILT)")
+    def test_the_callers_torch_modes_hold_in_the_micro_batches(self):
+        # Each computed otherwise on the worker threads before CallerState.
+        net, x, negated, doubled = self.modes_net()
+        report = net._dynaflow_applier.report
+        with NegateLinear():
+            torch.testing.assert_close(net(x), negated, rtol=0, atol=0)
+        with DoubleAddmm():
+            torch.testing.assert_close(net(x), doubled, rtol=0, atol=0)
+        self.assertEqual(report.planned_calls, 2)
+
+    @unittest.skipUnless(REPLAY, "the replay module is not built (DYNAFLOW_REPLAY_EXT_BUILT)")
+    def test_torch_func_grad_and_saved_tensor_hooks_hold_in_the_micro_batches(self):
+        net = Holder(nn.Sequential(nn.Linear(3, 3), nn.Tanh()))
+        x = torch.randn(4, 3)
+        expected = torch.func.grad(lambda y: net(y).square().sum())(x)
+        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+        report = net._dynaflow_applier.report
+        self.audit(net, x, units=1)
+        # A gradient of 1.3 off before: the transform did not reach the workers.
+        torch.testing.assert_close(torch.func.grad(lambda y: net(y).square().sum())(x),
+                                   expected)
+        packed = []
+        x = x.clone().requires_grad_(True)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t,
+                                                      lambda t: t):
+            out = net(x)
+        out.sum().backward()
+        self.assertEqual(report.planned_calls, 2)
+        # The micro-batches' saves (2 of the 4 rows each) went through the
+        # hooks; none did before.
+        self.assertIn((2, 3), [tuple(t.shape) for t in packed])
+
+    @unittest.skipUnless(REPLAY, "the replay module is not built (DYNAFLOW_REPLAY_EXT_BUILT)")
+    def test_torch_profiler_sees_the_micro_batches_operators(self):
+        net, x = Holder(nn.Linear(3, 3)), torch.randn(4, 3)
+        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+        self.audit(net, x, units=1)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            net(x)
+        self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
+        # One per micro-batch; none before: the profiler's callbacks are the
+        # caller thread's.
+        self.assertEqual({e.key: e.count for e in prof.key_averages()}.get("aten::addmm"), 2)
+
+    def test_without_the_replay_module_calls_under_torch_modes_run_unsplit(self):
+        net, x, negated, doubled = self.modes_net()
+        applier = net._dynaflow_applier
+        applier.caller_state, applier.no_caller_state = None, "not loaded here"
+        with NegateLinear():
+            torch.testing.assert_close(net(x), negated, rtol=0, atol=0)
+        with DoubleAddmm():
+            torch.testing.assert_close(net(x), doubled, rtol=0, atol=0)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            net(x)
+        torch.func.grad(lambda y: net(y).sum())(x)
+        self.assertEqual(applier.report.planned_calls, 0)
+        carried = "which only the replay module carries into the micro-batches (not loaded here)"
+        self.assertEqual({k: v for k, v in applier.report.unsplit.items() if "replay" in k}, {
+            f"Sequential.0: a torch function mode is active (a TorchFunctionMode, torch.device), "
+            f"{carried}": 1,
+            f"Sequential.0: a torch dispatch mode is active, {carried}": 1,
+            f"Sequential.0: saved-tensor hooks are active, {carried}": 1,
+            f"Sequential.0: a torch.func transform is active, {carried}": 1})
+        torch.testing.assert_close(net(x), self.plain)  # no mode: it splits
+        self.assertEqual(applier.report.planned_calls, 1)
 
     def test_verify_puts_the_module_buffers_back_after_the_baseline(self):
         torch.manual_seed(0)

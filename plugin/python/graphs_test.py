@@ -37,7 +37,7 @@ if HAS_TORCH:
     from torch.utils._pytree import tree_leaves, tree_map
 
     # Net's blocks write a `cache` argument in place; Holder calls one layer.
-    from apply_test import Holder, Net  # noqa: E402
+    from apply_test import DoubleAddmm, Holder, NegateLinear, Net  # noqa: E402
 
     # Operators that read a device value on the host: on CUDA they fail a
     # capture ("operation not permitted when stream is capturing").
@@ -363,6 +363,28 @@ class GraphsTest(unittest.TestCase):
         self.assertEqual(list(report.graph_eager_calls.values()), [2])
         self.assertIn("autograd is recording", self.err.getvalue())
         self.assertEqual(self.err.getvalue().count("runs eagerly"), 1)
+
+    def test_calls_under_a_torch_mode_run_eagerly_said_once(self):
+        # A replay runs no operator a mode could see: it would compute what
+        # the capture did, without the mode.
+        inputs = [torch.randn(8, 5, 16, device=DEVICE) for _ in range(4)]
+        with torch.no_grad(), NegateLinear():
+            negated = self.net(inputs[-1])
+        with torch.no_grad(), DoubleAddmm():
+            doubled = self.net(inputs[-1])
+        report = graphed(self.net, plan(["Net.blocks.0"]))
+        self.calls(self.net, inputs)  # the audit, the warm-up, the capture, a replay
+        self.assertEqual(counts(report), (1, 2))
+        with NegateLinear():
+            close(self.calls(self.net, inputs[-1:])[0], negated)
+        with DoubleAddmm():
+            close(self.calls(self.net, inputs[-1:])[0], doubled)
+        self.assertEqual(counts(report), (1, 2))
+        self.assertEqual(list(report.graph_eager_calls.values()), [1, 1])
+        self.assertIn("a torch function mode is active (a TorchFunctionMode, torch.device), "
+                      "which a replay would not see", self.err.getvalue())
+        self.calls(self.net, inputs[-1:])  # without: replayed again
+        self.assertEqual(counts(report), (1, 3))
 
     def test_an_argument_written_in_place_is_bound_not_copied(self):
         inputs = [torch.randn(4, 5, 16, device=DEVICE) for _ in range(4)]

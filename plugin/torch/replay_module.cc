@@ -1,12 +1,14 @@
-// _dynaflow_replay: the Python module of a planned call's replay from its
-// CUDA graph (plugin/python/dynaflow/_graphs.py): ReplayStep's copies and
-// ModuleSnapshot's comparison, the per-call work of a replay that Python
-// would do tensor by tensor and attribute by attribute.
+// _dynaflow_replay: the C++ side of apply's planned calls
+// (plugin/python/dynaflow/_apply.py, _graphs.py): ReplayStep's copies and
+// ModuleSnapshot's comparison, the per-call work of a replay from a CUDA
+// graph that Python would do tensor by tensor and attribute by attribute; and
+// CallerState, the caller's torch state carried into each micro-batch.
 //
 // pybind11 with torch's type casters (torch/csrc/utils/pybind.h): a list of
 // tensors crosses as std::vector<at::Tensor> without copying any data. A C++
 // exception reaches Python as RuntimeError (c10::Error, std::runtime_error)
 // or ValueError (std::invalid_argument).
+#include <ATen/ThreadLocalState.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "plugin/torch/module_snapshot.h"
@@ -43,4 +45,22 @@ PYBIND11_MODULE(_dynaflow_replay, m) {
       .def("same", &dynaflow::ModuleSnapshot::Same, py::arg("modules"))
       .def_property_readonly("objects", &dynaflow::ModuleSnapshot::objects)
       .def_property_readonly("tensors", &dynaflow::ModuleSnapshot::tensors);
+
+  // The calling thread's torch state, captured where a planned call starts:
+  // grad and inference mode, autocast, torch function and dispatch modes,
+  // saved-tensor hooks, functorch transforms, the profiler's thread-local
+  // callbacks (at::ThreadLocalState, which torch itself carries into its
+  // autograd and at::launch threads). run(fn) calls fn with that state set
+  // and puts the thread's own back afterwards, whatever thread runs it: a
+  // micro-batch on the runtime's worker computes what the caller's thread
+  // would have.
+  py::class_<at::ThreadLocalState>(m, "CallerState")
+      .def(py::init<>())
+      .def(
+          "run",
+          [](const at::ThreadLocalState& state, const py::function& fn) {
+            at::ThreadLocalStateGuard guard(state);
+            return fn();
+          },
+          py::arg("fn"));
 }

@@ -31,6 +31,9 @@ def apply(model, plan, verify=False, runtime_lib=None, strict=False, graphs=True
     cannot be, and why), through the replay module named by env
     DYNAFLOW_REPLAY_EXT (_dynaflow_replay.so); without graphs, or without
     that module (said in one line), every planned call runs eagerly.
+    The micro-batches run under the caller's torch state (modes, hooks,
+    torch.func transforms) through that module too; without it a call under
+    more than grad, inference mode and autocast runs the original way.
     """
     from dynaflow import _apply
 

@@ -51,7 +51,8 @@ runtime library), DYNAFLOW_APPLY_STRICT=1, DYNAFLOW_APPLY_VERIFY=1 (run the
 original forward on a snapshot of each planned call's arguments and state, and
 compare outputs and state), DYNAFLOW_APPLY_GRAPHS=0 (on CUDA, run every
 planned call eagerly instead of replaying CUDA graphs of them, `_graphs`),
-DYNAFLOW_REPLAY_EXT (the replay module, _dynaflow_replay.so, that graphs need),
+DYNAFLOW_REPLAY_EXT (the replay module, _dynaflow_replay.so: graphs need it, and
+the micro-batches get the caller's torch state through it),
 DYNAFLOW_APPLY_REPORT (a folder: each process writes its JSON summary there
 at exit, <pid>.json, which the CLI merges and prints).
 """
@@ -68,7 +69,8 @@ import os
 import sys
 import threading
 
-from ._graphs import EAGER, CudaGraphs, NoGraph, UnitGraphs, rebuild, unwatched
+from ._graphs import (EAGER, CudaGraphs, NoGraph, UnitGraphs, _native, rebuild, torch_modes,
+                      unwatched)
 from ._rows import audit_key, make_audit
 from ._split import (_UNCHECKABLE, MergeError, ModuleState, Refusal, SliceMerge, Unchanged,
                      Unsplittable, check_module, inference_buffers, install_lazy_hooks,
@@ -1160,6 +1162,12 @@ class _PlannedForward:
         if a.splits_of[index] == OVERLAP:
             return self._overlapped(args, kwargs)
         batch = x.shape[0]
+        if a.caller_state is None:
+            why = torch_modes()
+            if why:
+                a.report.unsplit_call(f"{self.path}: {why}, which only the replay module "
+                                      f"carries into the micro-batches ({a.no_caller_state})")
+                return self.original(*args, **kwargs)
         try:
             modules = check_module(self.path, self.module)
             key = audit_key(self.module, args, kwargs)
@@ -1343,6 +1351,7 @@ class _PlannedForward:
             "split": split,
             "results": [None] * split.parts,
             "error": None,
+            "carried": a.caller_state() if a.caller_state is not None else None,
             "grad": torch.is_grad_enabled(),
             "inference": torch.is_inference_mode_enabled(),
             # Autocast is per thread too: (device type, dtype) of each enabled.
@@ -1428,46 +1437,62 @@ class _PlannedForward:
         return self.schedules[key]
 
     def _task(self, state, mb, stream):
+        """Micro-batch `mb` on `stream`, on whatever thread the runtime runs
+        it: 0, or 1 with the error kept for the caller's thread. Torch's
+        state is per thread: the caller's is set around it (CallerState),
+        or without the replay module its grad, inference mode and autocast
+        (_PlannedForward.__call__ ran calls under any other torch state
+        unsplit)."""
         import torch
 
         try:
-            split = state["split"]
-            # Grad, inference mode and autocast are per thread: the caller's
-            # hold here.
-            modes = contextlib.ExitStack()
-            with modes:
-                _ON_THREAD.in_plan = True
-                modes.callback(setattr, _ON_THREAD, "in_plan", False)
+            carried = state["carried"]
+            if carried is not None:
+                carried.run(lambda: self._micro_batch(state, mb, stream))
+                return 0
+            with contextlib.ExitStack() as modes:
                 if state["inference"]:
                     modes.enter_context(torch.inference_mode())
                 else:
                     modes.enter_context(torch.set_grad_enabled(state["grad"]))
                 for device, dtype in state["autocast"]:
                     modes.enter_context(torch.autocast(device, dtype=dtype))
-                if stream:
-                    modes.enter_context(torch.cuda.stream(torch.cuda.ExternalStream(stream)))
-                region = state["region"]
-                if region is None:
-                    state["results"][mb] = self.original(*split.args[mb], **split.kwargs[mb])
-                    if split.slices is not None:
-                        split.slices.put(mb, state["results"][mb])
-                    return 0
-                if region.cuda:  # restores this thread's stream after the turns switched it
-                    modes.enter_context(torch.cuda.stream(torch.cuda.current_stream()))
-                _ON_THREAD.at = (region, mb)
-                try:
-                    region.begin(mb)
-                    state["results"][mb] = self.original(*split.args[mb], **split.kwargs[mb])
-                    if split.slices is not None:  # in its last turn
-                        split.slices.put(mb, state["results"][mb])
-                finally:
-                    _ON_THREAD.at = None
-                    region.end(mb)
+                self._micro_batch(state, mb, stream)
             return 0
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
             if state.get("error") is None:
                 state["error"] = e
             return 1
+
+    def _micro_batch(self, state, mb, stream):
+        """Runs micro-batch `mb` of the call in `state` on `stream` (0: the
+        thread's current one), in its region's turns where the unit has one,
+        and keeps its result."""
+        import torch
+
+        split = state["split"]
+        with contextlib.ExitStack() as modes:
+            _ON_THREAD.in_plan = True
+            modes.callback(setattr, _ON_THREAD, "in_plan", False)
+            if stream:
+                modes.enter_context(torch.cuda.stream(torch.cuda.ExternalStream(stream)))
+            region = state["region"]
+            if region is None:
+                state["results"][mb] = self.original(*split.args[mb], **split.kwargs[mb])
+                if split.slices is not None:
+                    split.slices.put(mb, state["results"][mb])
+                return
+            if region.cuda:  # restores this thread's stream after the turns switched it
+                modes.enter_context(torch.cuda.stream(torch.cuda.current_stream()))
+            _ON_THREAD.at = (region, mb)
+            try:
+                region.begin(mb)
+                state["results"][mb] = self.original(*split.args[mb], **split.kwargs[mb])
+                if split.slices is not None:  # in its last turn
+                    split.slices.put(mb, state["results"][mb])
+            finally:
+                _ON_THREAD.at = None
+                region.end(mb)
 
 
 def _distributed():
@@ -1626,6 +1651,13 @@ class Applier:
         self.executor = None
         self.host_executor = None  # CPU threads of regions on CUDA
         self.collective_cuts = None  # torch.distributed wrapped for dual-batch regions
+        # The replay module's CallerState, which carries the caller's torch
+        # state into each micro-batch (_PlannedForward._task); without it
+        # (no_caller_state says why) only grad, inference mode and autocast
+        # are carried, and calls under other torch state run unsplit
+        # (_graphs.torch_modes).
+        self.caller_state = None
+        self.no_caller_state = ""
         self.forwards = []
 
     def attach(self, model, strict=False):
@@ -1637,6 +1669,11 @@ class Applier:
             return self
         param = next(model.parameters(), None)
         self.cuda = param is not None and param.device.type == "cuda"
+        try:
+            self.caller_state = _native()[0].CallerState
+        except NoGraph as e:
+            self.caller_state = None
+            self.no_caller_state = str(e)
         if self.cuda and self.graphs:
             try:
                 self.graph_backend = CudaGraphs()

@@ -588,6 +588,9 @@ class UnitGraphs:
                 raise NoGraph("autograd is recording, and a replay returns outputs without "
                               "their backward (torch.no_grad() or torch.inference_mode() "
                               "around inference lets it replay)")
+            modes = torch_modes()
+            if modes:
+                raise NoGraph(f"{modes}, which a replay would not see")
             rows = split.bounds[-1]
             key, leaves, padded = _key(kind, args, kwargs, rows, fits)
             cut = {id(owner) for owner, _ in split.row_views.values()}
@@ -612,7 +615,7 @@ class UnitGraphs:
         captured again, since it would replay what they were."""
         import torch
 
-        if torch.is_grad_enabled() or self.backend.in_capture():
+        if torch.is_grad_enabled() or self.backend.in_capture() or torch_modes():
             return EAGER
         try:
             key, leaves, padded = _key(kind, args, kwargs, batch, fits)
@@ -794,6 +797,25 @@ def _global_modes():
             b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cuda.flash_sdp_enabled(),
             b.cuda.mem_efficient_sdp_enabled(), b.cuda.math_sdp_enabled(),
             b.cuda.cudnn_sdp_enabled(), torch.are_deterministic_algorithms_enabled())
+
+
+def torch_modes():
+    """What torch state of this thread beyond grad, inference mode and
+    autocast is set, or "": what an operator does under it (a torch function
+    or dispatch mode, saved-tensor hooks, a torch.func transform) a replay,
+    which runs no operator, would not do; nor would a micro-batch on another
+    thread that does not carry it (_apply's CallerState does)."""
+    import torch
+
+    if torch._C._len_torch_function_stack():
+        return "a torch function mode is active (a TorchFunctionMode, torch.device)"
+    if torch._C._len_torch_dispatch_stack():
+        return "a torch dispatch mode is active"
+    if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+        return "saved-tensor hooks are active"
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return "a torch.func transform is active"
+    return ""
 
 
 def _key(kind, args, kwargs, rows, fits):
