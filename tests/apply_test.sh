@@ -3,7 +3,9 @@
 # `dynaflow advise` of a traced run of examples/llama_decode.py, applied to the
 # unmodified program with --verify (same tokens as the original run), plans
 # refused for an unknown module or another device with and without --strict,
-# a verify failure caught, and bad plans or commands.
+# a verify failure caught, and bad plans or commands; torch.distributed over
+# gloo in two processes (tensor parallel, and DDP training of a tiny Hugging
+# Face Llama when transformers is installed).
 #
 # Needs DYNAFLOW_BIN and DYNAFLOW_SOURCE_DIR (ctest sets both) and
 # DYNAFLOW_PYTHON, a Python with torch (the checkout's .venv by default);
@@ -195,6 +197,35 @@ expect_code "apply tensor parallel, layer units" 0 "$bin" apply --verify --stric
 check "tensor parallel, layer units: same outputs" has "$work/out" "$(cat "$work/tp_base.out")"
 check "tensor parallel, layer units: both ranks planned" has "$work/err" \
   "18 planned and 6 original calls of 3 modules in 2 processes"
+
+# --- data parallel over gloo, two processes: a tiny Hugging Face Llama trained
+# under torch's DistributedDataParallel, the plan traced through DDP (its units
+# under DistributedDataParallel.module). Each layer's weights get their
+# gradients from both micro-batches before DDP's reducer averages them across
+# the ranks: losses and weights as the unmodified run's, within float
+# rounding (the weight gradients are summed in another order).
+if "$py" -c "import transformers" 2>/dev/null; then
+  ddp=("$py" "$src/tests/dist/ddp_llama.py" --steps 3)
+  expect_code "trace data parallel" 0 "$bin" trace -o "$work/ddp.db" -- "${ddp[@]}"
+  expect_code "advise data parallel" 0 "$bin" advise "$work/ddp.db" --plan "$work/ddp.json" \
+    --force-strategy nanobatch_overlap --splits 2
+  check "data parallel plan: the decoder under DDP" has "$work/ddp.json" \
+    '"DistributedDataParallel.module.model"'
+  "${ddp[@]}" >"$work/ddp_base.out" 2>/dev/null
+  expect_code "apply --verify data parallel" 0 "$bin" apply --verify --strict "$work/ddp.json" -- \
+    "${ddp[@]}"
+  check "data parallel: both ranks planned" has "$work/err" \
+    "4 planned and 2 original calls of 1 modules in 2 processes"
+  check "data parallel: verify line" grep -qE '^verify: .* \(4 calls\)' "$work/out"
+  check "data parallel: losses and weights as unmodified" "$py" -c '
+import json, math, sys
+base, planned = (json.loads(next(l for l in open(f) if l.startswith("{"))) for f in sys.argv[1:])
+assert len(planned["losses"]) == 3, planned
+for b, p in zip(base["losses"] + [base["parameters"]], planned["losses"] + [planned["parameters"]]):
+    assert math.isclose(b, p, rel_tol=1e-5), (base, planned)' "$work/ddp_base.out" "$work/out"
+else
+  skipped="$skipped data parallel (no transformers for $py);"
+fi
 
 # --- modules that compute across the rows of the batch
 # BatchNorm in training mode normalises by the batch's statistics: refused
