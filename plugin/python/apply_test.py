@@ -852,23 +852,23 @@ class ApplyTest(unittest.TestCase):
 
     def modes_net(self):
         """A one-layer net, the input, and the net's unplanned outputs under
-        a function mode that negates linear layers and a dispatch mode that
-        doubles addmm (self.plain: under neither); the net planned and
+        neither mode, under a function mode that negates linear layers and
+        under a dispatch mode that doubles addmm; the net planned and
         audited."""
         net, x = nn.Sequential(nn.Linear(3, 3)), torch.randn(4, 3)
-        self.plain = net(x)
+        plain = net(x)
         with NegateLinear():
             negated = net(x)
         with DoubleAddmm():
             doubled = net(x)
         _apply.apply(net, plan(["Sequential.*"]), runtime_lib=RUNTIME)
         self.audit(net, x, units=1)
-        return net, x, negated, doubled
+        return net, x, plain, negated, doubled
 
     @unittest.skipUnless(REPLAY, "the replay module is not built (DYNAFLOW_REPLAY_EXT_BUILT)")
     def test_the_callers_torch_modes_hold_in_the_micro_batches(self):
         # Each computed otherwise on the worker threads before CallerState.
-        net, x, negated, doubled = self.modes_net()
+        net, x, _, negated, doubled = self.modes_net()
         report = net._dynaflow_applier.report
         with NegateLinear():
             torch.testing.assert_close(net(x), negated, rtol=0, atol=0)
@@ -911,7 +911,7 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual({e.key: e.count for e in prof.key_averages()}.get("aten::addmm"), 2)
 
     def test_without_the_replay_module_calls_under_torch_modes_run_unsplit(self):
-        net, x, negated, doubled = self.modes_net()
+        net, x, plain, negated, doubled = self.modes_net()
         applier = net._dynaflow_applier
         applier.caller_state, applier.no_caller_state = None, "not loaded here"
         with NegateLinear():
@@ -929,7 +929,7 @@ class ApplyTest(unittest.TestCase):
             f"Sequential.0: a torch dispatch mode is active, {carried}": 1,
             f"Sequential.0: saved-tensor hooks are active, {carried}": 1,
             f"Sequential.0: a torch.func transform is active, {carried}": 1})
-        torch.testing.assert_close(net(x), self.plain)  # no mode: it splits
+        torch.testing.assert_close(net(x), plain)  # no mode: it splits
         self.assertEqual(applier.report.planned_calls, 1)
 
     def test_verify_puts_the_module_buffers_back_after_the_baseline(self):

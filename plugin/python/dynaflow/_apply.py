@@ -1351,12 +1351,14 @@ class _PlannedForward:
             "split": split,
             "results": [None] * split.parts,
             "error": None,
+            # The caller's torch state, for the micro-batches (_task): all of
+            # it, or without the replay module grad, inference mode and
+            # autocast ((device type, dtype) of each enabled).
             "carried": a.caller_state() if a.caller_state is not None else None,
-            "grad": torch.is_grad_enabled(),
-            "inference": torch.is_inference_mode_enabled(),
-            # Autocast is per thread too: (device type, dtype) of each enabled.
-            "autocast": [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
-                         if torch.is_autocast_enabled(d)],
+            "modes": None if a.caller_state is not None else (
+                torch.is_inference_mode_enabled(), torch.is_grad_enabled(),
+                [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
+                 if torch.is_autocast_enabled(d)]),
             "caller": torch.cuda.current_stream() if a.cuda else None,
         }
         # Collectives are paired across ranks by the order each rank issues
@@ -1450,12 +1452,13 @@ class _PlannedForward:
             if carried is not None:
                 carried.run(lambda: self._micro_batch(state, mb, stream))
                 return 0
+            inference, grad, autocast = state["modes"]
             with contextlib.ExitStack() as modes:
-                if state["inference"]:
+                if inference:
                     modes.enter_context(torch.inference_mode())
                 else:
-                    modes.enter_context(torch.set_grad_enabled(state["grad"]))
-                for device, dtype in state["autocast"]:
+                    modes.enter_context(torch.set_grad_enabled(grad))
+                for device, dtype in autocast:
                     modes.enter_context(torch.autocast(device, dtype=dtype))
                 self._micro_batch(state, mb, stream)
             return 0
