@@ -2,6 +2,7 @@
 the real runtime library (libdynaflow_apply.so, env DYNAFLOW_APPLY_LIB_BUILT)
 on the CPU backend, compared with the original forwards."""
 
+import contextvars
 import importlib.util
 import io
 import os
@@ -663,6 +664,124 @@ class ApplyTest(unittest.TestCase):
                                                   rf"{changed}"):
             net(x)
         self.assertNotIn("forward", net.layers[0].__dict__)
+
+    def test_the_callers_context_variables_hold_in_the_micro_batches(self):
+        # A micro-batch on a runtime worker read the worker's own context
+        # before: the default scale, 1.0.
+        scale = contextvars.ContextVar("scale", default=1.0)
+
+        class Scaled(nn.Module):
+            def forward(self, x):
+                return x * scale.get()
+
+        net, x = Holder(Scaled()), torch.ones(4, 3)
+        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+        token = scale.set(3.0)
+        try:
+            self.audit(net, x, units=1)
+            out = net(x)
+        finally:
+            scale.reset(token)
+        self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
+        torch.testing.assert_close(out, x * 3, rtol=0, atol=0)
+
+    def test_a_call_that_sets_a_context_variable_is_refused_before_it_runs_split(self):
+        # Split, each micro-batch would set it in its own copy of the
+        # caller's context, and the caller would see none of them; a list it
+        # holds, shared by the copies, would be appended to once per
+        # micro-batch.
+        last = contextvars.ContextVar("last_rows", default=0)
+        seen = contextvars.ContextVar("seen_rows")
+        later = {"on": False}
+
+        class Setting(nn.Module):
+            def __init__(self, how):
+                super().__init__()
+                self.how = how
+
+            def forward(self, x):
+                if self.how == "set" or later["on"]:
+                    last.set(x.shape[0] + last.get())
+                elif self.how == "append":
+                    seen.get().append(x.shape[0])
+                elif self.how == "set and reset":  # a context manager's pattern: no change
+                    last.reset(last.set(x.shape[0]))
+                return x * 2
+
+        x = torch.ones(4, 3)
+        net = Holder(Setting("set and reset"))
+        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+        self.audit(net, x, units=1)
+        net(x)
+        self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
+        changed = "was changed by the call, once per micro-batch"
+        for how, var in [("set", last), ("append", seen)]:
+            with self.subTest(how=how):
+                net = Holder(Setting(how))
+                _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+                context = contextvars.copy_context()  # the test's own stays as it was
+                context.run(seen.set, [])
+                context.run(self.refused_at_second_call, net, x,
+                            f"context variable {var.name} {changed}")
+                # Once per call, as unmodified.
+                self.assertEqual(context[var], 8 if how == "set" else [4, 4])
+        # A set that the audited call did not make, split, is caught after
+        # the micro-batches ran: loud, and refused from then on.
+        net = Holder(Setting("later"))
+        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+        self.audit(net, x, units=1)
+        later["on"] = True
+        with self.assertRaisesRegex(RuntimeError, r"Holder\.layers\.0: context variable "
+                                                  r"last_rows was changed by the call"):
+            contextvars.copy_context().run(net, x)
+        self.assertNotIn("forward", net.layers[0].__dict__)
+
+    def test_an_output_sharing_memory_it_would_not_share_merged_is_refused_at_its_first_call(self):
+        # Merged, each was a tensor of its own: the caller's in-place write
+        # to the output no longer reached the argument (or the other output)
+        # it is a view of, and the program computed otherwise (exit 0).
+        class Layer(nn.Module):
+            def __init__(self, how):
+                super().__init__()
+                self.how = how
+
+            def forward(self, x):
+                h = x * 2
+                if self.how == "view of argument":
+                    return x[:, :2]
+                if self.how == "view of output":  # the last token's row beside the whole
+                    return h, h[:, -1]
+                if self.how == "argument itself":
+                    return x.mul_(2)
+                return h, h  # one tensor at two places
+
+        for how, where, of in [("view of argument", "the output", "x"),
+                               ("view of output", "the output[1]", "the output[0]")]:
+            with self.subTest(how=how):
+                net = Holder(Layer(how))
+                _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+                x = torch.ones(4, 3)
+                err = io.StringIO()
+                with redirect_stderr(err):
+                    out = net(x)
+                self.assertIn(f"plan refused: Holder.layers.0: {where} shares memory with {of} "
+                              f"(a view): merged from the micro-batches it would be a tensor of "
+                              f"its own", err.getvalue())
+                self.assertNotIn("forward", net.layers[0].__dict__)
+                torch.testing.assert_close(net(x), out)
+        for how in ["argument itself", "one tensor twice"]:
+            with self.subTest(how=how):
+                net = Holder(Layer(how))
+                _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+                self.audit(net, torch.ones(4, 3), units=1)
+                x = torch.ones(4, 3)
+                out = net(x)
+                self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
+                if how == "argument itself":
+                    self.assertIs(out, x)
+                else:
+                    self.assertIs(out[0], out[1])  # merged once, as the unsplit call's
+                    torch.testing.assert_close(out[0], x * 2, rtol=0, atol=0)
 
     def test_an_output_the_merge_could_not_stack_is_refused_at_its_first_call(self):
         # Each once passed the audit and failed after the micro-batches of

@@ -351,6 +351,25 @@ class GraphsTest(unittest.TestCase):
         self.assertEqual(report.graph_eager_calls, {
             "Holder.layers.0: buffer scale " + _split._UNCHECKABLE: 2})
 
+    def test_one_tensor_returned_at_two_places_keeps_the_unit_eager(self):
+        # A replay copies each output out of the graph: two copies, where the
+        # call returns one tensor twice.
+        class Twice(nn.Module):
+            def forward(self, x):
+                h = x * 2
+                return h, h
+
+        net = Holder(Twice())
+        inputs = [torch.randn(4, 16, device=DEVICE) for _ in range(4)]
+        report = graphed(net, plan(["Holder.layers.*"]))
+        for (a, b), x in zip(self.calls(net, inputs), inputs):
+            self.assertIs(a, b)
+            close(a, x * 2)
+        self.assertEqual(report.graphs_captured, 0)
+        self.assertEqual(report.graph_eager_calls, {
+            "Holder.layers.0: the call returns one tensor at two places: a replay would return "
+            "two copies": 3})  # every call after the audited first
+
     def test_calls_under_autograd_run_eagerly_said_once(self):
         inputs = [torch.randn(4, 5, 16, device=DEVICE) for _ in range(3)]
         expected = [self.net(x) for x in inputs]

@@ -3,9 +3,11 @@ refuse, and that merged outputs and state equal the unsplit call's. The cache
 cases use the installed transformers' own Cache classes (skipped without it)."""
 
 import collections
+import contextvars
 import dataclasses
 import importlib.util
 import os
+import re
 import sys
 import unittest
 
@@ -17,6 +19,9 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_TRANSFORMERS = HAS_TORCH and importlib.util.find_spec("transformers") is not None
 if HAS_TORCH:
     import torch
+
+    class Tagged(torch.Tensor):
+        """A tensor subclass, as libraries define them."""
 
 Pair = collections.namedtuple("Pair", "a b")
 
@@ -88,6 +93,19 @@ class SplitTest(unittest.TestCase):
             split((), {"hidden_states": torch.randn(4, 5, 2),
                        "position_ids": torch.zeros(4, 4, 5, dtype=torch.long)})
 
+    def test_nested_sparse_and_subclassed_tensors_are_refused(self):
+        # narrow() raised on a nested tensor, into the program, before.
+        nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(1, 3)] * 2,
+                                            layout=torch.jagged)
+        for value, why in [
+            (nested, "of type NestedTensor has layout torch.jagged (nested): only strided"),
+            (torch.randn(4, 3).to_sparse(), "of type Tensor has layout torch.sparse_coo"),
+            (torch.randn(4, 3).as_subclass(Tagged), "of type Tagged is a tensor subclass"),
+        ]:
+            with self.assertRaisesRegex(_split.Refusal,
+                                        rf"^M\.layers\.3: argument x {re.escape(why)}"):
+                split((), {"x": value})
+
     def test_a_tensor_of_another_length_is_refused(self):
         with self.assertRaisesRegex(_split.Refusal, "first dimension 3, not the batch"):
             split((torch.randn(4, 2), torch.randn(3, 2)))
@@ -135,6 +153,27 @@ class SplitTest(unittest.TestCase):
             write()
             with self.assertRaisesRegex(_split.MergeError, message):
                 s.check_shared_unmodified()
+
+    def test_a_context_variable_the_call_changed_is_named(self):
+        a, b = contextvars.ContextVar("a"), contextvars.ContextVar("b", default=0)
+        a.set([1])
+        before = contextvars.copy_context()
+        state = _split.ContextState(before)
+        self.assertIsNone(state.change(before.copy()))
+        cases = [
+            (lambda: a.reset(a.set(2)), None),  # set and reset: no change
+            (lambda: b.set(0), "b"),            # first set, even to its default
+            (lambda: a.set((1,)), "a"),         # another object, compared by identity
+            (lambda: a.set([1]), None),         # a list of the same entries, as attributes
+        ]
+        for change, name in cases:
+            after = before.copy()
+            after.run(change)
+            self.assertEqual(state.change(after), name)
+        # An entry appended to the list the variable holds, which every
+        # copy of the context shares.
+        before[a].append(2)
+        self.assertEqual(state.change(before.copy()), "a")
 
     def test_under_capture_a_shared_inference_tensor_refuses_before_it_runs(self):
         # While a CUDA graph is captured nothing runs: bytes cannot be compared.

@@ -33,7 +33,9 @@ def apply(model, plan, verify=False, runtime_lib=None, strict=False, graphs=True
     that module (said in one line), every planned call runs eagerly.
     The micro-batches run under the caller's torch state (modes, hooks,
     torch.func transforms) through that module too; without it a call under
-    more than grad, inference mode and autocast runs the original way.
+    more than grad, inference mode and autocast runs the original way. Each
+    runs in a copy of the caller's context variables (contextvars): a call
+    that changes one refuses the plan, as one that changes its modules' state.
     """
     from dynaflow import _apply
 

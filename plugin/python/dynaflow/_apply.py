@@ -59,6 +59,7 @@ at exit, <pid>.json, which the CLI merges and prints).
 
 import atexit
 import contextlib
+import contextvars
 import copy
 import ctypes
 import functools
@@ -72,9 +73,9 @@ import threading
 from ._graphs import (EAGER, CudaGraphs, NoGraph, UnitGraphs, _native, rebuild, torch_modes,
                       unwatched)
 from ._rows import audit_key, make_audit
-from ._split import (_UNCHECKABLE, MergeError, ModuleState, Refusal, SliceMerge, Unchanged,
-                     Unsplittable, check_module, inference_buffers, install_lazy_hooks,
-                     merge_outputs, output_refusal, split_call)
+from ._split import (_UNCHECKABLE, ContextState, MergeError, ModuleState, Refusal, SliceMerge,
+                     Unchanged, Unsplittable, alias_refusal, check_module, inference_buffers,
+                     install_lazy_hooks, merge_outputs, output_refusal, split_call)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -1228,10 +1229,11 @@ class _PlannedForward:
         Calls of that kind split from then on; if they would mix rows or
         return what cannot be merged, the plan is refused (before any of them
         ran split). A call that changes the state of the unit's modules
-        (`_split.ModuleState`: an attribute set, a buffer replaced) would
-        change it once per micro-batch: the next call of its kind is audited
-        too, and the plan refused if it changes that state again (the first
-        may only have set up what later calls reuse)."""
+        (`_split.ModuleState`: an attribute set, a buffer replaced) or of the
+        caller's context variables (`_split.ContextState`) would change it
+        once per micro-batch: the next call of its kind is audited too, and
+        the plan refused if it changes that state again (the first may only
+        have set up what later calls reuse)."""
         a = self.applier
         state = ModuleState(modules)
         audit = make_audit(batch)
@@ -1242,7 +1244,7 @@ class _PlannedForward:
                 audit.tag_rows(t)
         handles = audit.watch(self.module)
         _ON_THREAD.auditing = True
-        rng = _rng_states()
+        rng, context = _rng_states(), ContextState(contextvars.copy_context())
         try:
             with audit:
                 out = self.original(*args, **kwargs)
@@ -1254,10 +1256,12 @@ class _PlannedForward:
         for adapter, original, _ in split.states:
             audit.check_result(adapter.row_tensors(original), type(original).__name__)
         why = audit.mixed or ("" if rng == _rng_states() else _DRAWS_RANDOM) or \
-            output_refusal(out, {id(original) for _, original, _ in split.states}, batch)
+            output_refusal(out, {id(original) for _, original, _ in split.states}, batch) or \
+            alias_refusal(out, self.signature, args, kwargs, state.named_tensors())
         a.report.unsplit_call(f"{self.path}: {_AUDITED}")
         try:
             state.check()
+            _check_context(context, contextvars.copy_context())
         except MergeError as e:
             if not why and key not in self.changed_state:
                 self.changed_state.add(key)
@@ -1347,6 +1351,7 @@ class _PlannedForward:
         import torch
 
         a = self.applier
+        context = contextvars.copy_context()
         state = {
             "split": split,
             "results": [None] * split.parts,
@@ -1360,6 +1365,12 @@ class _PlannedForward:
                 [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
                  if torch.is_autocast_enabled(d)]),
             "caller": torch.cuda.current_stream() if a.cuda else None,
+            # The caller's context variables (contextvars, which are per
+            # thread too): each micro-batch runs in a copy, kept to check
+            # that it changed none.
+            "context": context,
+            "context_state": ContextState(context),
+            "contexts": [None] * split.parts,
         }
         # Collectives are paired across ranks by the order each rank issues
         # them in. The CPU workers would issue the micro-batches' in whatever
@@ -1416,6 +1427,8 @@ class _PlannedForward:
         try:
             if rng is not None and rng != _rng_states():
                 raise MergeError(_DREW_RANDOM)
+            for context in state["contexts"]:
+                _check_context(state["context_state"], context)
             with unwatched():  # dynaflow's own check, which a capture skips
                 split.check_shared_unmodified()
             out = merge_outputs(split, results, split.states)
@@ -1444,13 +1457,14 @@ class _PlannedForward:
         state is per thread: the caller's is set around it (CallerState),
         or without the replay module its grad, inference mode and autocast
         (_PlannedForward.__call__ ran calls under any other torch state
-        unsplit)."""
+        unsplit). It runs in a copy of the caller's context variables."""
         import torch
 
         try:
+            context = state["contexts"][mb] = state["context"].copy()
             carried = state["carried"]
             if carried is not None:
-                carried.run(lambda: self._micro_batch(state, mb, stream))
+                carried.run(lambda: context.run(self._micro_batch, state, mb, stream))
                 return 0
             inference, grad, autocast = state["modes"]
             with contextlib.ExitStack() as modes:
@@ -1460,7 +1474,7 @@ class _PlannedForward:
                     modes.enter_context(torch.set_grad_enabled(grad))
                 for device, dtype in autocast:
                     modes.enter_context(torch.autocast(device, dtype=dtype))
-                self._micro_batch(state, mb, stream)
+                context.run(self._micro_batch, state, mb, stream)
             return 0
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
             if state.get("error") is None:
@@ -1565,6 +1579,15 @@ class _Baseline:
                 saved, unchanged = before[k]
                 if not unchanged(b):
                     b.copy_(saved)
+
+
+def _check_context(before, after):
+    """Raises MergeError naming a context variable the call changed: `after`
+    (a context) holds it otherwise than `before` (a ContextState)."""
+    name = before.change(after)
+    if name is not None:
+        raise MergeError(f"context variable {name} was changed by the call, once per "
+                         f"micro-batch: the split result would not be the unsplit call's")
 
 
 def _rng_states():

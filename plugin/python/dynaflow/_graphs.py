@@ -449,12 +449,17 @@ def _bound(leaves, written, out):
     bound = {k: _address(leaf.tensor) for k, leaf in enumerate(leaves)
              if leaf.state or leaf.tensor.untyped_storage().data_ptr() in written}
     inputs = {id(leaf.tensor) for leaf in leaves}
+    outputs = set()
 
     def check(o):
         if id(o) in inputs:
             raise NoGraph("the call returns an argument: a replay would return a copy")
+        if id(o) in outputs:
+            raise NoGraph("the call returns one tensor at two places: a replay would return "
+                          "two copies")
         if not isinstance(o, torch.Tensor) or o.dim() < 1:
             raise NoGraph("an output has no rows")
+        outputs.add(id(o))
         return o
 
     map_outputs(out, check)

@@ -10,7 +10,8 @@ run the original way, once.
 
 What is proved safe:
   - immutable values (None, bools, numbers, strings, dtypes, devices): shared;
-  - tensors whose first dimension is the batch (and that have at least two
+  - plain strided tensors (no subclass, sparse or nested tensor) whose first
+    dimension is the batch (and that have at least two
     dimensions, or a name known to be per row): split into row views (narrow,
     no copy), so in-place writes land in the caller's rows;
   - tensors that are not per row (first dimension 1, scalars, or known shared
@@ -52,7 +53,7 @@ class Unsplittable(Exception):
 
 
 class MergeError(Exception):
-    """Micro-batch outputs that cannot be put back together."""
+    """Micro-batch outputs or state that cannot be put back together."""
 
 
 def _is_immutable(value):
@@ -189,6 +190,11 @@ class ModuleState:
     def _where(self, index, name):
         return f"{self.paths[index]}.{name}" if self.paths[index] else name
 
+    def named_tensors(self):
+        """(kind and name, tensor) of each tensor of the modules."""
+        for j, t in enumerate(self.tensors):
+            yield f"{self.kinds[j]} {self._where(self.owners[j], self.names[j])}", t
+
 
 # A module's Python state that a call could change once per micro-batch: a
 # counter (`self.calls += 1`), a flag, a list it appends to or whose entry it
@@ -266,6 +272,28 @@ def _first_change(before, after):
     return next((k for k in [*b, *a] if b.get(k) != a.get(k)), None)
 
 
+class ContextState:
+    """The caller's context variables (`contextvars`) as a split call must
+    leave them. _apply runs each micro-batch in a copy of the caller's
+    context, so a variable the call sets and does not reset would be set
+    once per micro-batch, in contexts the caller never sees; a container a
+    variable holds is shared by the copies, so an entry the call adds or
+    replaces would be added once per micro-batch. Compared as
+    `_python_state` compares a module's attributes."""
+
+    def __init__(self, context):
+        self.state, self.kept = [], []
+        _python_state(dict(context.items()), self.state, self.kept)
+
+    def change(self, context):
+        """The name of the first variable `context` holds another value of
+        (or a container of changed entries), or None."""
+        after = []
+        _python_state(dict(context.items()), after)
+        var = _first_change(self.state, after) if after != self.state else None
+        return None if var is None else var.name
+
+
 def _owned(module, kind, name):
     """The tensor `module` holds now as its buffer, parameter or attribute `name`."""
     if kind == "buffer":
@@ -340,7 +368,15 @@ class _Splitter:
         self.refuse(name, value)
 
     def tensor_parts(self, name, t):
+        import torch
+
         n = self.split.parts
+        if t.layout != torch.strided or t.is_nested:
+            self.refuse(name, t, f"has layout {t.layout}{' (nested)' if t.is_nested else ''}: "
+                                 f"only strided tensors are split or shared")
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            self.refuse(name, t, "is a tensor subclass, whose views and concatenation "
+                                 "dynaflow does not know")
         if name.endswith("position_ids") and t.dim() == 3:
             self.refuse(name, t, "has 3 dimensions: multimodal rotary positions hold the "
                                  "batch in dimension 1")
@@ -603,12 +639,14 @@ def _positional_names(signature, count):
 
 def merge_outputs(split, results, states):
     """The unsplit call's output from the micro-batches' `results`. A state
-    view returned by a micro-batch is replaced by its original."""
+    view returned by a micro-batch is replaced by its original; tensors
+    each micro-batch returns at several places are merged once, so that
+    they are one tensor there too."""
     view_owner = {}
     for adapter, original, views in split.states:
         for v in views:
             view_owner[id(v)] = original
-    return _merge(split, results, "output", view_owner)
+    return _merge(split, results, "output", view_owner, {})
 
 
 # Output fields that hold one row per token of the batch, flattened
@@ -624,7 +662,8 @@ def _per_token_field(output, name):
     return name in _PER_TOKEN_FIELDS and type(output).__module__.startswith("transformers.")
 
 
-def _merge(split, parts, where, view_owner, per_token=False):
+def _merge(split, parts, where, view_owner, merged, per_token=False):
+    """`merged`: {ids of the parts: the merged tensor} of this merge."""
     import torch
 
     first = parts[0]
@@ -633,7 +672,10 @@ def _merge(split, parts, where, view_owner, per_token=False):
             raise MergeError(f"{where}: micro-batches return different state objects")
         return view_owner[id(first)]
     if isinstance(first, torch.Tensor):
-        return (_merge_per_token if per_token else _merge_tensors)(split, parts, where)
+        key = tuple(map(id, parts))  # the parts are alive: their ids are theirs
+        if key not in merged:
+            merged[key] = (_merge_per_token if per_token else _merge_tensors)(split, parts, where)
+        return merged[key]
     adapter = state_adapter(first)
     if adapter is not None:
         # State made inside the call (a cache the module created because
@@ -653,19 +695,21 @@ def _merge(split, parts, where, view_owner, per_token=False):
         return first
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
         fields = {f.name: _merge(split, [getattr(p, f.name) for p in parts], f"{where}.{f.name}",
-                                 view_owner, per_token or _per_token_field(first, f.name))
+                                 view_owner, merged, per_token or _per_token_field(first, f.name))
                   for f in dataclasses.fields(first) if f.init}
         return type(first)(**fields)
     if isinstance(first, (tuple, list)):
         if any(not isinstance(p, type(first)) or len(p) != len(first) for p in parts):
             raise MergeError(f"{where}: micro-batches return sequences of different lengths")
-        items = [_merge(split, [p[k] for p in parts], f"{where}[{k}]", view_owner, per_token)
+        items = [_merge(split, [p[k] for p in parts], f"{where}[{k}]", view_owner, merged,
+                        per_token)
                  for k in range(len(first))]
         return _sequence_builder(first)(items)
     if type(first) is dict:
         if any(type(p) is not dict or p.keys() != first.keys() for p in parts):
             raise MergeError(f"{where}: micro-batches return dicts with different keys")
-        return {k: _merge(split, [p[k] for p in parts], f"{where}[{k!r}]", view_owner, per_token)
+        return {k: _merge(split, [p[k] for p in parts], f"{where}[{k!r}]", view_owner, merged,
+                          per_token)
                 for k in first}
     raise MergeError(f"{where}: cannot merge a {type(first).__qualname__}")
 
@@ -752,10 +796,12 @@ class SliceMerge:
 
         begin, count = self.split.rows(mb)
         grad = torch.is_grad_enabled()
+        done = set()  # a tensor at several places is merged once (_merge)
         for where, t in _tensor_leaves(result, "output", self.skip):
             if t.dim() < 1 or t.shape[0] != count or not t.is_contiguous() or \
-                    (grad and t.requires_grad):
+                    (grad and t.requires_grad) or id(t) in done:
                 continue
+            done.add(id(t))
             whole = self._whole_for(where, t)
             if whole is None:
                 continue
@@ -1295,3 +1341,44 @@ def output_refusal(value, passed, batch, where="the output", per_token=False):
         return f"{where} is of type {type(value).__qualname__}, which dynaflow cannot merge"
     return next((why for w, v, t in items if (why := output_refusal(v, passed, batch, w, t))),
                 "")
+
+
+def alias_refusal(out, signature, args, kwargs, module_tensors):
+    """Why the output of a call run unsplit could not be merged with the
+    memory sharing it has, or "": a tensor of it that shares memory with an
+    argument (`signature` names them, as in split_call), one of
+    `module_tensors` ((name, tensor) pairs) or another tensor of the output,
+    without being that tensor (a view: `x[:, :2]`, `x.view(...)`). Merged,
+    it would be a tensor of its own, and a write through one would no
+    longer reach the other, as it does in the unsplit call. An argument
+    returned as it is, and one tensor returned at two places, stay
+    themselves (`_merge`). The tensors of state objects (caches) are not
+    compared. Asked of the audited first call of each kind, as
+    output_refusal is."""
+    owners = {}  # storage address -> (where, the first tensor seen on it)
+    inputs = [*zip(_positional_names(signature, len(args)), args), *kwargs.items(),
+              *module_tensors]
+    for name, value in inputs:
+        for where, t in _tensor_leaves(value, name, ()):
+            owners.setdefault(_storage_address(t), (where, t))
+    owners.pop(None, None)
+    for where, t in _tensor_leaves(out, "the output", ()):
+        address = _storage_address(t)
+        if address is None:
+            continue
+        first = owners.setdefault(address, (where, t))
+        if first[1] is not t:
+            return (f"{where} shares memory with {first[0]} (a view): merged from the "
+                    f"micro-batches it would be a tensor of its own, and a write through one "
+                    f"would not reach the other as it does in the unsplit call")
+    return ""
+
+
+def _storage_address(t):
+    """The address of `t`'s memory, or None when it has none to share (no
+    elements, or a layout without one storage)."""
+    try:
+        storage = t.untyped_storage()
+    except (NotImplementedError, RuntimeError):
+        return None
+    return storage.data_ptr() if storage.nbytes() else None
