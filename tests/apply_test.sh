@@ -267,6 +267,8 @@ expect_code "batch norm --strict" 2 "$bin" apply --strict "$work/bn.json" -- "$p
 # each micro-batch would draw its own), and Count, which multiplies by the
 # batch size. Mean divides by the batch size as a float computed in Python,
 # which no audit of operators can trace back to the batch: --verify says so.
+# Later draws random numbers only once its audited first calls are past: the
+# split call that does is a loud error, and says that it raises.
 cat >"$work/blocks.py" <<'PY'
 import sys, torch
 from torch import nn
@@ -287,6 +289,13 @@ class Mean(nn.Module):
     def forward(self, x):
         return x * (1.0 / x.shape[0])
 
+calls = [0]
+
+class Later(nn.Module):
+    def forward(self, x):
+        calls[0] += 1
+        return x + torch.rand(x.shape[1]) if calls[0] > 2 else x
+
 class Net(nn.Module):
     def __init__(self, block):
         super().__init__()
@@ -298,7 +307,8 @@ class Net(nn.Module):
         return x
 
 torch.manual_seed(0)
-net = Net({"center": Center, "noise": Noise, "count": Count, "mean": Mean}[sys.argv[1]])
+net = Net({"center": Center, "noise": Noise, "count": Count, "mean": Mean,
+           "later": Later}[sys.argv[1]])
 x = torch.arange(16.0).reshape(8, 2)
 for _ in range(2):
     print("sum of squares", float((net(x) ** 2).sum()))
@@ -322,6 +332,11 @@ check "noise named" has "$work/err" \
   "plan refused: Net.blocks.0: the call draws random numbers (dropout in training, say)"
 expect_code "verify fails" 1 "$bin" apply --verify "$work/bn.json" -- "$py" "$work/blocks.py" mean
 check "verify failure named" has "$work/err" "verify: FAILED: Net.blocks.0: output"
+expect_code "a later draw raises" 1 "$bin" apply "$work/bn.json" -- "$py" "$work/blocks.py" later
+check "a later draw says it raises" has "$work/err" \
+  "plan refused: Net.blocks.0: the call drew random numbers, which the first call of its kind did not"
+check "a later draw's outcome" has "$work/err" \
+  "; this call raises (its micro-batches ran), and the program runs unmodified after it"
 
 # --- calls that run unsplit for a reason that passes, counted by reason: the
 # first call of a lazy module inside a unit infers its parameters (a unit's own

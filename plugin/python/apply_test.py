@@ -415,6 +415,18 @@ class CommOverlapTest(unittest.TestCase):
         self.assertEqual(overlap.consumers, [1])
         self.assertEqual(overlap.beside_ops, [1])
 
+    def test_a_higher_order_operator_waits_for_every_collective(self):
+        # Its body reads what it likes, unseen (torch raised into the
+        # program before: no rule for a higher-order operator).
+        overlap = _apply._CommOverlap()
+        t, other = torch.zeros(3), torch.ones(3)
+        with _apply._wait_before_use(overlap):
+            overlap.launch(self.all_reduce, (t,), {})
+            y = torch.cond(other.sum() > 0, lambda o: o + t, lambda o: o - t, (other,))
+        self.assertEqual(self.events, ["launch async_op=True", "wait"])
+        self.assertEqual(y.tolist(), [11.0] * 3)
+        self.assertEqual(overlap.pending, {})
+
     def test_views_and_in_place_writes_wait_too_and_the_rest_at_the_end(self):
         overlap = _apply._CommOverlap()
         a, b = torch.zeros(4), torch.zeros(2)
@@ -731,10 +743,14 @@ class ApplyTest(unittest.TestCase):
         _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
         self.audit(net, x, units=1)
         later["on"] = True
+        err = io.StringIO()
         with self.assertRaisesRegex(RuntimeError, r"Holder\.layers\.0: context variable "
-                                                  r"last_rows was changed by the call"):
+                                                  r"last_rows was changed by the call"), \
+                redirect_stderr(err):
             contextvars.copy_context().run(net, x)
         self.assertNotIn("forward", net.layers[0].__dict__)
+        self.assertRegex(err.getvalue(), r"; this call raises \(its micro-batches ran\), and the "
+                                         r"program runs unmodified after it\n$")
 
     def test_an_output_sharing_memory_it_would_not_share_merged_is_refused_at_its_first_call(self):
         # Merged, each was a tensor of its own: the caller's in-place write
@@ -944,6 +960,31 @@ class ApplyTest(unittest.TestCase):
         report = net._dynaflow_applier.report
         # Then both split, layers.0's micro-batches calling layers.1 each.
         self.assertEqual((report.planned_calls, report.original_calls), (2, 5))
+
+    def test_a_refused_compiled_flex_attention_runs_on_unmodified(self):
+        # transformers' attn_implementation="flex_attention" calls a
+        # torch.compile'd flex_attention. Its higher-order operator refuses
+        # the plan at the audited call; the program's next call, unmodified,
+        # raised torch._dynamo.exc.Unsupported before (dynamo had first run
+        # it under the audit's dispatch mode).
+        from torch.nn.attention.flex_attention import flex_attention
+
+        attend = torch.compile(flex_attention, backend="eager")
+
+        class Attention(nn.Module):
+            def forward(self, q):
+                return attend(q, q * 2, q * 3)
+
+        net, q = Holder(Attention()), torch.randn(4, 2, 16, 8)
+        with torch.no_grad():
+            expected = net(q)
+            _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+            err = io.StringIO()
+            with redirect_stderr(err):
+                torch.testing.assert_close(net(q), expected)
+            self.assertIn("plan refused: Holder.layers.0: flex_attention is a higher-order "
+                          "operator, whose body the audit does not follow", err.getvalue())
+            torch.testing.assert_close(net(q), expected)
 
     def test_a_compiled_submodule_inside_a_unit_is_audited_and_splits(self):
         # torch.compile runs under the audit's dispatch mode (its operators

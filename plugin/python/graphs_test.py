@@ -706,6 +706,10 @@ class GraphsTest(unittest.TestCase):
         with watch:
             x.sum().item()
         self.assertEqual(watch.host_read, "")
+        # A higher-order operator runs, its body unseen (torch raised on it).
+        w = watched(lambda: torch.cond(y.sum() > 0, lambda t: t.add_(1), lambda t: t.sub_(1),
+                                       (x,)))
+        self.assertEqual(w.unseen, "cond")
 
     def test_arguments_flatten_into_a_key_of_shapes_and_values(self):
         x, pos = torch.ones(3, 4), torch.arange(4)

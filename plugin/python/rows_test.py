@@ -288,6 +288,18 @@ class RowAuditTest(unittest.TestCase):
         self.assertRegex(why, r"aten::cumsum could not be followed by the audit \(IndexError: "
                               r"an argument form no rule expects\)")
 
+    def test_a_higher_order_operator_fails_the_proof_not_the_call(self):
+        # torch raised NotImplementedError into the program before (flex
+        # attention: transformers' attn_implementation="flex_attention").
+        def branch(x):
+            return torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t * 3, (x,))
+
+        x = self.x.abs()
+        out, why = audit(branch, x)
+        torch.testing.assert_close(out, x * 2)
+        self.assertRegex(why, r"^cond is a higher-order operator, whose body the audit does not "
+                              r"follow \(at ")
+
     def test_only_the_reviewed_guards_read_a_value_reduced_over_the_rows(self):
         # transformers' mask guard: "no row is padded, so no mask is needed".
         source = ("def _ignore_causal_mask_sdpa(padding_mask):\n"

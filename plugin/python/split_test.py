@@ -5,6 +5,7 @@ cases use the installed transformers' own Cache classes (skipped without it)."""
 import collections
 import contextvars
 import dataclasses
+import decimal
 import importlib.util
 import os
 import re
@@ -170,6 +171,12 @@ class SplitTest(unittest.TestCase):
             after = before.copy()
             after.run(change)
             self.assertEqual(state.change(after), name)
+        # A library's default, made on its first use in a context.
+        empty = contextvars.Context()
+        after = empty.copy()
+        after.run(decimal.getcontext)
+        self.assertEqual(len(after), 1)
+        self.assertIsNone(_split.ContextState(empty).change(after))
         # An entry appended to the list the variable holds, which every
         # copy of the context shares.
         before[a].append(2)

@@ -75,7 +75,7 @@ from ._graphs import (EAGER, CudaGraphs, NoGraph, UnitGraphs, _native, rebuild, 
 from ._rows import audit_key, make_audit
 from ._split import (_UNCHECKABLE, ContextState, MergeError, ModuleState, Refusal, SliceMerge,
                      Unchanged, Unsplittable, alias_refusal, check_module, inference_buffers,
-                     install_lazy_hooks, merge_outputs, output_refusal, split_call)
+                     install_lazy_hooks, merge_outputs, output_refusal, split_call, watching)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -606,6 +606,16 @@ class Report:
         self.graph_replays = 0
         self.graph_eager_calls = {}
 
+    # Counted under the lock: planned calls run on the program's threads
+    # concurrently, and `+=` on an attribute is not atomic.
+    def planned_call(self):
+        with self.lock:
+            self.planned_calls += 1
+
+    def original_call(self):
+        with self.lock:
+            self.original_calls += 1
+
     def unsplit_call(self, why):
         with self.lock:
             self.original_calls += 1
@@ -991,16 +1001,23 @@ class _CommOverlap:
 @functools.lru_cache(maxsize=None)
 def _wait_before_use_mode():
     """The dispatch mode class, made on first use (torch is imported late)."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class WaitBeforeUse(TorchDispatchMode):
+        supports_higher_order_operators = True  # else torch raises on one
+
         def __init__(self, overlap):
             super().__init__()
             self.overlap = overlap
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if self.overlap.pending:
+            if isinstance(func, torch._ops.HigherOrderOperator):
+                # Its body (flex_attention's score function, cond's branches)
+                # may read any tensor, outside this mode: all are waited for.
+                self.overlap.wait_all()
+            elif self.overlap.pending:
                 self.overlap.wait_for((args, kwargs))
             if not getattr(_ON_THREAD, "in_collective", False):
                 self.overlap.ops += 1
@@ -1092,6 +1109,9 @@ _ATTACHED = ("the call the plan was attached in, whose forward torch had looked 
              "the model's own top module is a unit")
 # Split, each micro-batch draws its own random numbers (dropout's masks, say),
 # in another order and count than the unsplit call: its result would differ.
+# What happens once the plan is refused (Applier.refuse).
+_UNMODIFIED = "the program runs unmodified"
+_RAISES = "this call raises (its micro-batches ran), and the program runs unmodified after it"
 _DRAWS_RANDOM = ("the call draws random numbers (dropout in training, say): split, each "
                  "micro-batch would draw its own, so the result could not equal the unsplit "
                  "call's")
@@ -1152,13 +1172,13 @@ class _PlannedForward:
             # another) runs as its micro-batch calls it: splitting it again
             # would wait for the executor the outer call holds. Inside an
             # audited call, the audit covers its operators.
-            a.report.original_calls += 1
+            a.report.original_call()
             return self.original(*args, **kwargs)
         x = first_tensor(args, kwargs)
         policy = a.policy_for(self.module, args, kwargs, x)
         index = -1 if policy is None else a.runtime.pick(policy, tokens_of(x))
         if index < 0 or x.shape[0] < a.splits_of[index]:
-            a.report.original_calls += 1
+            a.report.original_call()
             return self.original(*args, **kwargs)
         if a.splits_of[index] == OVERLAP:
             return self._overlapped(args, kwargs)
@@ -1181,13 +1201,13 @@ class _PlannedForward:
                 with a.lock:  # the graph's static inputs and outputs are shared
                     out = self._graphs().replay_hit(key, batch, args, kwargs, fits, modules)
                     if out is not EAGER:
-                        a.report.planned_calls += 1
+                        a.report.planned_call()
                         return out
             split = split_call(self.path, self.signature, args, kwargs, batch,
                                even_bounds(batch, a.splits_of[index]))
         except Refusal as e:
             a.refuse(str(e))
-            a.report.original_calls += 1
+            a.report.original_call()
             return self.original(*args, **kwargs)
         except Unsplittable as e:
             a.report.unsplit_call(str(e))
@@ -1212,11 +1232,11 @@ class _PlannedForward:
                     # restored). Nothing of the call ran on the device, and
                     # its warm-up showed it changes no state of its modules:
                     # it runs once, the original way.
-                    a.report.original_calls += 1
+                    a.report.original_call()
                     return self.original(*args, **kwargs)
             if out is EAGER:
                 out = self._run(split)
-        a.report.planned_calls += 1
+        a.report.planned_call()
         if baseline is not None:
             a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
         return out
@@ -1246,7 +1266,7 @@ class _PlannedForward:
         _ON_THREAD.auditing = True
         rng, context = _rng_states(), ContextState(contextvars.copy_context())
         try:
-            with audit:
+            with watching(audit):
                 out = self.original(*args, **kwargs)
         finally:
             _ON_THREAD.auditing = False
@@ -1322,12 +1342,12 @@ class _PlannedForward:
         overlap = _CommOverlap()
         _ON_THREAD.overlap = overlap
         try:
-            with _wait_before_use(overlap):
+            with watching(_wait_before_use(overlap)):
                 out = self.original(*args, **kwargs)
         finally:
             _ON_THREAD.overlap = None
             overlap.wait_all()
-        a.report.planned_calls += 1
+        a.report.planned_call()
         a.report.comm_overlap_call(overlap, a.runtime)
         if baseline is not None:
             a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
@@ -1438,7 +1458,7 @@ class _PlannedForward:
             # running the original now would run the module twice. Loud, not
             # silently wrong. The plan is refused from here on, as if this had
             # been known before (later calls run unmodified; --strict exits 2).
-            a.refuse(f"{self.path}: {e}")
+            a.refuse(f"{self.path}: {e}", _RAISES)
             raise RuntimeError(f"dynaflow apply: {self.path}: {e}") from None
         return out
 
@@ -1657,10 +1677,11 @@ class Applier:
         self.report = report or Report()
         self.lock = threading.Lock()
         self.merge_lock = threading.Lock()
-        # Called with the reason when a call finds the plan does not fit:
-        # the modules are restored first, so the program runs unmodified.
-        self.on_refuse = lambda message: _say(f"plan refused: {message}; "
-                                              f"the program runs unmodified")
+        # Called with the reason when a call finds the plan does not fit,
+        # and what happens now: the modules are restored first, so the
+        # program runs unmodified (but for a call that found it after its
+        # micro-batches ran, which raises).
+        self.on_refuse = lambda message, outcome: _say(f"plan refused: {message}; {outcome}")
         self.runtime = _Runtime(runtime_lib)
         tilings, self.splits_of = bucket_table(plan)
         self.policies = {}
@@ -1773,9 +1794,9 @@ class Applier:
             counts["unplanned"] += policy is None
         return policy
 
-    def refuse(self, message):
+    def refuse(self, message, outcome=_UNMODIFIED):
         self.detach()
-        self.on_refuse(message)
+        self.on_refuse(message, outcome)
 
 
 def apply(model, plan, verify=False, runtime_lib=None, strict=False, graphs=True):
@@ -1857,10 +1878,9 @@ class _FromEnvironment:
                 self.applier.detach()
             self.refuse(f"cannot attach to {_cut(self.root)}: {type(e).__name__}: {e}")
 
-    def refuse(self, message):
+    def refuse(self, message, outcome=_UNMODIFIED):
         self.report.refused = message
-        _say(f"plan refused: {message}; "
-             + ("exiting (--strict)" if self.strict else "the program runs unmodified"))
+        _say(f"plan refused: {message}; " + ("exiting (--strict)" if self.strict else outcome))
         if self.strict:
             self.write_report()
             sys.stdout.flush()

@@ -77,7 +77,7 @@ import os
 import threading
 
 from ._split import (_CONTAINER_TYPES, _SCALAR_TYPES, _as_bytes, _capture_underway, _is_immutable,
-                     _module_tables, _sequence_builder, state_adapter)
+                     _module_tables, _sequence_builder, state_adapter, watching)
 
 # Graphs one unit keeps (one per padded shape and kind): beyond, new shapes
 # run eagerly. A decode server padded to powers of two needs about
@@ -357,13 +357,19 @@ def _watch(accepts):
         return isinstance(value, torch.Tensor) and accepts(value)
 
     class Watch(TorchDispatchMode):
+        supports_higher_order_operators = True  # else torch raises on one
+
         def __init__(self):
             super().__init__()
             self.written = set()
             self.host_read = ""
+            self.unseen = ""  # a higher-order operator, whose body runs unwatched
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if isinstance(func, torch._ops.HigherOrderOperator):
+                self.unseen = self.unseen or func.name()
+                return func(*args, **kwargs)
             name = func._schema.name
             if not self.host_read and not getattr(_UNWATCHED, "on", False) and (
                     (name in _HOST_READS and any(on_device(a) for a in args)) or
@@ -692,12 +698,15 @@ class UnitGraphs:
                        f"say); from then on a kind is warmed up at its second call")
             return EAGER
         watch = _watch(self.backend.accepts)
-        with watch:
+        with watching(watch):
             out = warm_up()
         try:
             if watch.host_read:
                 raise NoGraph(f"it reads a device value on the host ({watch.host_read}), which "
                               f"a capture cannot")
+            if watch.unseen:
+                raise NoGraph(f"it runs {watch.unseen}, a higher-order operator whose reads and "
+                              f"writes the warm-up cannot see")
             self.entries[key] = _Ready(_bound(leaves, watch.written, out), _snapshot(modules))
             self.unrepeated += 1
         except NoGraph as e:

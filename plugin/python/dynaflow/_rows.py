@@ -179,6 +179,10 @@ def _audit_class():
     data_dependent = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}
 
     class RowAudit(TorchDispatchMode):
+        # Higher-order operators (flex_attention, cond) come here too, as
+        # refusals: unhandled, torch raises into the program.
+        supports_higher_order_operators = True
+
         def __init__(self, batch):
             super().__init__()
             self.batch = batch
@@ -277,6 +281,11 @@ def _audit_class():
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if self.whole or self.mixed is not None:
+                return func(*args, **kwargs)
+            if isinstance(func, torch._ops.HigherOrderOperator):
+                # Its body runs outside this mode (popped while it handles one).
+                self.fail(f"{func.name()} is a higher-order operator, whose body the audit "
+                          f"does not follow (at {_where()})")
                 return func(*args, **kwargs)
             try:
                 tag_out = self.rule(func, args, kwargs)

@@ -29,6 +29,7 @@ does a module that computes across rows or has hooks inside (`check_module`).
 """
 
 import collections
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -283,15 +284,42 @@ class ContextState:
 
     def __init__(self, context):
         self.state, self.kept = [], []
-        _python_state(dict(context.items()), self.state, self.kept)
+        _python_state(_context_variables(context), self.state, self.kept)
 
     def change(self, context):
         """The name of the first variable `context` holds another value of
         (or a container of changed entries), or None."""
         after = []
-        _python_state(dict(context.items()), after)
+        _python_state(_context_variables(context), after)
         var = _first_change(self.state, after) if after != self.state else None
         return None if var is None else var.name
+
+
+# Context variables a library sets on first use in a context, to a default
+# of its own: the decimal module's context (decimal.getcontext(); sympy in
+# torch.compile's shape reasoning uses it). Set in a micro-batch's copy, the
+# caller's context makes its own when it asks.
+_LAZY_CONTEXT_VARIABLES = frozenset({"decimal_context"})
+
+
+def _context_variables(context):
+    return {var: value for var, value in context.items()
+            if var.name not in _LAZY_CONTEXT_VARIABLES}
+
+
+@contextlib.contextmanager
+def watching(mode):
+    """Enters the dispatch mode `mode` (an audit, a warm-up's watch, the
+    waits of communication overlap) with torch.compile'd code run eagerly:
+    its operators are then the mode's to see, and dynamo leaves its cache
+    alone. A function dynamo first runs under a dispatch mode fails in
+    dynamo at its next call without one (torch 2.11: flex_attention gives
+    "Attempted to call function marked as skipped"), which would take down
+    a program whose plan was refused at its audited call."""
+    import torch
+
+    with torch.compiler.set_stance("force_eager"), mode:
+        yield mode
 
 
 def _owned(module, kind, name):
