@@ -2,12 +2,14 @@
 the real runtime library (libdynaflow_apply.so, env DYNAFLOW_APPLY_LIB_BUILT)
 on the CPU backend, compared with the original forwards."""
 
+import contextlib
 import contextvars
 import importlib.util
 import io
 import os
 import re
 import sys
+import threading
 import time
 import unittest
 from contextlib import redirect_stderr
@@ -106,8 +108,6 @@ class _FakeCuda:
     runtime/cuda/fake_cuda_api.h does for the C++ executor)."""
 
     def __init__(self):
-        import threading
-
         self.log = []  # (thread's micro-batch, call, stream id, event id)
         self.lock = threading.Lock()
         self.local = threading.local()
@@ -164,7 +164,6 @@ class RegionOnCudaTest(unittest.TestCase):
         that the sequencer decides), or with `inline` (as _PlannedForward
         does under a CUDA graph capture) micro-batch after micro-batch on
         this thread. Returns (region, fake)."""
-        import threading
         from unittest import mock
 
         fake = _FakeCuda()
@@ -799,6 +798,42 @@ class ApplyTest(unittest.TestCase):
                     self.assertIs(out[0], out[1])  # merged once, as the unsplit call's
                     torch.testing.assert_close(out[0], x * 2, rtol=0, atol=0)
 
+        # A fused residual add: the argument returned is itself, although
+        # the other argument shares its memory (it was refused).
+        class Residual(nn.Module):
+            def forward(self, h, residual):
+                return residual.add_(h)
+
+        net = Holder(Residual())
+        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+        buf = torch.ones(4, 6)
+        self.audit(net, buf[:, :3], buf[:, 3:], units=1)
+        h, residual = buf[:, :3], buf[:, 3:]
+        self.assertIs(net(h, residual), residual)
+        self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
+        torch.testing.assert_close(buf[:, 3:], torch.full((4, 3), 3.0), rtol=0, atol=0)
+
+    def test_a_nested_batch_refuses_the_plan_and_its_forward_is_put_back(self):
+        # A nested tensor's sizes raised from the planned call before; and
+        # a refused unit's own forward (an instance attribute, as
+        # torch.compile and accelerate set) was deleted, not put back.
+        layer = nn.Identity()
+        layer.forward = lambda x: x + 1
+        net = Holder(layer)
+        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+        for layout in (torch.strided, torch.jagged):
+            with self.subTest(layout=layout):
+                x = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)],
+                                               layout=layout)
+                err = io.StringIO()
+                with redirect_stderr(err):
+                    out = net(x)
+                torch.testing.assert_close(out.unbind()[0], torch.full((2, 3), 2.0))
+                if layout == torch.strided:
+                    self.assertIn("plan refused: Holder.layers.0: its batch argument of type "
+                                  "Tensor has layout torch.strided (nested)", err.getvalue())
+        torch.testing.assert_close(net(torch.ones(4, 3)), torch.full((4, 3), 2.0))
+
     def test_an_output_the_merge_could_not_stack_is_refused_at_its_first_call(self):
         # Each once passed the audit and failed after the micro-batches of
         # the next call ran: a 0-d value, the rows flattened with the tokens,
@@ -987,16 +1022,54 @@ class ApplyTest(unittest.TestCase):
             torch.testing.assert_close(net(q), expected)
 
     def test_a_compiled_submodule_inside_a_unit_is_audited_and_splits(self):
-        # torch.compile runs under the audit's dispatch mode (its operators
-        # are seen), and split later like any other code.
-        inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
-        net = nn.Sequential(nn.Sequential(torch.compile(inner, backend="eager")))
-        x = torch.randn(4, 8)
-        expected = net(x)
-        _apply.apply(net, plan(["Sequential.*"]), runtime_lib=RUNTIME)
-        torch.testing.assert_close(self.audit(net, x, units=1), expected)
-        torch.testing.assert_close(net(x), expected)
-        self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
+        # Compiled code runs eagerly in the audited call (its operators are
+        # seen), and is compiled at its first split call. Before, dynamo
+        # first ran it under the audit's dispatch mode and never compiled it
+        # again; then, compiled in a micro-batch, its `_vt_active_calls`
+        # (set on first use) was taken for a change of the caller's context.
+        for compiled_before in (False, True):
+            with self.subTest(compiled_before=compiled_before):
+                graphs = []
+
+                def count(gm, _inputs):
+                    graphs.append(gm)
+                    return gm.forward
+
+                inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+                net = nn.Sequential(nn.Sequential(torch.compile(inner, backend=count)))
+                x = torch.randn(4, 8)
+                expected = net(x) if compiled_before else inner(x)
+                _apply.apply(net, plan(["Sequential.*"]), runtime_lib=RUNTIME)
+                torch.testing.assert_close(self.audit(net, x, units=1), expected)
+                self.assertEqual(len(graphs), int(compiled_before))
+                for _ in range(2):
+                    torch.testing.assert_close(net(x), expected)
+                self.assertEqual(net._dynaflow_applier.report.planned_calls, 2)
+                self.assertGreaterEqual(len(graphs), 1)
+
+    def test_compiled_code_runs_eagerly_until_the_last_watching_thread_leaves(self):
+        # The stance is the process's: two threads entering and leaving in
+        # turn left it at force_eager for good before (nothing compiled).
+        from torch._dynamo import eval_frame
+
+        entered, left = threading.Event(), threading.Event()
+        stances = []
+
+        def first():
+            with _split.watching(contextlib.nullcontext()):
+                entered.set()
+                left.wait()
+            stances.append(eval_frame._stance.stance)
+
+        thread = threading.Thread(target=first)
+        thread.start()
+        entered.wait()
+        with _split.watching(contextlib.nullcontext()):
+            left.set()
+            thread.join()
+            stances.append(eval_frame._stance.stance)
+        stances.append(eval_frame._stance.stance)
+        self.assertEqual(stances, ["force_eager", "force_eager", "default"])
 
     def test_autocast_holds_in_the_micro_batches(self):
         net, x = nn.Sequential(nn.Linear(3, 3)), torch.randn(4, 3)

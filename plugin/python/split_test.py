@@ -157,8 +157,8 @@ class SplitTest(unittest.TestCase):
 
     def test_a_context_variable_the_call_changed_is_named(self):
         a, b = contextvars.ContextVar("a"), contextvars.ContextVar("b", default=0)
-        a.set([1])
-        before = contextvars.copy_context()
+        before = contextvars.Context()
+        before.run(a.set, [1])
         state = _split.ContextState(before)
         self.assertIsNone(state.change(before.copy()))
         cases = [
@@ -171,12 +171,24 @@ class SplitTest(unittest.TestCase):
             after = before.copy()
             after.run(change)
             self.assertEqual(state.change(after), name)
-        # A library's default, made on its first use in a context.
-        empty = contextvars.Context()
-        after = empty.copy()
-        after.run(decimal.getcontext)
-        self.assertEqual(len(after), 1)
-        self.assertIsNone(_split.ContextState(empty).change(after))
+        # A library's default, made on its first use in a context: the
+        # decimal module's, torch.compile's empty set; not a full one.
+        lazily = contextvars.ContextVar("lazily", default=None)
+        for made, name in [(decimal.getcontext, None), (lambda: lazily.set(set()), None),
+                           (lambda: lazily.set({1}), "lazily")]:
+            empty = contextvars.Context()
+            after = empty.copy()
+            after.run(made)
+            self.assertEqual(len(after), 1)
+            self.assertEqual(_split.ContextState(empty).change(after), name)
+        # A tensor written in place, which every copy shares.
+        steps = contextvars.ContextVar("steps")
+        counted = contextvars.Context()
+        counted.run(steps.set, torch.zeros(()))
+        counted_state = _split.ContextState(counted)
+        after = counted.copy()
+        after.run(lambda: steps.get().add_(1))
+        self.assertEqual(counted_state.change(after), "steps")
         # An entry appended to the list the variable holds, which every
         # copy of the context shares.
         before[a].append(2)

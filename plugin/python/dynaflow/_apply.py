@@ -75,7 +75,8 @@ from ._graphs import (EAGER, CudaGraphs, NoGraph, UnitGraphs, _native, rebuild, 
 from ._rows import audit_key, make_audit
 from ._split import (_UNCHECKABLE, ContextState, MergeError, ModuleState, Refusal, SliceMerge,
                      Unchanged, Unsplittable, alias_refusal, check_module, inference_buffers,
-                     install_lazy_hooks, merge_outputs, output_refusal, split_call, watching)
+                     install_lazy_hooks, kind_refusal, merge_outputs, output_refusal,
+                     split_call, watching)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -1107,11 +1108,11 @@ _AUDITED = ("the first call of its kind, run the original way to prove that its 
             "keep the rows apart")
 _ATTACHED = ("the call the plan was attached in, whose forward torch had looked up before: "
              "the model's own top module is a unit")
-# Split, each micro-batch draws its own random numbers (dropout's masks, say),
-# in another order and count than the unsplit call: its result would differ.
 # What happens once the plan is refused (Applier.refuse).
 _UNMODIFIED = "the program runs unmodified"
 _RAISES = "this call raises (its micro-batches ran), and the program runs unmodified after it"
+# Split, each micro-batch draws its own random numbers (dropout's masks, say),
+# in another order and count than the unsplit call: its result would differ.
 _DRAWS_RANDOM = ("the call draws random numbers (dropout in training, say): split, each "
                  "micro-batch would draw its own, so the result could not equal the unsplit "
                  "call's")
@@ -1133,6 +1134,7 @@ class _PlannedForward:
         self.path = path
         self.module = module
         self.original = module.forward
+        self.replaced = module.__dict__.get("forward")  # an instance's own (torch.compile's)
         self.applier = applier
         try:
             self.signature = inspect.signature(self.original)
@@ -1155,7 +1157,10 @@ class _PlannedForward:
     def restore(self):
         """Puts the original forward back and frees the schedules."""
         if self.module.__dict__.get("forward") is self.installed:
-            del self.module.forward
+            if self.replaced is None:
+                del self.module.forward
+            else:
+                self.module.forward = self.replaced
         for handle, _, _ in self.schedules.values():
             self.applier.runtime.lib.dynaflow_apply_schedule_free(handle)
         self.schedules = {}
@@ -1175,6 +1180,11 @@ class _PlannedForward:
             a.report.original_call()
             return self.original(*args, **kwargs)
         x = first_tensor(args, kwargs)
+        why = kind_refusal(x) if x is not None else ""
+        if why:  # its tokens cannot even be counted (a nested tensor's sizes)
+            a.refuse(f"{self.path}: its batch argument of type {type(x).__qualname__} {why}")
+            a.report.original_call()
+            return self.original(*args, **kwargs)
         policy = a.policy_for(self.module, args, kwargs, x)
         index = -1 if policy is None else a.runtime.pick(policy, tokens_of(x))
         if index < 0 or x.shape[0] < a.splits_of[index]:
@@ -1458,7 +1468,10 @@ class _PlannedForward:
             # running the original now would run the module twice. Loud, not
             # silently wrong. The plan is refused from here on, as if this had
             # been known before (later calls run unmodified; --strict exits 2).
-            a.refuse(f"{self.path}: {e}", _RAISES)
+            # Under a capture nothing ran: the call runs the original way
+            # (_graphs.UnitGraphs.call), and does not raise.
+            capturing = a.cuda and torch.cuda.is_current_stream_capturing()
+            a.refuse(f"{self.path}: {e}", _UNMODIFIED if capturing else _RAISES)
             raise RuntimeError(f"dynaflow apply: {self.path}: {e}") from None
         return out
 

@@ -28,7 +28,8 @@ distinguishes is not covered. The batch size passed to an operator on the
 rows as a number ends the proof (`check_numbers`); derived from it in
 Python first (`1 / x.shape[0]`), it is not seen. Nor are reads of a
 tensor's bytes that bypass torch's dispatcher (`tolist()`, `numpy()`) or
-operators compiled outside it (a torch.compile'd submodule).
+kernels launched outside it (an extension's own). torch.compile'd code runs
+eagerly under the audit (`_split.watching`), so its operators are seen.
 """
 
 import dataclasses

@@ -32,6 +32,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import decimal
 import enum
 import functools
 import inspect
@@ -277,49 +278,85 @@ class ContextState:
     """The caller's context variables (`contextvars`) as a split call must
     leave them. _apply runs each micro-batch in a copy of the caller's
     context, so a variable the call sets and does not reset would be set
-    once per micro-batch, in contexts the caller never sees; a container a
-    variable holds is shared by the copies, so an entry the call adds or
-    replaces would be added once per micro-batch. Compared as
-    `_python_state` compares a module's attributes."""
+    once per micro-batch, in contexts the caller never sees; a container or
+    tensor a variable holds is shared by the copies, so an entry the call
+    adds or replaces, or an in-place write, would be made once per
+    micro-batch. Compared as `_python_state` compares a module's attributes
+    (a container by its entries, one level deep), tensors also by their
+    version counters. A variable the caller's context lacks that the call
+    leaves holding a library's lazily made default (`_made_lazily`) is not a
+    change: the caller's context makes its own when it asks."""
 
     def __init__(self, context):
+        self.variables = dict(context.items())
         self.state, self.kept = [], []
-        _python_state(_context_variables(context), self.state, self.kept)
+        _python_state(self.variables, self.state, self.kept)
+        self.versions = _versions(self.variables)
 
     def change(self, context):
         """The name of the first variable `context` holds another value of
-        (or a container of changed entries), or None."""
+        (or a container of changed entries, a tensor written), or None."""
+        variables = {var: value for var, value in context.items()
+                     if var in self.variables or not _made_lazily(var, value)}
         after = []
-        _python_state(_context_variables(context), after)
+        _python_state(variables, after)
         var = _first_change(self.state, after) if after != self.state else None
+        if var is None:
+            versions = _versions(variables)
+            var = next((v for v, n in self.versions.items() if versions.get(v) != n), None)
         return None if var is None else var.name
 
 
-# Context variables a library sets on first use in a context, to a default
-# of its own: the decimal module's context (decimal.getcontext(); sympy in
-# torch.compile's shape reasoning uses it). Set in a micro-batch's copy, the
-# caller's context makes its own when it asks.
-_LAZY_CONTEXT_VARIABLES = frozenset({"decimal_context"})
+def _versions(variables):
+    """{variable: version counter} of the variables holding a tensor that
+    has one (an inference tensor has none)."""
+    import torch
+
+    return {var: value._version for var, value in variables.items()
+            if isinstance(value, torch.Tensor) and not value.is_inference()}
 
 
-def _context_variables(context):
-    return {var: value for var, value in context.items()
-            if var.name not in _LAZY_CONTEXT_VARIABLES}
+def _made_lazily(var, value):
+    """Whether `value` is what a library sets a variable to on its first use
+    in a context: an empty container (torch.compile's `_vt_active_calls`, a
+    set made when its get() gives None), or the decimal module's context
+    (decimal.getcontext(); sympy in torch.compile's shape reasoning calls
+    it)."""
+    if type(value) in _CONTAINER_TYPES:
+        return not value
+    return var.name == "decimal_context" and isinstance(value, decimal.Context)
+
+
+# torch.compile's stance while any thread runs under one of dynaflow's
+# dispatch modes (watching): the stance is the process's, not a thread's, so
+# the first to enter sets it and the last to leave puts the program's back.
+_EAGER_LOCK = threading.Lock()
+_eager = {"users": 0, "stance": None}
 
 
 @contextlib.contextmanager
 def watching(mode):
     """Enters the dispatch mode `mode` (an audit, a warm-up's watch, the
-    waits of communication overlap) with torch.compile'd code run eagerly:
-    its operators are then the mode's to see, and dynamo leaves its cache
-    alone. A function dynamo first runs under a dispatch mode fails in
-    dynamo at its next call without one (torch 2.11: flex_attention gives
-    "Attempted to call function marked as skipped"), which would take down
-    a program whose plan was refused at its audited call."""
+    waits of communication overlap) with torch.compile'd code run eagerly,
+    on every thread, until the last such mode is left: its operators are
+    then the mode's to see, and dynamo leaves its cache alone. A function
+    dynamo first runs under a dispatch mode is not compiled again, ever,
+    and some fail at their next call without one (torch 2.11:
+    flex_attention gives "Attempted to call function marked as skipped")."""
     import torch
 
-    with torch.compiler.set_stance("force_eager"), mode:
-        yield mode
+    with _EAGER_LOCK:
+        if _eager["users"] == 0:
+            _eager["stance"] = torch.compiler.set_stance("force_eager")
+        _eager["users"] += 1
+    try:
+        with mode:
+            yield mode
+    finally:
+        with _EAGER_LOCK:
+            _eager["users"] -= 1
+            if _eager["users"] == 0:
+                _eager.pop("stance").__exit__(None, None, None)
 
 
 def _owned(module, kind, name):
@@ -362,6 +399,20 @@ def _as_bytes(t):
     return t.reshape(-1).view(torch.uint8) if t.numel() else t.reshape(-1)
 
 
+def kind_refusal(t):
+    """Why tensor `t` is of a kind dynaflow cannot split or share, or "":
+    a nested or sparse tensor, a subclass (whose narrow() raises or means
+    another thing)."""
+    import torch
+
+    if t.layout != torch.strided or t.is_nested:
+        return (f"has layout {t.layout}{' (nested)' if t.is_nested else ''}: only strided "
+                f"tensors are split or shared")
+    if type(t) not in (torch.Tensor, torch.nn.Parameter):
+        return "is a tensor subclass, whose views and concatenation dynaflow does not know"
+    return ""
+
+
 class _Splitter:
     def __init__(self, module_path, batch, split):
         self.module_path = module_path
@@ -396,15 +447,10 @@ class _Splitter:
         self.refuse(name, value)
 
     def tensor_parts(self, name, t):
-        import torch
-
         n = self.split.parts
-        if t.layout != torch.strided or t.is_nested:
-            self.refuse(name, t, f"has layout {t.layout}{' (nested)' if t.is_nested else ''}: "
-                                 f"only strided tensors are split or shared")
-        if type(t) not in (torch.Tensor, torch.nn.Parameter):
-            self.refuse(name, t, "is a tensor subclass, whose views and concatenation "
-                                 "dynaflow does not know")
+        why = kind_refusal(t)
+        if why:
+            self.refuse(name, t, why)
         if name.endswith("position_ids") and t.dim() == 3:
             self.refuse(name, t, "has 3 dimensions: multimodal rotary positions hold the "
                                  "batch in dimension 1")
@@ -1383,22 +1429,23 @@ def alias_refusal(out, signature, args, kwargs, module_tensors):
     themselves (`_merge`). The tensors of state objects (caches) are not
     compared. Asked of the audited first call of each kind, as
     output_refusal is."""
-    owners = {}  # storage address -> (where, the first tensor seen on it)
+    owners = collections.defaultdict(list)  # storage address -> [(where, tensor)]
     inputs = [*zip(_positional_names(signature, len(args)), args), *kwargs.items(),
               *module_tensors]
     for name, value in inputs:
         for where, t in _tensor_leaves(value, name, ()):
-            owners.setdefault(_storage_address(t), (where, t))
+            owners[_storage_address(t)].append((where, t))
     owners.pop(None, None)
     for where, t in _tensor_leaves(out, "the output", ()):
         address = _storage_address(t)
         if address is None:
             continue
-        first = owners.setdefault(address, (where, t))
-        if first[1] is not t:
-            return (f"{where} shares memory with {first[0]} (a view): merged from the "
+        sharing = owners[address]
+        if sharing and all(u is not t for _, u in sharing):
+            return (f"{where} shares memory with {sharing[0][0]} (a view): merged from the "
                     f"micro-batches it would be a tensor of its own, and a write through one "
                     f"would not reach the other as it does in the unsplit call")
+        sharing.append((where, t))
     return ""
 
 
