@@ -102,6 +102,13 @@ def plan(units, splits=2, min_split_tokens=0, device=""):
             "buckets": buckets}
 
 
+def planned_holder(layer):
+    """Holder(layer) with a plan that splits its layer applied."""
+    net = Holder(layer)
+    _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+    return net
+
+
 class _FakeCuda:
     """torch.cuda's streams, events and per-thread current stream, recorded:
     what _Region issues on CUDA, checked on a machine without a GPU (as
@@ -501,6 +508,13 @@ class ApplyTest(unittest.TestCase):
         self.net = Net()
         self.x = torch.randn(6, 5, 16)
 
+    def audited_holder(self, layer, *args):
+        """planned_holder(layer), its first call (on `args`) audited: its
+        later calls of that kind split."""
+        net = planned_holder(layer)
+        self.audit(net, *args, units=1)
+        return net
+
     def audit(self, net, *args, units=3):
         """The first call of a kind runs the original way, each unit's
         operators proved to keep the rows apart (_rows); later ones split."""
@@ -595,8 +609,7 @@ class ApplyTest(unittest.TestCase):
                 self.calls.add_(1)
                 return x * 2
 
-        net = Holder(Counting())
-        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+        net = planned_holder(Counting())
         self.refused_at_second_call(net, torch.ones(4, 3), "buffer calls is shared by the "
                                     "micro-batches and was modified in place")
         net(torch.ones(4, 3))
@@ -638,16 +651,12 @@ class ApplyTest(unittest.TestCase):
                 return x * 2
 
         x = torch.ones(4, 3)
-        net = Holder(Counting("reset"))
-        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
-        self.audit(net, x, units=1)
+        net = self.audited_holder(Counting("reset"), x)
         net(x)
         self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
         # A buffer made on the first call: that call changed the module, so
         # the second is audited too; it changes nothing, and the third splits.
-        net = Holder(Counting("buffer"))
-        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
-        self.audit(net, x, units=1)
+        net = self.audited_holder(Counting("buffer"), x)
         self.audit(net, x, units=1)
         net(x)
         self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
@@ -659,17 +668,14 @@ class ApplyTest(unittest.TestCase):
                              ("keep tuple", f"attribute seen {changed}"),
                              ("replace entry", f"attribute slots {changed}")]:
             with self.subTest(how=how):
-                net = Holder(Counting(how))
-                _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+                net = planned_holder(Counting(how))
                 self.refused_at_second_call(net, x, message)
                 if how == "count":
                     net(x)
                     self.assertEqual(net.layers[0].calls, 3)  # once per call, as unmodified
         # A change that the audited calls did not make, split, is still
         # caught after the micro-batches ran: loud, and refused from then on.
-        net = Holder(Counting("later"))
-        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
-        self.audit(net, x, units=1)
+        net = self.audited_holder(Counting("later"), x)
         later["on"] = True
         with self.assertRaisesRegex(RuntimeError, rf"Holder\.layers\.0: attribute calls "
                                                   rf"{changed}"):
@@ -720,16 +726,13 @@ class ApplyTest(unittest.TestCase):
                 return x * 2
 
         x = torch.ones(4, 3)
-        net = Holder(Setting("set and reset"))
-        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
-        self.audit(net, x, units=1)
+        net = self.audited_holder(Setting("set and reset"), x)
         net(x)
         self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
         changed = "was changed by the call, once per micro-batch"
         for how, var in [("set", last), ("append", seen)]:
             with self.subTest(how=how):
-                net = Holder(Setting(how))
-                _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+                net = planned_holder(Setting(how))
                 context = contextvars.copy_context()  # the test's own stays as it was
                 context.run(seen.set, [])
                 context.run(self.refused_at_second_call, net, x,
@@ -738,9 +741,7 @@ class ApplyTest(unittest.TestCase):
                 self.assertEqual(context[var], 8 if how == "set" else [4, 4])
         # A set that the audited call did not make, split, is caught after
         # the micro-batches ran: loud, and refused from then on.
-        net = Holder(Setting("later"))
-        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
-        self.audit(net, x, units=1)
+        net = self.audited_holder(Setting("later"), x)
         later["on"] = True
         err = io.StringIO()
         with self.assertRaisesRegex(RuntimeError, r"Holder\.layers\.0: context variable "
@@ -773,8 +774,7 @@ class ApplyTest(unittest.TestCase):
         for how, where, of in [("view of argument", "the output", "x"),
                                ("view of output", "the output[1]", "the output[0]")]:
             with self.subTest(how=how):
-                net = Holder(Layer(how))
-                _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+                net = planned_holder(Layer(how))
                 x = torch.ones(4, 3)
                 err = io.StringIO()
                 with redirect_stderr(err):
@@ -786,9 +786,7 @@ class ApplyTest(unittest.TestCase):
                 torch.testing.assert_close(net(x), out)
         for how in ["argument itself", "one tensor twice"]:
             with self.subTest(how=how):
-                net = Holder(Layer(how))
-                _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
-                self.audit(net, torch.ones(4, 3), units=1)
+                net = self.audited_holder(Layer(how), torch.ones(4, 3))
                 x = torch.ones(4, 3)
                 out = net(x)
                 self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
@@ -804,8 +802,7 @@ class ApplyTest(unittest.TestCase):
             def forward(self, h, residual):
                 return residual.add_(h)
 
-        net = Holder(Residual())
-        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+        net = planned_holder(Residual())
         buf = torch.ones(4, 6)
         self.audit(net, buf[:, :3], buf[:, 3:], units=1)
         h, residual = buf[:, :3], buf[:, 3:]
@@ -819,8 +816,7 @@ class ApplyTest(unittest.TestCase):
         # torch.compile and accelerate set) was deleted, not put back.
         layer = nn.Identity()
         layer.forward = lambda x: x + 1
-        net = Holder(layer)
-        _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
+        net = planned_holder(layer)
         for layout in (torch.strided, torch.jagged):
             with self.subTest(layout=layout):
                 x = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)],
