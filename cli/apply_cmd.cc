@@ -257,8 +257,14 @@ void PrintGraphs(const ApplySummary& r) {
 int Summarize(const ApplyArgs& args, const std::string& report_dir, int exit_code) {
   const ApplySummary r = MergeReports(report_dir);
   if (r.processes == 0) {
-    std::cerr << "dynaflow apply: the program never imported torch (no Python process "
-                 "reported): nothing was applied\n";
+    // A process reports at its exit: one killed, or aborted, reports nothing.
+    if (exit_code == 0) {
+      std::cerr << "dynaflow apply: the program never imported torch (no Python process "
+                   "reported): nothing was applied\n";
+    } else {
+      std::cerr << "dynaflow apply: no Python process of the program reported (each reports at "
+                   "its exit: they died first, or never imported torch)\n";
+    }
     if (args.strict && exit_code == 0) return 2;
     if (args.verify) std::cerr << "verify: no call ran the plan\n";
     return exit_code == 0 && args.verify ? 1 : exit_code;

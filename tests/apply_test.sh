@@ -134,6 +134,11 @@ expect_code "model never runs --strict" 2 "$bin" apply --strict "$work/plan.json
 expect_code "no torch" 0 "$bin" apply "$work/plan.json" -- /bin/echo hi
 check "no torch said" has "$work/err" "never imported torch"
 expect_code "no torch --strict" 2 "$bin" apply --strict "$work/plan.json" -- /bin/echo hi
+# A program killed before its exit reports nothing: not taken for one without torch.
+expect_code "killed" 137 "$bin" apply "$work/plan.json" -- "$py" -c \
+  "import os, signal, torch; os.kill(os.getpid(), signal.SIGKILL)"
+check "killed said" has "$work/err" \
+  "no Python process of the program reported (each reports at its exit: they died first"
 
 # --- torch.distributed over gloo, two processes: a tensor-parallel MLP whose
 # layers all_reduce. The plan's unit is the model itself (the first call,
