@@ -1291,7 +1291,7 @@ class _PlannedForward:
         a.report.unsplit_call(f"{self.path}: {_AUDITED}")
         try:
             state.check()
-            _check_context(context, contextvars.copy_context())
+            context.check(contextvars.copy_context())
         except MergeError as e:
             if not why and key not in self.changed_state:
                 self.changed_state.add(key)
@@ -1458,7 +1458,7 @@ class _PlannedForward:
             if rng is not None and rng != _rng_states():
                 raise MergeError(_DREW_RANDOM)
             for context in state["contexts"]:
-                _check_context(state["context_state"], context)
+                state["context_state"].check(context)
             with unwatched():  # dynaflow's own check, which a capture skips
                 split.check_shared_unmodified()
             out = merge_outputs(split, results, split.states)
@@ -1612,15 +1612,6 @@ class _Baseline:
                 saved, unchanged = before[k]
                 if not unchanged(b):
                     b.copy_(saved)
-
-
-def _check_context(before, after):
-    """Raises MergeError naming a context variable the call changed: `after`
-    (a context) holds it otherwise than `before` (a ContextState)."""
-    name = before.change(after)
-    if name is not None:
-        raise MergeError(f"context variable {name} was changed by the call, once per "
-                         f"micro-batch: the split result would not be the unsplit call's")
 
 
 def _rng_states():

@@ -306,6 +306,14 @@ class ContextState:
             var = next((v for v, n in self.versions.items() if versions.get(v) != n), None)
         return None if var is None else var.name
 
+    def check(self, context):
+        """Raises MergeError naming the first variable `context` changed, as
+        ModuleState.check does for the modules."""
+        name = self.change(context)
+        if name is not None:
+            raise MergeError(f"context variable {name} was changed by the call, once per "
+                             f"micro-batch: the split result would not be the unsplit call's")
+
 
 def _versions(variables):
     """{variable: version counter} of the variables holding a tensor that
