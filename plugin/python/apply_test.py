@@ -13,6 +13,7 @@ import threading
 import time
 import unittest
 from contextlib import redirect_stderr
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -1019,16 +1020,19 @@ class ApplyTest(unittest.TestCase):
 
     def test_a_compiled_submodule_inside_a_unit_is_audited_and_splits(self):
         # Compiled code runs eagerly in the audited call (its operators are
-        # seen), and is compiled at its first split call. Before, dynamo
-        # first ran it under the audit's dispatch mode and never compiled it
-        # again; then, compiled in a micro-batch, its `_vt_active_calls`
-        # (set on first use) was taken for a change of the caller's context.
+        # seen: no graph of the whole batch's 4 rows is compiled then), and
+        # is compiled for the micro-batches' 2 rows when they first run (the
+        # audited call's comparison). Before, dynamo first ran it under the
+        # audit's dispatch mode and never compiled it again; then, compiled
+        # in a micro-batch, its `_vt_active_calls` (set on first use) was
+        # taken for a change of the caller's context.
         for compiled_before in (False, True):
             with self.subTest(compiled_before=compiled_before):
+                torch._dynamo.reset()  # else the first subtest's calls make shapes dynamic
                 graphs = []
 
-                def count(gm, _inputs):
-                    graphs.append(gm)
+                def count(gm, inputs):
+                    graphs.append(inputs[-1].shape[0])  # its input's rows
                     return gm.forward
 
                 inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
@@ -1037,11 +1041,12 @@ class ApplyTest(unittest.TestCase):
                 expected = net(x) if compiled_before else inner(x)
                 _apply.apply(net, plan(["Sequential.*"]), runtime_lib=RUNTIME)
                 torch.testing.assert_close(self.audit(net, x, units=1), expected)
-                self.assertEqual(len(graphs), int(compiled_before))
+                self.assertEqual(graphs.count(4), int(compiled_before))
+                self.assertGreaterEqual(graphs.count(2), 1)
                 for _ in range(2):
                     torch.testing.assert_close(net(x), expected)
                 self.assertEqual(net._dynaflow_applier.report.planned_calls, 2)
-                self.assertGreaterEqual(len(graphs), 1)
+                self.assertEqual(graphs.count(4), int(compiled_before))
 
     def test_compiled_code_runs_eagerly_until_the_last_watching_thread_leaves(self):
         # The stance is the process's: two threads entering and leaving in
@@ -1249,24 +1254,178 @@ class ApplyTest(unittest.TestCase):
                                          r"apply_test\.py:\d+ forward\)")
         self.assertNotIn("forward", net.layers[0].__dict__)  # restored
 
-    def test_an_output_that_cannot_be_merged_is_a_loud_error_and_runs_once(self):
-        # The micro-batches have run (and could have written state) when their
-        # outputs turn out unmergeable (here each returns its row count, which
-        # no operator computed): running the original again would run the
-        # module twice, so the call fails loudly instead.
+    def test_an_output_that_cannot_be_merged_is_refused_at_its_first_call(self):
+        # Each micro-batch returns its row count, which no operator computed:
+        # the audited call's comparison finds the outputs cannot be merged,
+        # and the call returns its unsplit result.
         class RowCount(nn.Module):
             def forward(self, x):
                 return x.shape[0]
+
+        net = nn.Sequential(RowCount())
+        _apply.apply(net, plan(["Sequential.*"]), runtime_lib=RUNTIME)
+        err = io.StringIO()
+        with redirect_stderr(err):
+            self.assertEqual(net(torch.randn(4, 3)), 4)
+        self.assertIn("plan refused: Sequential.0: the first call of its kind, run split in 2 "
+                      "on a copy of its arguments, could not be merged: output: each "
+                      "micro-batch returns its own row count", err.getvalue())
+        self.assertEqual(net(torch.randn(4, 3)), 4)
+
+    def test_an_output_that_cannot_be_merged_later_is_a_loud_error_and_runs_once(self):
+        # A later call returns what the first did not (its row count, here
+        # as a global tells it to): the micro-batches have run (and could
+        # have written state) when their outputs turn out unmergeable, and
+        # running the original again would run the module twice, so the
+        # call fails loudly instead.
+        count = {"rows": False}
+
+        class RowCount(nn.Module):
+            def forward(self, x):
+                return x.shape[0] if count["rows"] else x * 2
 
         net = nn.Sequential(RowCount())
         calls = []
         net[0].register_forward_pre_hook(lambda m, a: calls.append(1))
         _apply.apply(net, plan(["Sequential.*"]), runtime_lib=RUNTIME)
         self.audit(net, torch.randn(4, 3), units=1)
+        count["rows"] = True
         with self.assertRaisesRegex(RuntimeError, r"Sequential\.0: output: each micro-batch "
                                                   r"returns its own row count"):
             net(torch.randn(4, 3))
         self.assertEqual(len(calls), 2)
+
+    def refused_at_first_call(self, layer, args, message):
+        """Holder(layer) planned: its first call, on `args`, returns what the
+        unmodified layer returns, and the plan is refused with `message`
+        (a regex); a second call returns it again, the original way."""
+        expected = [layer(*args) for _ in range(2)]
+        net = planned_holder(layer)
+        report = net._dynaflow_applier.report
+        err = io.StringIO()
+        with redirect_stderr(err):
+            torch.testing.assert_close(net(*args), expected[0])
+        self.assertRegex(err.getvalue(), "plan refused: Holder.layers.0: the first call of its "
+                                         "kind, run split in 2 on a copy of its arguments, "
+                                         + message)
+        torch.testing.assert_close(net(*args), expected[1])
+        self.assertEqual((report.planned_calls, report.original_calls), (0, 1))
+        self.assertNotIn("forward", net.layers[0].__dict__)  # restored
+
+    def test_the_batch_size_as_a_number_is_refused_at_the_first_call(self):
+        # Each operator keeps the rows apart; the scale is the batch size,
+        # read by Python. Split in 2, each micro-batch divided by 2, not 4.
+        class ByBatch(nn.Module):
+            def forward(self, x):
+                return x * (1.0 / x.shape[0])
+
+        class ByBatchTensor(nn.Module):
+            def forward(self, x):
+                return x / torch.tensor([float(x.shape[0])])
+
+        for layer in (ByBatch(), ByBatchTensor()):
+            with self.subTest(layer=type(layer).__name__):
+                self.refused_at_first_call(
+                    layer, (torch.randn(4, 3),),
+                    r"computed another result \(output: torch.float32 differs beyond "
+                    r"rtol=0.0001 atol=1e-05 \(max abs [0-9.e-]+\)\): its forward uses the "
+                    r"batch size as a number \(`x / x.shape\[0\]`\) or reads state dynaflow "
+                    r"does not see \(a global, a closure\); the program runs unmodified")
+
+    def test_a_global_changed_by_each_call_is_refused_at_the_first_call(self):
+        calls = {"n": 0}
+
+        class Counted(nn.Module):
+            def forward(self, x):
+                calls["n"] += 1
+                return x * calls["n"]
+
+        x = torch.randn(4, 3)
+        net = planned_holder(Counted())
+        err = io.StringIO()
+        with redirect_stderr(err):
+            torch.testing.assert_close(net(x), x)  # the unsplit call's: the first
+        self.assertIn("computed another result (output: torch.float32", err.getvalue())
+        self.assertEqual(calls["n"], 3)  # the audited call, then each micro-batch on the copy
+
+    def test_a_forward_that_raises_on_a_micro_batch_is_refused_at_the_first_call(self):
+        class FixedBatch(nn.Module):
+            def forward(self, x):
+                return x.view(4, 3, 2).sum(-1)
+
+        self.refused_at_first_call(FixedBatch(), (torch.randn(4, 6),),
+                                   r"raised RuntimeError: shape '\[4, 3, 2\]' is invalid for "
+                                   r"input of size 12; the program runs unmodified")
+
+    def test_state_written_by_the_batch_size_is_refused_at_the_first_call(self):
+        # The output is right; the argument it accumulates into is not.
+        class Accumulate(nn.Module):
+            def forward(self, x, total):
+                total.add_(x * (1.0 / x.shape[0]))
+                return x * 2
+
+        x = torch.randn(4, 3)
+        totals = [torch.zeros(4, 3), torch.zeros(4, 3)]
+        Accumulate()(x, totals[0])
+        net = planned_holder(Accumulate())
+        err = io.StringIO()
+        with redirect_stderr(err):
+            torch.testing.assert_close(net(x, totals[1]), x * 2)
+        self.assertIn("computed another result (args[1]: torch.float32 differs", err.getvalue())
+        torch.testing.assert_close(totals[1], totals[0])
+
+    def test_random_draws_of_the_comparison_are_put_back(self):
+        # Only micro-batches draw here: the comparison refuses the plan, and
+        # the program's random stream is where the unmodified program's is.
+        class DrawsWhenSmall(nn.Module):
+            def forward(self, x):
+                return x + torch.rand(1) if x.shape[0] < 4 else x
+
+        x = torch.randn(4, 3)
+        torch.manual_seed(1)
+        DrawsWhenSmall()(x)
+        expected = torch.rand(3)
+        net = planned_holder(DrawsWhenSmall())
+        torch.manual_seed(1)
+        err = io.StringIO()
+        with redirect_stderr(err):
+            torch.testing.assert_close(net(x), x)
+        torch.testing.assert_close(torch.rand(3), expected)
+        self.assertIn("could not be merged: the call drew random numbers, which the first call "
+                      "of its kind did not", err.getvalue())
+
+    def test_a_call_whose_arguments_are_too_large_to_copy_is_said_and_splits(self):
+        x, layer = torch.randn(4, 3), nn.Linear(3, 3)
+        expected = layer(x)
+        net = planned_holder(layer)
+        report = net._dynaflow_applier.report
+        err = io.StringIO()
+        with mock.patch.object(_apply, "_COMPARED_BYTES", 16), redirect_stderr(err):
+            for _ in range(3):
+                torch.testing.assert_close(net(x), expected)
+        self.assertEqual(err.getvalue().count("was not also run split and compared"), 1)
+        self.assertIn("Holder.layers.0: the first call of its kind was not also run split and "
+                      "compared with its unsplit result, so what its forward does with the "
+                      "batch size as a number, or with a global, is not checked (its arguments "
+                      "hold 0 MiB, more than the 0 MiB dynaflow copies for it)", err.getvalue())
+        self.assertEqual((report.planned_calls, report.original_calls, report.refused), (2, 1, ""))
+
+    def test_differences_count_nan_and_infinities(self):
+        e = torch.tensor([1.0, float("nan"), float("inf"), float("inf"), 2.0])
+        cases = [([1.0, float("nan"), float("inf"), float("inf"), 2.0], False),
+                 ([1.0, 0.0, float("inf"), float("inf"), 2.0], True),
+                 ([1.0, float("nan"), float("-inf"), float("inf"), 2.0], True),
+                 ([1.0, float("nan"), float("inf"), 5.0, 2.0], True),
+                 ([1.0, float("nan"), float("inf"), float("inf"), float("nan")], True),
+                 ([1.0, float("nan"), float("inf"), float("inf"), 2.00001], False)]
+        for values, bad in cases:
+            with self.subTest(values=values):
+                abs_max, _, differs = _apply._difference(e, torch.tensor(values))
+                self.assertEqual(differs, bad)
+                self.assertEqual(abs_max == float("inf"), bad)
+        with mock.patch.object(_apply, "_COMPARE_CHUNK", 2):  # the worst of every chunk
+            self.assertEqual(_apply._difference(torch.arange(5.0), torch.tensor(
+                [0.0, 1.0, 2.0, 3.0, 4.5]))[:2], (0.5, 0.125))
 
     def test_an_argument_that_cannot_be_split_refuses_before_anything_runs(self):
         class Ctx:

@@ -70,8 +70,8 @@ import os
 import sys
 import threading
 
-from ._graphs import (EAGER, CudaGraphs, NoGraph, UnitGraphs, _native, rebuild, torch_modes,
-                      unwatched)
+from ._graphs import (EAGER, CudaGraphs, NoGraph, UnitGraphs, _first_line, _native, rebuild,
+                      torch_modes, unwatched)
 from ._rows import audit_key, make_audit
 from ._split import (_UNCHECKABLE, ContextState, MergeError, ModuleState, Refusal, SliceMerge,
                      Unchanged, Unsplittable, alias_refusal, check_module, inference_buffers,
@@ -570,6 +570,53 @@ def _tolerance(dtype):
     return _EXACT
 
 
+# Elements compared at once (_difference): a chunk's float64 copies take
+# 128 MiB, whatever the size of the outputs compared (a prefill's logits).
+_COMPARE_CHUNK = 1 << 23
+
+
+def _mismatch(where, e, a):
+    """Why `a` cannot be compared with the expected `e` element by element
+    (a pair of _tensor_pairs), or ""."""
+    if e is None:
+        return f"{where}: {a}"
+    if e.shape != a.shape:
+        return f"{where}: shape {tuple(a.shape)} != {tuple(e.shape)}"
+    if e.dtype != a.dtype:
+        return f"{where}: dtype {a.dtype} != {e.dtype}"
+    return ""
+
+
+def _difference(e, a):
+    """(max abs difference, max relative difference, whether some element
+    is beyond e's dtype's tolerance) of two tensors of one shape and dtype,
+    computed on e's device in chunks. Equal infinities are equal; a NaN is
+    beyond any tolerance unless both hold it."""
+    import torch
+
+    rtol, atol = _tolerance(e.dtype)
+    e, a = e.detach().reshape(-1), a.detach().reshape(-1)
+    abs_max = rel_max = 0.0
+    bad = False
+    for begin in range(0, e.numel(), _COMPARE_CHUNK):
+        e64 = e[begin:begin + _COMPARE_CHUNK].double()
+        a64 = a[begin:begin + _COMPARE_CHUNK].to(e64.device).double()
+        same = (e64 == a64) | (torch.isnan(e64) & torch.isnan(a64))
+        inf = float("inf")
+        diff = torch.where(same, 0.0, (e64 - a64).abs()).nan_to_num(nan=inf, posinf=inf)
+        close = same | ((diff <= atol + rtol * e64.abs()) & torch.isfinite(e64))
+        bad = bad or not bool(close.all())
+        rel = (diff / e64.abs().clamp_min(max(atol, 1e-30))).nan_to_num(nan=inf, posinf=inf)
+        abs_max = max(abs_max, float(diff.max()))
+        rel_max = max(rel_max, float(rel.max()))
+    return abs_max, rel_max, bad
+
+
+def _beyond_tolerance(where, dtype, abs_max):
+    rtol, atol = _tolerance(dtype)
+    return f"{where}: {dtype} differs beyond rtol={rtol} atol={atol} (max abs {abs_max:.3g})"
+
+
 class Report:
     """What happened, for the CLI's summary and --verify."""
 
@@ -688,29 +735,16 @@ class Report:
                 self.worst = message
 
     def _compare_tensor(self, where, e, a):
-        if e is None:
-            self._fail(f"{where}: {a}")
+        why = _mismatch(where, e, a)
+        if why:
+            self._fail(why)
             return
-        if e.shape != a.shape:
-            self._fail(f"{where}: shape {tuple(a.shape)} != {tuple(e.shape)}")
-            return
-        if e.dtype != a.dtype:
-            self._fail(f"{where}: dtype {a.dtype} != {e.dtype}")
-            return
-        e64, a64 = e.detach().double().cpu(), a.detach().double().cpu()
-        diff = (e64 - a64).abs()
-        if not diff.numel():
-            return
-        rtol, atol = _tolerance(e.dtype)
-        bad = bool((diff > atol + rtol * e64.abs()).any())
-        abs_max = float(diff.max())
-        rel_max = float((diff / e64.abs().clamp_min(max(atol, 1e-30))).max())
+        abs_max, rel_max, bad = _difference(e, a)
         with self.lock:
             self.max_abs_diff = max(self.max_abs_diff, abs_max)
             self.max_rel_diff = max(self.max_rel_diff, rel_max)
         if bad:
-            self._fail(f"{where}: {e.dtype} differs beyond rtol={rtol} atol={atol} "
-                       f"(max abs {abs_max:.3g})")
+            self._fail(_beyond_tolerance(where, e.dtype, abs_max))
 
     def as_json(self, verify):
         out = {
@@ -1108,6 +1142,18 @@ _AUDITED = ("the first call of its kind, run the original way to prove that its 
             "keep the rows apart")
 _ATTACHED = ("the call the plan was attached in, whose forward torch had looked up before: "
              "the model's own top module is a unit")
+# The audited call is also run split on a copy of its arguments and compared
+# (_PlannedForward._split_differs), unless the copy would take more than this:
+# a decode step's KV cache of a large model at a long context (GiBs) would
+# then be held twice on the device.
+_COMPARED_BYTES = 1 << 30
+_UNCOMPARED = ("the first call of its kind was not also run split and compared with its "
+               "unsplit result, so what its forward does with the batch size as a number, or "
+               "with a global, is not checked")
+_BATCH_AS_NUMBER = ("its forward uses the batch size as a number (`x / x.shape[0]`) or reads "
+                    "state dynaflow does not see (a global, a closure)")
+# _ON_THREAD.in_plan in the micro-batches of that comparison.
+_COMPARING = "comparing"
 # What happens once the plan is refused (Applier.refuse).
 _UNMODIFIED = "the program runs unmodified"
 _RAISES = "this call raises (its micro-batches ran), and the program runs unmodified after it"
@@ -1144,6 +1190,7 @@ class _PlannedForward:
         self.regions = {}    # splits -> _Region, where the plan staggers the unit
         self.audited = {}    # _rows.audit_key -> why its calls mix rows ("": they do not)
         self.changed_state = set()  # keys whose audited first call changed the modules' state
+        self.uncompared = set()  # why audited calls were not compared split (said once each)
         self.graphs = None   # _graphs.UnitGraphs, made at the first call with a graph backend
         # Under torch.compile the planned call is a graph break: the split,
         # the runtime's threads and streams, and the merge run as they do
@@ -1176,8 +1223,10 @@ class _PlannedForward:
             # A unit called from inside a planned call (one unit nested in
             # another) runs as its micro-batch calls it: splitting it again
             # would wait for the executor the outer call holds. Inside an
-            # audited call, the audit covers its operators.
-            a.report.original_call()
+            # audited call, the audit covers its operators. Calls made by
+            # the audited call's split comparison are not the program's.
+            if getattr(_ON_THREAD, "in_plan", False) is not _COMPARING:
+                a.report.original_call()
             return self.original(*args, **kwargs)
         x = first_tensor(args, kwargs)
         why = kind_refusal(x) if x is not None else ""
@@ -1266,6 +1315,7 @@ class _PlannedForward:
         have set up what later calls reuse)."""
         a = self.applier
         state = ModuleState(modules)
+        copied = self._copy_for_comparison(args, kwargs)
         audit = make_audit(batch)
         for t, _ in split.row_views.values():
             audit.tag_rows(t)
@@ -1297,10 +1347,75 @@ class _PlannedForward:
                 self.changed_state.add(key)
                 return out  # its next call is audited again
             why = why or f"{e} (found in two unsplit calls of its kind: none ran split)"
+        if not why and copied is not None:
+            why = self._split_differs(copied, split.bounds, out, args, kwargs, batch, modules)
         self.audited[key] = why
         if why:
             a.refuse(f"{self.path}: {why}")
         return out
+
+    def _copy_for_comparison(self, args, kwargs):
+        """The call's arguments copied before it runs, for _split_differs; or
+        None, said once per unit and reason: under a CUDA graph capture (the
+        comparison would be captured into the program's graph), or when the
+        copy would exceed _COMPARED_BYTES (a long KV cache)."""
+        import torch
+
+        why = ""
+        if self.applier.cuda and torch.cuda.is_current_stream_capturing():
+            why = "under a CUDA graph capture"
+        else:
+            size = sum(t.nbytes for t in _tensors_in((args, kwargs)))
+            if size > _COMPARED_BYTES:
+                why = (f"its arguments hold {size / 2**20:.0f} MiB, more than the "
+                       f"{_COMPARED_BYTES >> 20} MiB dynaflow copies for it")
+        if not why:
+            try:
+                return _snapshot((args, kwargs))
+            except Exception as e:  # noqa: BLE001 - deepcopy of whatever the program passes
+                why = f"its arguments cannot be copied: {type(e).__qualname__}: {_first_line(e)}"
+        if why not in self.uncompared:
+            self.uncompared.add(why)
+            _say(f"{self.path}: {_UNCOMPARED} ({why})")
+        return None
+
+    def _split_differs(self, copied, bounds, out, args, kwargs, batch, modules):
+        """Why the call, run split on `copied` (its arguments as they were
+        before the audited call), does not give what the audited call gave:
+        its outputs and its arguments' state (a cache written) compared
+        within the dtype's tolerance; "" when it does. The proof of the audit
+        covers the operators; this covers what they are given from outside
+        the dispatcher: the batch size as a number (`x / x.shape[0]`), a
+        global or a closure read. The random numbers it draws (none, or the
+        run is refused) are put back."""
+        import torch
+
+        a = self.applier
+        copied_args, copied_kwargs = copied
+        head = f"the first call of its kind, run split in {len(bounds) - 1} on a copy of its " \
+               f"arguments,"
+        cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
+        try:
+            split = split_call(self.path, self.signature, copied_args, copied_kwargs, batch,
+                               bounds)
+            split.share_buffers(modules)
+            with torch.random.fork_rng(devices=cuda), a.lock:
+                got = self._run_merged(split, counted=False)
+        except MergeError as e:
+            return f"{head} could not be merged: {e}"
+        except Exception as e:  # noqa: BLE001 - whatever the forward raises on a micro-batch
+            return f"{head} raised {type(e).__qualname__}: {_first_line(e)}"
+        pairs = itertools.chain(_tensor_pairs(out, got, "output"),
+                                _tensor_pairs(args, copied_args, "args"),
+                                _tensor_pairs(kwargs, copied_kwargs, "kwargs"))
+        for where, e, g in pairs:
+            why = _mismatch(where, e, g)
+            if not why:
+                abs_max, _, bad = _difference(e, g)
+                why = _beyond_tolerance(where, e.dtype, abs_max) if bad else ""
+            if why:
+                return f"{head} computed another result ({why}): {_BATCH_AS_NUMBER}"
+        return ""
 
     def _graphs(self):
         if self.graphs is None:
@@ -1380,10 +1495,32 @@ class _PlannedForward:
         run one after the other."""
         import torch
 
+        try:
+            return self._run_merged(split, one_thread)
+        except MergeError as e:
+            # The micro-batches ran and may have written through their views:
+            # running the original now would run the module twice. Loud, not
+            # silently wrong. The plan is refused from here on, as if this had
+            # been known before (later calls run unmodified; --strict exits 2).
+            # Under a capture nothing ran: the call runs the original way
+            # (_graphs.UnitGraphs.call), and does not raise.
+            a = self.applier
+            capturing = a.cuda and torch.cuda.is_current_stream_capturing()
+            a.refuse(f"{self.path}: {e}", _UNMODIFIED if capturing else _RAISES)
+            raise RuntimeError(f"dynaflow apply: {self.path}: {e}") from None
+
+    def _run_merged(self, split, one_thread=False, counted=True):
+        """_run's work: the micro-batches run and merged; MergeError when the
+        merge finds they did what the unsplit call would not have. A call
+        not `counted` (the first-call comparison's) is left out of the
+        report's region calls."""
+        import torch
+
         a = self.applier
         context = contextvars.copy_context()
         state = {
             "split": split,
+            "counted": counted,
             "results": [None] * split.parts,
             "error": None,
             # The caller's torch state, for the micro-batches (_task): all of
@@ -1446,7 +1583,8 @@ class _PlannedForward:
                 shared.clear()  # drops the views and results
         if region is not None:
             region.end_call(state["caller"])
-            region.account(a.report)
+            if counted:
+                region.account(a.report)
         if error is not None:
             raise error
         if rc != 0:
@@ -1454,25 +1592,14 @@ class _PlannedForward:
         if a.cuda:
             _record_on(results, state["caller"])
             _record_on([v for _, _, views in split.states for v in views], state["caller"])
-        try:
-            if rng is not None and rng != _rng_states():
-                raise MergeError(_DREW_RANDOM)
-            for context in state["contexts"]:
-                state["context_state"].check(context)
-            with unwatched():  # dynaflow's own check, which a capture skips
-                split.check_shared_unmodified()
-            out = merge_outputs(split, results, split.states)
-            split.merge_state()
-        except MergeError as e:
-            # The micro-batches ran and may have written through their views:
-            # running the original now would run the module twice. Loud, not
-            # silently wrong. The plan is refused from here on, as if this had
-            # been known before (later calls run unmodified; --strict exits 2).
-            # Under a capture nothing ran: the call runs the original way
-            # (_graphs.UnitGraphs.call), and does not raise.
-            capturing = a.cuda and torch.cuda.is_current_stream_capturing()
-            a.refuse(f"{self.path}: {e}", _UNMODIFIED if capturing else _RAISES)
-            raise RuntimeError(f"dynaflow apply: {self.path}: {e}") from None
+        if rng is not None and rng != _rng_states():
+            raise MergeError(_DREW_RANDOM)
+        for context in state["contexts"]:
+            state["context_state"].check(context)
+        with unwatched():  # dynaflow's own check, which a capture skips
+            split.check_shared_unmodified()
+        out = merge_outputs(split, results, split.states)
+        split.merge_state()
         return out
 
     def _schedule(self, splits, ordered):
@@ -1522,7 +1649,7 @@ class _PlannedForward:
 
         split = state["split"]
         with contextlib.ExitStack() as modes:
-            _ON_THREAD.in_plan = True
+            _ON_THREAD.in_plan = True if state["counted"] else _COMPARING
             modes.callback(setattr, _ON_THREAD, "in_plan", False)
             if stream:
                 modes.enter_context(torch.cuda.stream(torch.cuda.ExternalStream(stream)))
@@ -1550,6 +1677,7 @@ def _distributed():
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
 
 
 def _record_on(values, stream):
@@ -1627,18 +1755,27 @@ def _rng_states():
                  for t in (torch.get_rng_state(), *cuda))
 
 
-def _snapshot(value):
+def _snapshot(value, memo=None):
+    """A copy of `value` that nothing done to `value` changes: tensors cloned
+    (detached), state objects deep-copied; an object reached twice is copied
+    once (`memo`: id -> copy), so arguments that were one object stay one."""
     import torch
 
+    memo = {} if memo is None else memo
+    if id(value) in memo:
+        return memo[id(value)]
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
-        return type(value)(_snapshot(v) for v in value)
-    if type(value) is dict:
-        return {k: _snapshot(v) for k, v in value.items()}
-    if hasattr(value, "__dict__") and not isinstance(value, type):
-        return copy.deepcopy(value)
-    return value
+        copied = value.detach().clone()
+    elif isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+        copied = type(value)(_snapshot(v, memo) for v in value)
+    elif type(value) is dict:
+        copied = {k: _snapshot(v, memo) for k, v in value.items()}
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        copied = copy.deepcopy(value)
+    else:
+        return value
+    memo[id(value)] = copied
+    return copied
 
 
 def _tensor_pairs(expected, actual, where):
