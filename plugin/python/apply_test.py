@@ -543,6 +543,23 @@ class ApplyTest(unittest.TestCase):
         self.assertTrue(applier.report.verify_ok)
         self.assertLess(applier.report.max_abs_diff, 1e-5)
 
+    def test_a_rank_of_torch_distributed_hands_the_gil_to_torchs_threads_at_exit(self):
+        # _let_collectives_finish_at_exit: once per process, and only in a
+        # rank of several, an exit handler sleeps so that gloo's threads can
+        # release the last collective's tensors before finalization.
+        def sleeps_registered(ranks):
+            _apply._let_collectives_finish_at_exit.cache_clear()
+            self.addCleanup(_apply._let_collectives_finish_at_exit.cache_clear)
+            with mock.patch.object(_apply.atexit, "register") as register, \
+                    mock.patch.object(_apply, "_distributed", return_value=ranks):
+                for _ in range(2):
+                    net = _apply.apply(Net(), plan(["Net.blocks.*"]), runtime_lib=RUNTIME)
+                    self.addCleanup(net._dynaflow_applier.detach)
+            return [c.args for c in register.call_args_list if c.args[0] is time.sleep]
+
+        self.assertEqual(sleeps_registered(False), [])
+        self.assertEqual(sleeps_registered(True), [(time.sleep, 0.02)])
+
     def test_outputs_merged_into_slices_equal_the_original(self):
         # CUDA's merge (each micro-batch copies its rows into one output as it
         # finishes), run here on the CPU workers; with grad off, or it would
