@@ -202,6 +202,19 @@ expect_code "apply tensor parallel, layer units" 0 "$bin" apply --verify --stric
 check "tensor parallel, layer units: same outputs" has "$work/out" "$(cat "$work/tp_base.out")"
 check "tensor parallel, layer units: both ranks planned" has "$work/err" \
   "18 planned and 6 original calls of 3 modules in 2 processes"
+# Each layer divided by the batch's rows over both ranks, an all_reduce of a
+# number made in Python: the first call's comparison differs on both ranks
+# (whose collectives it issues in the same order), so both refuse the plan
+# there and run unmodified; before, this exited 0 with outputs off by 0.49.
+"${tp[@]}" --batch-scaled >"$work/tp_scaled_base.out" 2>&1
+expect_code "apply tensor parallel, batch-scaled" 0 "$bin" apply "$work/tp_layers.json" -- \
+  "${tp[@]}" --batch-scaled
+check "tensor parallel, batch-scaled: same outputs" has "$work/out" \
+  "$(cat "$work/tp_scaled_base.out")"
+check "tensor parallel, batch-scaled: refused at the first call" has "$work/err" \
+  "plan refused: TPModel.layers.0: the first call of its kind, run split in 2 on a copy of its arguments, computed another result"
+check "tensor parallel, batch-scaled: refused on both ranks" test \
+  "$(grep -c "plan refused: TPModel.layers.0: the first call of its kind" "$work/err")" -eq 2
 
 # --- data parallel over gloo, two processes: a tiny Hugging Face Llama trained
 # under torch's DistributedDataParallel, the plan traced through DDP (its units
@@ -271,9 +284,12 @@ expect_code "batch norm --strict" 2 "$bin" apply --strict "$work/bn.json" -- "$p
 # program's result is its own. So is Noise, which draws random numbers (split,
 # each micro-batch would draw its own), and Count, which multiplies by the
 # batch size. Mean divides by the batch size as a float computed in Python,
-# which no audit of operators can trace back to the batch: --verify says so.
-# Later draws random numbers only once its audited first calls are past: the
-# split call that does is a loud error, and says that it raises.
+# which no audit of operators can trace back to the batch: the audited call,
+# run split on a copy of its arguments too, computes another result, so the
+# plan is refused at the first call. LaterMean does so only from the
+# program's second call on, which no first call shows: --verify says so.
+# Later draws random numbers only from the second call on: the split call
+# that does is a loud error, and says that it raises.
 cat >"$work/blocks.py" <<'PY'
 import sys, torch
 from torch import nn
@@ -294,12 +310,15 @@ class Mean(nn.Module):
     def forward(self, x):
         return x * (1.0 / x.shape[0])
 
-calls = [0]
+step = [0]  # the program's call
+
+class LaterMean(nn.Module):
+    def forward(self, x):
+        return x * (1.0 / x.shape[0]) if step[0] else x
 
 class Later(nn.Module):
     def forward(self, x):
-        calls[0] += 1
-        return x + torch.rand(x.shape[1]) if calls[0] > 2 else x
+        return x + torch.rand(x.shape[1]) if step[0] else x
 
 class Net(nn.Module):
     def __init__(self, block):
@@ -313,9 +332,9 @@ class Net(nn.Module):
 
 torch.manual_seed(0)
 net = Net({"center": Center, "noise": Noise, "count": Count, "mean": Mean,
-           "later": Later}[sys.argv[1]])
+           "latemean": LaterMean, "later": Later}[sys.argv[1]])
 x = torch.arange(16.0).reshape(8, 2)
-for _ in range(2):
+for step[0] in range(2):
     print("sum of squares", float((net(x) ** 2).sum()))
 PY
 "$py" "$work/blocks.py" center >"$work/mix_base.out"
@@ -325,7 +344,7 @@ check "row mixing named" has "$work/err" \
 check "row mixing: unmodified result" has "$work/out" "$(cat "$work/mix_base.out")"
 expect_code "row mixing --strict" 2 "$bin" apply --strict "$work/bn.json" -- "$py" \
   "$work/blocks.py" center
-for block in noise count; do
+for block in noise mean count; do
   "$py" "$work/blocks.py" $block >"$work/${block}_base.out"
   expect_code "$block refused" 0 "$bin" apply "$work/bn.json" -- "$py" "$work/blocks.py" $block
   check "$block: unmodified result" has "$work/out" "$(cat "$work/${block}_base.out")"
@@ -335,7 +354,11 @@ check "count named" has "$work/err" \
 expect_code "noise refused" 0 "$bin" apply "$work/bn.json" -- "$py" "$work/blocks.py" noise
 check "noise named" has "$work/err" \
   "plan refused: Net.blocks.0: the call draws random numbers (dropout in training, say)"
-expect_code "verify fails" 1 "$bin" apply --verify "$work/bn.json" -- "$py" "$work/blocks.py" mean
+expect_code "mean refused" 0 "$bin" apply "$work/bn.json" -- "$py" "$work/blocks.py" mean
+check "mean named" has "$work/err" \
+  "plan refused: Net.blocks.0: the first call of its kind, run split in 2 on a copy of its arguments, computed another result (output: torch.float32 differs beyond rtol=0.0001 atol=1e-05 (max abs 1.88)): its forward uses the batch size as a number"
+expect_code "verify fails" 1 "$bin" apply --verify "$work/bn.json" -- "$py" "$work/blocks.py" \
+  latemean
 check "verify failure named" has "$work/err" "verify: FAILED: Net.blocks.0: output"
 expect_code "a later draw raises" 1 "$bin" apply "$work/bn.json" -- "$py" "$work/blocks.py" later
 check "a later draw says it raises" has "$work/err" \

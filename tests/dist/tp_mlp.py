@@ -4,7 +4,12 @@ row-parallel down projection whose partial sums are combined by all_reduce.
 For dynaflow apply's tests: the micro-batches of a split layer each issue the
 layer's all_reduce, and the ranks must pair them up in the same order.
 
-    python tp_mlp.py [--steps N]
+    python tp_mlp.py [--steps N] [--batch-scaled]
+
+--batch-scaled divides each layer's output by the batch's rows over all
+ranks, summed by an all_reduce of the local row count made in Python: split,
+each micro-batch would divide by its own, a result no operator shows to
+differ (dynaflow's first-call comparison refuses it on every rank).
 
 Prints, from rank 0, the output's checksum and a few values at full precision,
 so two runs (unmodified and under `dynaflow apply`) can be compared.
@@ -23,8 +28,9 @@ WORLD, WIDTH, HIDDEN, BATCH, LAYERS = 2, 16, 64, 8, 3
 
 
 class TPBlock(nn.Module):
-    def __init__(self, rank, generator):
+    def __init__(self, rank, generator, batch_scaled):
         super().__init__()
+        self.batch_scaled = batch_scaled
         up = torch.randn(HIDDEN, WIDTH, generator=generator) / WIDTH ** 0.5
         down = torch.randn(WIDTH, HIDDEN, generator=generator) / HIDDEN ** 0.5
         shard = HIDDEN // WORLD
@@ -34,14 +40,18 @@ class TPBlock(nn.Module):
     def forward(self, x):
         partial = torch.relu(x @ self.up.t()) @ self.down.t()
         dist.all_reduce(partial)  # the sum over ranks of the row-parallel halves
+        if self.batch_scaled:
+            rows = torch.tensor([float(x.shape[0])])
+            dist.all_reduce(rows)
+            partial = partial / rows
         return x + partial
 
 
 class TPModel(nn.Module):
-    def __init__(self, rank):
+    def __init__(self, rank, batch_scaled):
         super().__init__()
         g = torch.Generator().manual_seed(0)
-        self.layers = nn.ModuleList(TPBlock(rank, g) for _ in range(LAYERS))
+        self.layers = nn.ModuleList(TPBlock(rank, g, batch_scaled) for _ in range(LAYERS))
 
     def forward(self, x):
         for layer in self.layers:
@@ -49,11 +59,11 @@ class TPModel(nn.Module):
         return x
 
 
-def run(rank, port, steps):
+def run(rank, port, steps, batch_scaled):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
-    model = TPModel(rank)
+    model = TPModel(rank, batch_scaled)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for step in range(steps):
@@ -73,5 +83,6 @@ def free_port():
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--batch-scaled", action="store_true")
     args = ap.parse_args()
-    mp.spawn(run, args=(free_port(), args.steps), nprocs=WORLD)
+    mp.spawn(run, args=(free_port(), args.steps, args.batch_scaled), nprocs=WORLD)
