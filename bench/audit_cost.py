@@ -1,21 +1,27 @@
 """What the first call of each kind costs under `dynaflow apply`: that call
 runs the original way under the row audit (plugin/python/dynaflow/_rows.py,
-a torch dispatch mode that follows every operator), once per kind; later
-calls of that kind split. In one run, alternating, on fresh models each
-time: a transformers Llama of 32 layers with tiny widths (its forward is
-Python and operator bound, so the audit's per-operator cost shows at its
-largest), unplanned and under a plan that splits its decoder stack (the
-first call audited), under torch.no_grad() and under
-torch.inference_mode() (where composite operators such as linear reach the
-audit undecomposed). Prints the medians and the audited / original ratio.
+a torch dispatch mode that follows every operator), and then split on a copy
+of its arguments, compared with its unsplit result
+(_apply._PlannedForward._split_differs), once per kind; later calls of that
+kind split. In one run, alternating, on fresh models each time: a
+transformers Llama of 32 layers with tiny widths (its forward is Python and
+operator bound, so the audit's per-operator cost shows at its largest),
+unplanned, and under a plan that splits its decoder stack with the
+comparison (the default) and without it (its copy limit set below any
+call's size), under torch.no_grad() and under torch.inference_mode() (where
+composite operators such as linear reach the audit undecomposed). Prints the
+medians and their ratios to the original.
 
     .venv/bin/python bench/audit_cost.py build/plugin/apply/libdynaflow_apply.so
 """
 
+import contextlib
+import io
 import os
 import statistics
 import sys
 import time
+from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugin",
                                 "python"))
@@ -56,7 +62,9 @@ def main():
     lib = sys.argv[1]
     ids = torch.randint(0, 128, (4, 32))
     modes = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
-    samples = {(m, v): [] for m in modes for v in ("original", "audited")}
+    variants = {"audited": contextlib.nullcontext,
+                "not compared": lambda: mock.patch.object(_apply, "_COMPARED_BYTES", -1)}
+    samples = {(m, v): [] for m in modes for v in ("original", *variants)}
     for _ in range(RUNS):
         for name, mode in modes.items():
             # The original's second call: warm, as the audited call's model
@@ -64,18 +72,23 @@ def main():
             model = llama()
             first_call_ms(model, ids, mode)
             samples[(name, "original")].append(first_call_ms(model, ids, mode))
-            model = _apply.apply(llama(), stack_plan(), runtime_lib=lib)
-            report = model._dynaflow_applier.report
-            samples[(name, "audited")].append(first_call_ms(model, ids, mode))
-            assert report.unsplit and not report.refused and report.planned_calls == 0, \
-                (report.unsplit, report.refused)
+            for variant, patch in variants.items():
+                model = _apply.apply(llama(), stack_plan(), runtime_lib=lib)
+                report = model._dynaflow_applier.report
+                with patch(), contextlib.redirect_stderr(io.StringIO()) as said:
+                    samples[(name, variant)].append(first_call_ms(model, ids, mode))
+                assert report.unsplit and not report.refused and report.planned_calls == 0, \
+                    (report.unsplit, report.refused)
+                assert ("not also run split" in said.getvalue()) == (variant != "audited")
     print(f"transformers Llama, {LAYERS} layers, batch 4 x 32 tokens, median ms of {RUNS} "
-          f"fresh models:")
+          f"fresh models (ratio to the original):")
     for name in modes:
         original = statistics.median(samples[(name, "original")])
-        audited = statistics.median(samples[(name, "audited")])
-        print(f"  {name:15s} original {original:8.1f} ms   audited first call {audited:8.1f} ms"
-              f"   ratio {audited / original:5.1f}x")
+        line = f"  {name:15s} original {original:7.1f}"
+        for variant in variants:
+            ms = statistics.median(samples[(name, variant)])
+            line += f"   {variant} first call {ms:7.1f} ({ms / original:4.1f}x)"
+        print(line)
 
 
 if __name__ == "__main__":
