@@ -1427,6 +1427,119 @@ class ApplyTest(unittest.TestCase):
                       "hold 0 MiB, more than the 0 MiB dynaflow copies for it)", err.getvalue())
         self.assertEqual((report.planned_calls, report.original_calls, report.refused), (2, 1, ""))
 
+    def test_a_view_into_a_larger_memory_counts_that_memory(self):
+        # The copy takes each tensor's whole memory: the limit counts it.
+        pool = torch.randn(4, 1000)
+        layer = nn.Linear(2, 2)
+        net = planned_holder(layer)
+        err = io.StringIO()
+        with mock.patch.object(_apply, "_COMPARED_BYTES", 8000), redirect_stderr(err):
+            torch.testing.assert_close(net(pool[:, :2]), layer(pool[:, :2]))
+        self.assertIn("was not also run split and compared", err.getvalue())
+        with mock.patch.object(_apply, "_COMPARED_BYTES", 16000), redirect_stderr(err):
+            net(pool[:, :2].clone())
+        self.assertEqual(err.getvalue().count("was not also run split and compared"), 1)
+
+    def test_arguments_that_are_views_of_one_memory_stay_so_in_the_copy(self):
+        # Copied apart, the write through y would not reach x in the
+        # comparison, which would then refuse a split that is right.
+        class WritesThroughAView(nn.Module):
+            def forward(self, x, y):
+                y.mul_(2)
+                return x + 1
+
+        net = planned_holder(WritesThroughAView())
+        report = net._dynaflow_applier.report
+        for _ in range(2):
+            x = torch.randn(4, 3)
+            x2 = x.clone()
+            torch.testing.assert_close(net(x, x[:]), WritesThroughAView()(x2, x2[:]))
+            torch.testing.assert_close(x, x2)
+        self.assertEqual((report.planned_calls, report.refused), (1, ""))
+
+    def test_the_comparison_runs_without_grad(self):
+        # The audited call's autograd graph is the program's; a second
+        # forward's saved activations would only take memory.
+        layer = nn.Linear(3, 3)
+        x = torch.randn(4, 3, requires_grad=True)
+        saved = []
+
+        def pack(t):
+            saved.append(tuple(t.shape))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            layer(x).sum().backward()
+        expected, grad = list(saved), x.grad.clone()
+        saved.clear()
+        x.grad = None
+        net = planned_holder(layer)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            net(x).sum().backward()
+        self.assertEqual(saved, expected)  # none of the comparison's micro-batches
+        torch.testing.assert_close(x.grad, grad)
+        self.assertEqual(net._dynaflow_applier.report.refused, "")
+
+    def test_python_and_numpy_random_draws_of_the_comparison_are_put_back(self):
+        import random
+
+        import numpy
+
+        class PythonRandom(nn.Module):
+            def forward(self, x):
+                return x * (random.random() + numpy.random.rand())
+
+        x = torch.randn(4, 3)
+        random.seed(3)
+        numpy.random.seed(3)
+        expected = PythonRandom()(x)
+        next_draws = (random.random(), numpy.random.rand())
+        net = planned_holder(PythonRandom())
+        random.seed(3)
+        numpy.random.seed(3)
+        err = io.StringIO()
+        with redirect_stderr(err):
+            torch.testing.assert_close(net(x), expected)
+        self.assertEqual((random.random(), numpy.random.rand()), next_draws)
+        self.assertIn("computed another result (output:", err.getvalue())
+
+    def test_a_plan_refused_by_another_threads_first_call_is_not_run(self):
+        # Thread A's comparison refuses the plan (detach frees the executor)
+        # while thread B's first call waits to compare: B runs nothing on
+        # the freed executor (it hung, or crashed, before).
+        class SlowByBatch(nn.Module):
+            def forward(self, x):
+                time.sleep(0.1)
+                return x * (1.0 / x.shape[0])
+
+        x = torch.randn(4, 3)
+        net = planned_holder(SlowByBatch())
+        start, results = threading.Barrier(2), {}
+
+        def call(k):
+            start.wait()
+            results[k] = net(x)
+
+        threads = [threading.Thread(target=call, args=(k,), daemon=True) for k in range(2)]
+        with redirect_stderr(io.StringIO()) as err:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+        self.assertFalse(any(t.is_alive() for t in threads))
+        for k in range(2):
+            torch.testing.assert_close(results[k], x / 4)
+        self.assertIn("plan refused: Holder.layers.0: the first call of its kind", err.getvalue())
+
+    def test_complex_and_integer_differences(self):
+        self.assertEqual(_apply._tolerance(torch.complex64), _apply._tolerance(torch.float32))
+        e = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
+        self.assertFalse(_apply._difference(e, e + 1e-6)[2])  # within float32's tolerance
+        self.assertTrue(_apply._difference(e, e + 0.25j)[2])  # the imaginary part counts
+        big = torch.tensor([2 ** 60])
+        self.assertTrue(_apply._difference(big, big + 1)[2])  # not equal through float64
+        self.assertFalse(_apply._difference(big, big.clone())[2])
+
     def test_differences_count_nan_and_infinities(self):
         e = torch.tensor([1.0, float("nan"), float("inf"), float("inf"), 2.0])
         cases = [([1.0, float("nan"), float("inf"), float("inf"), 2.0], False),

@@ -75,9 +75,9 @@ from ._graphs import (EAGER, CudaGraphs, NoGraph, UnitGraphs, _first_line, _nati
                       torch_modes, unwatched)
 from ._rows import audit_key, make_audit
 from ._split import (_UNCHECKABLE, ContextState, MergeError, ModuleState, Refusal, SliceMerge,
-                     Unchanged, Unsplittable, alias_refusal, check_module, inference_buffers,
-                     install_lazy_hooks, kind_refusal, merge_outputs, output_refusal,
-                     split_call, watching)
+                     Unchanged, Unsplittable, _storage_address, alias_refusal, check_module,
+                     inference_buffers, install_lazy_hooks, kind_refusal, merge_outputs,
+                     output_refusal, split_call, watching)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -566,6 +566,8 @@ def tokens_of(x):
 
 
 def _tolerance(dtype):
+    if dtype.is_complex:
+        dtype = dtype.to_real()  # real and imaginary parts each within it
     if dtype.is_floating_point:
         return _TOLERANCES.get(str(dtype), _TOLERANCES["torch.float32"])
     return _EXACT
@@ -592,20 +594,31 @@ def _difference(e, a):
     """(max abs difference, max relative difference, whether some element
     is beyond e's dtype's tolerance) of two tensors of one shape and dtype,
     computed on e's device in chunks. Equal infinities are equal; a NaN is
-    beyond any tolerance unless both hold it."""
+    beyond any tolerance unless both hold it. Complex tensors are compared
+    part by part; integers and booleans exactly (not through float64, which
+    would make 2**60 and 2**60 + 1 equal)."""
     import torch
 
     rtol, atol = _tolerance(e.dtype)
-    e, a = e.detach().reshape(-1), a.detach().reshape(-1)
+    e, a = e.detach(), a.detach()
+    if e.is_complex():
+        e, a = torch.view_as_real(e.resolve_conj()), torch.view_as_real(a.resolve_conj())
+    exact = not e.is_floating_point()
+    e, a = e.reshape(-1), a.reshape(-1)
     abs_max = rel_max = 0.0
     bad = False
     for begin in range(0, e.numel(), _COMPARE_CHUNK):
-        e64 = e[begin:begin + _COMPARE_CHUNK].double()
-        a64 = a[begin:begin + _COMPARE_CHUNK].to(e64.device).double()
-        same = (e64 == a64) | (torch.isnan(e64) & torch.isnan(a64))
+        e_part = e[begin:begin + _COMPARE_CHUNK]
+        a_part = a[begin:begin + _COMPARE_CHUNK].to(e.device)
+        e64, a64 = e_part.double(), a_part.double()
+        if exact:
+            same = e_part == a_part
+        else:
+            same = (e64 == a64) | (torch.isnan(e64) & torch.isnan(a64))
         inf = float("inf")
         diff = torch.where(same, 0.0, (e64 - a64).abs()).nan_to_num(nan=inf, posinf=inf)
-        close = same | ((diff <= atol + rtol * e64.abs()) & torch.isfinite(e64))
+        close = same if exact else same | ((diff <= atol + rtol * e64.abs()) &
+                                           torch.isfinite(e64))
         bad = bad or not bool(close.all())
         rel = (diff / e64.abs().clamp_min(max(atol, 1e-30))).nan_to_num(nan=inf, posinf=inf)
         abs_max = max(abs_max, float(diff.max()))
@@ -1281,6 +1294,12 @@ class _PlannedForward:
             prepared = self._graphs().prepare(key, split, args, kwargs,
                                               fits or self._fits(policy, index, x))
         with a.lock:  # one call at a time per executor
+            if a.executor is None:
+                # Another thread's call refused the plan since this call's
+                # checks (Applier.refuse waits for the lock): the modules
+                # are restored, nothing of this call ran.
+                a.report.original_call()
+                return self.original(*args, **kwargs)
             out = EAGER
             if prepared is not None:
                 out = self.graphs.call(
@@ -1315,6 +1334,8 @@ class _PlannedForward:
         the plan refused if it changes that state again (the first may only
         have set up what later calls reuse)."""
         a = self.applier
+        if _distributed():  # the process group may have come after the attach
+            _let_collectives_finish_at_exit()
         state = ModuleState(modules)
         copied = self._copy_for_comparison(args, kwargs)
         audit = make_audit(batch)
@@ -1366,7 +1387,11 @@ class _PlannedForward:
         if self.applier.cuda and torch.cuda.is_current_stream_capturing():
             why = "under a CUDA graph capture"
         else:
-            size = sum(t.nbytes for t in _tensors_in((args, kwargs)))
+            # The copy takes each tensor's whole memory (_snapshot), also
+            # for a view into a larger pool.
+            storages = {_storage_address(t): t.untyped_storage().nbytes()
+                        for t in _tensors_in((args, kwargs))}
+            size = sum(n for address, n in storages.items() if address is not None)
             if size > _COMPARED_BYTES:
                 why = (f"its arguments hold {size / 2**20:.0f} MiB, more than the "
                        f"{_COMPARED_BYTES >> 20} MiB dynaflow copies for it")
@@ -1388,7 +1413,10 @@ class _PlannedForward:
         covers the operators; this covers what they are given from outside
         the dispatcher: the batch size as a number (`x / x.shape[0]`), a
         global or a closure read. The random numbers it draws (none, or the
-        run is refused) are put back."""
+        run is refused), torch's, Python's and numpy's, are put back. It runs
+        without grad: the audited call's output holds the call's autograd
+        graph already, and a second one would hold a second forward's
+        activations (on a GPU near its memory's end, an out-of-memory)."""
         import torch
 
         a = self.applier
@@ -1400,12 +1428,23 @@ class _PlannedForward:
             split = split_call(self.path, self.signature, copied_args, copied_kwargs, batch,
                                bounds)
             split.share_buffers(modules)
-            with torch.random.fork_rng(devices=cuda), a.lock:
+            with torch.random.fork_rng(devices=cuda), _host_random_kept(), torch.no_grad(), \
+                    a.lock:
+                if a.executor is None:  # another thread's call refused the plan meanwhile
+                    return ""
                 got = self._run_merged(split, counted=False)
         except MergeError as e:
             return f"{head} could not be merged: {e}"
         except Exception as e:  # noqa: BLE001 - whatever the forward raises on a micro-batch
             return f"{head} raised {type(e).__qualname__}: {_first_line(e)}"
+        try:
+            return self._differs(head, out, got, args, kwargs, copied_args, copied_kwargs)
+        except Exception as e:  # noqa: BLE001 - tensors no comparison here knows
+            return f"{head} could not be compared with it: {type(e).__qualname__}: " \
+                   f"{_first_line(e)}"
+
+    @staticmethod
+    def _differs(head, out, got, args, kwargs, copied_args, copied_kwargs):
         pairs = itertools.chain(_tensor_pairs(out, got, "output"),
                                 _tensor_pairs(args, copied_args, "args"),
                                 _tensor_pairs(kwargs, copied_kwargs, "kwargs"))
@@ -1734,8 +1773,7 @@ class _Baseline:
     def __init__(self, module, original, args, kwargs):
         import torch
 
-        self.args = _snapshot(args)
-        self.kwargs = _snapshot(kwargs)
+        self.args, self.kwargs = _snapshot((args, kwargs))
         buffers = dict(module.named_buffers())
         before = {k: (b.detach().clone(), Unchanged(b, by_bytes=True))
                   for k, b in buffers.items()}
@@ -1771,26 +1809,46 @@ def _rng_states():
 
 
 def _snapshot(value, memo=None):
-    """A copy of `value` that nothing done to `value` changes: tensors cloned
-    (detached), state objects deep-copied; an object reached twice is copied
-    once (`memo`: id -> copy), so arguments that were one object stay one."""
+    """A copy of `value` that nothing done to `value` changes: tensors
+    detached and copied with their whole memory, state objects deep-copied.
+    One memo (copy.deepcopy's, id -> copy) serves the whole value: an object
+    reached twice is copied once, and views of one memory (`x` and `x[:, 1:]`,
+    an argument and a cache's tensor) stay views of one copy, as torch
+    deep-copies a storage once per memo."""
     import torch
 
     memo = {} if memo is None else memo
     if id(value) in memo:
         return memo[id(value)]
     if isinstance(value, torch.Tensor):
-        copied = value.detach().clone()
+        copied = copy.deepcopy(value.detach(), memo)
     elif isinstance(value, (tuple, list)) and type(value) in (tuple, list):
         copied = type(value)(_snapshot(v, memo) for v in value)
     elif type(value) is dict:
         copied = {k: _snapshot(v, memo) for k, v in value.items()}
     elif hasattr(value, "__dict__") and not isinstance(value, type):
-        copied = copy.deepcopy(value)
+        copied = copy.deepcopy(value, memo)
     else:
         return value
     memo[id(value)] = copied
     return copied
+
+
+@contextlib.contextmanager
+def _host_random_kept():
+    """Python's and numpy's global random states put back after the block
+    (torch.random.fork_rng puts back torch's)."""
+    import random
+
+    kept = random.getstate()
+    numpy = sys.modules.get("numpy")
+    kept_numpy = numpy.random.get_state() if numpy is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(kept)
+        if kept_numpy is not None:
+            numpy.random.set_state(kept_numpy)
 
 
 def _tensor_pairs(expected, actual, where):
@@ -1831,7 +1889,10 @@ class Applier:
         self.graphs = graphs
         self.graph_backend = None
         self.report = report or Report()
-        self.lock = threading.Lock()
+        # Held by a planned call while it runs on the executor, and by
+        # refuse() to free the executor: reentrant, as a call that finds the
+        # plan does not fit refuses it while it holds the lock.
+        self.lock = threading.RLock()
         self.merge_lock = threading.Lock()
         # Called with the reason when a call finds the plan does not fit,
         # and what happens now: the modules are restored first, so the
@@ -1953,7 +2014,8 @@ class Applier:
         return policy
 
     def refuse(self, message, outcome=_UNMODIFIED):
-        self.detach()
+        with self.lock:  # not while another thread's call runs on the executor
+            self.detach()
         self.on_refuse(message, outcome)
 
 
