@@ -1327,6 +1327,8 @@ class ApplyTest(unittest.TestCase):
                                          + message)
         torch.testing.assert_close(net(*args), expected[1])
         self.assertEqual((report.planned_calls, report.original_calls), (0, 1))
+        self.assertRegex(report.refused, "^Holder.layers.0: the first call of its kind, run "
+                                         "split in 2")  # the report says it too
         self.assertNotIn("forward", net.layers[0].__dict__)  # restored
 
     def test_the_batch_size_as_a_number_is_refused_at_the_first_call(self):

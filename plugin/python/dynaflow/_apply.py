@@ -2016,6 +2016,8 @@ class Applier:
     def refuse(self, message, outcome=_UNMODIFIED):
         with self.lock:  # not while another thread's call runs on the executor
             self.detach()
+            # The first reason stays: the one that ended the plan.
+            self.report.refused = self.report.refused or message
         self.on_refuse(message, outcome)
 
 
@@ -2099,7 +2101,7 @@ class _FromEnvironment:
             self.refuse(f"cannot attach to {_cut(self.root)}: {type(e).__name__}: {e}")
 
     def refuse(self, message, outcome=_UNMODIFIED):
-        self.report.refused = message
+        self.report.refused = self.report.refused or message  # Applier.refuse's, or the first
         _say(f"plan refused: {message}; " + ("exiting (--strict)" if self.strict else outcome))
         if self.strict:
             self.write_report()
