@@ -1194,6 +1194,33 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual(set(base.buffers), {"1.running_mean", "1.running_var",
                                              "1.num_batches_tracked"})
 
+    def test_verify_puts_every_random_state_back_after_the_baseline(self):
+        import random
+
+        import numpy
+
+        class Draws(nn.Module):
+            def forward(self, x):
+                return x * (torch.rand(1) + random.random() + numpy.random.rand())
+
+        def states():
+            return (torch.get_rng_state(), random.getstate(), str(numpy.random.get_state()))
+
+        x = torch.randn(4, 3)
+        before = states()
+        _apply._Baseline(Draws(), Draws().forward, (x,), {})
+        after = states()
+        self.assertTrue(torch.equal(after[0], before[0]))
+        self.assertEqual(after[1:], before[1:])
+
+    def test_a_tensor_without_storage_in_the_arguments_counts_nothing_for_the_copy(self):
+        net = planned_holder(nn.Linear(3, 3))
+        forward = net._dynaflow_applier.forwards[0]
+        sparse = torch.eye(4).to_sparse()
+        args, kwargs = forward._copy_for_comparison((torch.randn(4, 3),), {"mask": sparse})
+        self.assertTrue(torch.equal(kwargs["mask"].to_dense(), torch.eye(4)))
+        self.assertEqual(len(args), 1)
+
     def test_small_steps_and_small_batches_run_the_original_forward(self):
         _apply.apply(self.net, plan(["Net.blocks.*"], splits=2, min_split_tokens=64),
                      runtime_lib=RUNTIME)

@@ -1388,10 +1388,14 @@ class _PlannedForward:
             why = "under a CUDA graph capture"
         else:
             # The copy takes each tensor's whole memory (_snapshot), also
-            # for a view into a larger pool.
-            storages = {_storage_address(t): t.untyped_storage().nbytes()
-                        for t in _tensors_in((args, kwargs))}
-            size = sum(n for address, n in storages.items() if address is not None)
+            # for a view into a larger pool; a tensor without one (no
+            # elements, a sparse layout) counts nothing.
+            storages = {}
+            for t in _tensors_in((args, kwargs)):
+                address = _storage_address(t)
+                if address is not None:
+                    storages[address] = t.untyped_storage().nbytes()
+            size = sum(storages.values())
             if size > _COMPARED_BYTES:
                 why = (f"its arguments hold {size / 2**20:.0f} MiB, more than the "
                        f"{_COMPARED_BYTES >> 20} MiB dynaflow copies for it")
@@ -1423,13 +1427,11 @@ class _PlannedForward:
         copied_args, copied_kwargs = copied
         head = f"the first call of its kind, run split in {len(bounds) - 1} on a copy of its " \
                f"arguments,"
-        cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
         try:
             split = split_call(self.path, self.signature, copied_args, copied_kwargs, batch,
                                bounds)
             split.share_buffers(modules)
-            with torch.random.fork_rng(devices=cuda), _host_random_kept(), torch.no_grad(), \
-                    a.lock:
+            with _random_states_kept(), torch.no_grad(), a.lock:
                 if a.executor is None:  # another thread's call refused the plan meanwhile
                     return ""
                 got = self._run_merged(split, counted=False)
@@ -1780,8 +1782,7 @@ class _Baseline:
         # The random numbers the baseline draws are put back, so that the
         # planned run draws from where the program would have (and is then
         # refused for drawing them, see _DRAWS_RANDOM).
-        cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
-        with torch.random.fork_rng(devices=cuda), torch.no_grad():
+        with _random_states_kept(), torch.no_grad():
             self.out = original(*self.args, **self.kwargs)
         with torch.no_grad():
             # The module's own state (running statistics, counters) as the
@@ -1835,16 +1836,22 @@ def _snapshot(value, memo=None):
 
 
 @contextlib.contextmanager
-def _host_random_kept():
-    """Python's and numpy's global random states put back after the block
-    (torch.random.fork_rng puts back torch's)."""
+def _random_states_kept():
+    """The global random states put back after the block, for a forward run
+    that is not the program's (the --verify baseline, the first call's
+    comparison): torch's (the CPU's, and each CUDA device's once CUDA is
+    initialized), Python's and numpy's."""
     import random
 
+    import torch
+
+    cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
     kept = random.getstate()
     numpy = sys.modules.get("numpy")
     kept_numpy = numpy.random.get_state() if numpy is not None else None
     try:
-        yield
+        with torch.random.fork_rng(devices=cuda):
+            yield
     finally:
         random.setstate(kept)
         if kept_numpy is not None:
