@@ -3,16 +3,25 @@ refuse, and that merged outputs and state equal the unsplit call's. The cache
 cases use the installed transformers' own Cache classes (skipped without it)."""
 
 import collections
+import contextlib
 import contextvars
 import dataclasses
 import decimal
+import enum
 import importlib.util
 import os
 import re
 import sys
 import unittest
+import unittest.mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+# With the replay module built, split_call walks in C++ (call_split.h), as
+# under `dynaflow apply`; NativeSplitTest compares that walk with Python's.
+REPLAY = os.environ.get("DYNAFLOW_REPLAY_EXT_BUILT", "")
+if REPLAY:
+    os.environ["DYNAFLOW_REPLAY_EXT"] = REPLAY
 
 from dynaflow import _split  # noqa: E402 - after the path is set
 
@@ -200,7 +209,10 @@ class SplitTest(unittest.TestCase):
 
         with torch.inference_mode():
             shared, rows = torch.zeros(1, 2), torch.randn(4, 2)
-        with mock.patch.object(_split, "_capturing", lambda t: True):
+        # The patch makes a CPU tensor look captured, which only Python's walk
+        # asks (C++ leaves a CUDA tensor's case to it: call_split.h).
+        with mock.patch.object(_split, "_capturing", lambda t: True), \
+                mock.patch.object(_split, "_native_splitter", lambda: None):
             with self.assertRaisesRegex(_split.Refusal, r"^M\.layers\.3: argument args\[1\] of type "
                                                         r"Tensor is an inference tensor shared"):
                 split((rows, shared))
@@ -299,6 +311,223 @@ class SplitTest(unittest.TestCase):
         self.assertEqual(out[0].tolist(), [[1.0] * 3] * 4)
         self.assertEqual(out[1].dtype, torch.float64)
         self.assertTrue(out[2].requires_grad)
+
+
+class Mode(enum.IntEnum):
+    FAST = 1
+
+
+class SameValues:
+    """assert_same: two walks' results alike, value for value, tensors by
+    their memory (or values), state views by their adapter's tensors."""
+
+    tensors_by_memory = True
+
+    def assert_same(self, native, python, where="call"):
+        self.assertIs(type(native), type(python), where)
+        if isinstance(python, torch.Tensor):
+            self.assertEqual((native.shape, native.stride(), native.dtype),
+                             (python.shape, python.stride(), python.dtype), where)
+            if self.tensors_by_memory:
+                self.assertEqual(native.data_ptr(), python.data_ptr(), where)
+            else:
+                self.assertTrue(torch.equal(native, python), where)
+        elif isinstance(python, dict):
+            self.assertEqual(list(native), list(python), where)
+            for k in python:
+                self.assert_same(native[k], python[k], f"{where}[{k!r}]")
+        elif isinstance(python, (tuple, list)):
+            self.assertEqual(len(native), len(python), where)
+            for k, (n, p) in enumerate(zip(native, python)):
+                self.assert_same(n, p, f"{where}[{k}]")
+        elif dataclasses.is_dataclass(python):
+            self.assert_same(_fields(native), _fields(python), where)
+        elif _split.state_adapter(python) is not None:  # a view made by its adapter
+            adapter = _split.state_adapter(python)
+            self.assert_same(adapter.row_tensors(native), adapter.row_tensors(python), where)
+        else:
+            self.assertEqual(native, python, where)
+
+
+@unittest.skipUnless(HAS_TORCH and REPLAY, "needs torch and the replay module "
+                                           "(DYNAFLOW_REPLAY_EXT_BUILT)")
+class NativeSplitTest(SameValues, unittest.TestCase):
+    """The C++ walk (plugin/torch/call_split.h) against the Python one
+    (_split._Splitter), call for call: the same values, views of the same
+    memory, the same row views and shared tensors, the same refusals."""
+
+    def both(self, args, kwargs, batch=4, parts=2):
+        """(native, python): each a CallSplit, or the Refusal's message."""
+        self.assertIsNotNone(_split._native_splitter())
+        got = []
+        for native in (True, False):
+            with contextlib.nullcontext() if native else \
+                    unittest.mock.patch.object(_split, "_native_splitter", lambda: None):
+                try:
+                    got.append(split(args, kwargs, batch, parts))
+                except _split.Refusal as e:
+                    got.append(str(e))
+        return got
+
+    def assert_same_split(self, args, kwargs=None, batch=4, parts=2):
+        native, python = self.both(args, kwargs or {}, batch, parts)
+        if isinstance(python, str):
+            self.assertEqual(native, python)
+            return python
+        self.assert_same(native.args, python.args, "args")
+        self.assert_same(native.kwargs, python.kwargs, "kwargs")
+        # The row views: the same arguments' rows, by the views' positions.
+        def rows(s):
+            return sorted((id(t), mb, v.data_ptr(), v.shape[0])
+                          for (t, mb), v in ((s.row_views[id(v)], v) for v in _views(s)))
+        self.assertEqual(rows(native), rows(python))
+        self.assertEqual(len(native.row_views), len(python.row_views))
+        self.assertEqual([(w, id(t)) for w, t, _ in native.shared],
+                         [(w, id(t)) for w, t, _ in python.shared])
+        self.assertEqual(len(native.states), len(python.states))
+        return native
+
+    def test_tensors_scalars_and_containers(self):
+        x, one = torch.arange(12.0).reshape(4, 3), torch.ones(1, 3)
+        s = self.assert_same_split(
+            (x, 2.5, [x, (one, None)], (), Pair(x, one), Inputs(x, {"m": x})),
+            {"cache_position": torch.arange(4), "flag": True, "mode": Mode.FAST,
+             "dtype": torch.float16, "size": torch.Size([4, 3]), "scalar": torch.tensor(3.0),
+             "d": {"k": x, 3: one, ("t",): [one]}, "e": ..., "b": b"x", "c": 1j,
+             "w": torch.nn.Parameter(torch.randn(4, 2))}, parts=3)
+        self.assertIsInstance(s.kwargs[2]["d"], dict)
+        self.assertEqual(s.args[1][0].tolist(), [[3.0, 4.0, 5.0]])
+
+    def test_inference_tensors_and_uneven_rows(self):
+        with torch.inference_mode():
+            x, mask = torch.randn(5, 2), torch.ones(1, 1, 5, dtype=torch.bool)
+            self.assert_same_split((x,), {"attention_mask": mask, "pos": torch.arange(7)},
+                                   batch=5, parts=2)
+
+    def test_refusals_keep_their_messages(self):
+        x = torch.randn(4, 2)
+        nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(1, 3)] * 2,
+                                            layout=torch.jagged)
+        for kwargs in [{"extra": {"k": [x, Opaque()]}},
+                       {"ids": torch.arange(4)},
+                       {"deep": [(torch.arange(4),)]},
+                       {"position_ids": torch.zeros(4, 4, 5, dtype=torch.long)},
+                       {"other": (x, torch.randn(3, 2))},
+                       {"x": nested},
+                       {"x": torch.randn(4, 3).to_sparse()},
+                       {"x": [torch.randn(4, 3).as_subclass(Tagged)]}]:
+            with self.subTest(kwargs=list(kwargs)):
+                message = self.assert_same_split((x,), kwargs)
+                self.assertIsInstance(message, str)
+                self.assertTrue(message.startswith("M.layers.3: argument "), message)
+
+    @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
+    def test_a_cache_goes_through_its_adapter(self):
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        cache.update(torch.randn(4, 2, 3, 8), torch.randn(4, 2, 3, 8), 0)
+        s = self.assert_same_split((torch.randn(4, 8),),
+                                   {"past_key_values": cache, "cos_sin": (torch.ones(4, 1, 8),) * 2})
+        self.assertEqual(len(s.states), 1)
+
+
+@unittest.skipUnless(HAS_TORCH and REPLAY, "needs torch and the replay module "
+                                           "(DYNAFLOW_REPLAY_EXT_BUILT)")
+class NativeMergeTest(SameValues, unittest.TestCase):
+    """merge_outputs in C++ (call_split.h) against Python's _merge."""
+
+    tensors_by_memory = False  # each merge concatenates anew
+
+    def both(self, s, results):
+        """(native, python): each the merged output, or the MergeError's message."""
+        got = []
+        for native in (True, False):
+            with contextlib.nullcontext() if native else \
+                    unittest.mock.patch.object(_split, "_native_splitter", lambda: None):
+                try:
+                    got.append(_split.merge_outputs(s, results, s.states))
+                except _split.MergeError as e:
+                    got.append(str(e))
+        return got
+
+    def assert_same_merge(self, s, results):
+        native, python = self.both(s, results)
+        if isinstance(python, str):
+            self.assertEqual(native, python)
+        else:
+            self.assert_same(_values(native), _values(python))
+        return native
+
+    def test_containers_tensors_and_values(self):
+        s = split((torch.randn(4, 3),), parts=2)
+        results = [(torch.full((2, 3), float(i)), None, [True, 7, "x"],
+                    {"a": torch.arange(2) + 2 * i, 3: (None,)}, Pair(torch.zeros(2), 1),
+                    Inputs(torch.ones(2, 1), torch.ones(2)))
+                   for i in range(2)]
+        for r in results:  # one tensor at two places is merged once
+            r[2].append(r[0])
+        out = self.assert_same_merge(s, results)
+        self.assertIs(out[2][3], out[0])
+        self.assertEqual(out[0][:, 0].tolist(), [0.0, 0.0, 1.0, 1.0])
+        self.assertEqual(out[3]["a"].tolist(), [0, 1, 2, 3])
+
+    def test_errors_keep_their_messages(self):
+        s = split((torch.randn(4, 3),), parts=2)
+        t = torch.zeros(2, 3)
+        for results in [[(t, 1), (t, 2)],           # different values
+                        [(t, 2), (t, 2)],           # the batch size
+                        [[t], [t, t]],              # lengths
+                        [{"a": t}, {"b": t}],       # keys
+                        [(t,), [t]],                # types
+                        [(torch.zeros(3, 3),), (t,)],  # rows
+                        [(torch.tensor(1.0),), (torch.tensor(2.0),)],
+                        [(Opaque(),), (Opaque(),)]]:
+            with self.subTest(results=results):
+                self.assertIsInstance(self.assert_same_merge(s, results), str)
+
+    def test_an_argument_updated_in_place_is_returned_itself(self):
+        x = torch.zeros(4, 3)
+        s = split((x,), parts=2)
+        out = self.assert_same_merge(s, [{"out": s.args[i][0].add_(i)} for i in range(2)])
+        self.assertIs(out["out"], x)
+
+
+def _values(value):
+    """`value` with tensors as they are and everything else compared by value."""
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*map(_values, value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(map(_values, value))
+    if isinstance(value, dict):
+        return {k: _values(v) for k, v in value.items()}
+    return value
+
+
+def _fields(value):
+    """A dataclass's field values (dataclasses.astuple would copy them)."""
+    return tuple(getattr(value, f.name) for f in dataclasses.fields(value))
+
+
+def _views(s):
+    """Every tensor in a split's micro-batch arguments that is a row view."""
+    out = []
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            if id(v) in s.row_views:
+                out.append(v)
+        elif isinstance(v, dict):
+            for item in v.values():
+                walk(item)
+        elif isinstance(v, (tuple, list)):
+            for item in v:
+                walk(item)
+        elif dataclasses.is_dataclass(v):
+            walk(_fields(v))
+
+    walk((s.args, s.kwargs))
+    return out
 
 
 @unittest.skipUnless(HAS_TORCH, "needs torch")

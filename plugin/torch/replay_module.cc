@@ -1,8 +1,10 @@
 // _dynaflow_replay: the C++ side of apply's planned calls
 // (plugin/python/dynaflow/_apply.py, _graphs.py): ReplayStep's copies and
 // ModuleSnapshot's comparison, the per-call work of a replay from a CUDA
-// graph that Python would do tensor by tensor and attribute by attribute; and
-// CallerState, the caller's torch state carried into each micro-batch.
+// graph that Python would do tensor by tensor and attribute by attribute;
+// CallSplitter, the walk of an eager planned call's arguments into its
+// micro-batches' (_split.py); and CallerState, the caller's torch state
+// carried into each micro-batch.
 //
 // pybind11 with torch's type casters (torch/csrc/utils/pybind.h): a list of
 // tensors crosses as std::vector<at::Tensor> without copying any data. A C++
@@ -11,6 +13,7 @@
 #include <ATen/ThreadLocalState.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "plugin/torch/call_split.h"
 #include "plugin/torch/module_snapshot.h"
 #include "plugin/torch/replay_step.h"
 
@@ -45,6 +48,14 @@ PYBIND11_MODULE(_dynaflow_replay, m) {
       .def("same", &dynaflow::ModuleSnapshot::Same, py::arg("modules"))
       .def_property_readonly("objects", &dynaflow::ModuleSnapshot::objects)
       .def_property_readonly("tensors", &dynaflow::ModuleSnapshot::tensors);
+
+  py::class_<dynaflow::CallSplitter>(m, "CallSplitter")
+      .def(py::init<py::tuple, py::frozenset>(), py::arg("immutable_types"),
+           py::arg("shared_names"))
+      .def("split", &dynaflow::CallSplitter::Split, py::arg("splitter"), py::arg("names"),
+           py::arg("args"), py::arg("kwargs"))
+      .def("merge", &dynaflow::CallSplitter::Merge, py::arg("split"), py::arg("results"),
+           py::arg("view_owner"), py::arg("fallback"));
 
   // The calling thread's torch state, captured where a planned call starts:
   // grad and inference mode, autocast, torch function and dispatch modes,

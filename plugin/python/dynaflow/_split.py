@@ -26,6 +26,11 @@ What is proved safe:
 Anything else (another object, an ambiguous 1-D tensor as long as the batch,
 a cache class or layer with attributes its adapter does not know) refuses, as
 does a module that computes across rows or has hooks inside (`check_module`).
+
+Where the replay module is loaded, `split_call` and `merge_outputs` walk in C++
+(plugin/torch/call_split.h), which handles tensors, tuples, lists and dicts
+itself and hands every other value, and every refusal, to the Python walk
+here, so that both give the same result.
 """
 
 import collections
@@ -58,12 +63,17 @@ class MergeError(Exception):
     """Micro-batch outputs or state that cannot be put back together."""
 
 
-def _is_immutable(value):
+def _immutable_types():
+    """The types besides Python's scalars whose values a split passes to
+    every micro-batch as they are (C++ knows the scalars: call_split.h)."""
     import torch
 
-    return value is None or isinstance(
-        value, (bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device,
-                torch.Size, type(Ellipsis)))
+    return (enum.Enum, torch.dtype, torch.device, torch.Size, type(Ellipsis))
+
+
+def _is_immutable(value):
+    return value is None or isinstance(value, (bool, int, float, complex, str, bytes)) or \
+        isinstance(value, _immutable_types())
 
 
 class CallSplit:
@@ -700,11 +710,37 @@ def split_call(module_path, signature, args, kwargs, batch, bounds):
     split = CallSplit(bounds)
     names = _positional_names(signature, len(args))
     s = _Splitter(module_path, batch, split)
+    native = _native_splitter()
+    if native is not None:  # the same walk in C++, with s for what it leaves to Python
+        split.args, split.kwargs = native.split(s, names, args, kwargs)
+        return split
     arg_parts = [s.parts(names[k], a) for k, a in enumerate(args)]
     kwarg_parts = {k: s.parts(k, v) for k, v in kwargs.items()}
     split.args = [tuple(p[i] for p in arg_parts) for i in range(split.parts)]
     split.kwargs = [{k: v[i] for k, v in kwarg_parts.items()} for i in range(split.parts)]
     return split
+
+
+# The replay module's CallSplitter once loaded, or None without the module
+# (_native_splitter).
+_NATIVE_SPLITTER = []
+
+
+def _native_splitter():
+    """split_call's walk in C++ (plugin/torch/call_split.h: the same result,
+    refusals left to _Splitter), from the replay module; None when it is not
+    loaded (`_graphs._native` says why where graphs are asked for). Looked
+    for once per process."""
+    if not _NATIVE_SPLITTER:
+        from ._graphs import NoGraph, _native
+
+        try:
+            module = _native()[0]
+        except NoGraph:
+            _NATIVE_SPLITTER.append(None)
+        else:
+            _NATIVE_SPLITTER.append(module.CallSplitter(_immutable_types(), SHARED_TENSOR_NAMES))
+    return _NATIVE_SPLITTER[0]
 
 
 def _positional_names(signature, count):
@@ -728,6 +764,9 @@ def merge_outputs(split, results, states):
     for adapter, original, views in split.states:
         for v in views:
             view_owner[id(v)] = original
+    native = _native_splitter()
+    if native is not None:  # the same walk in C++, with _merge for what it leaves to Python
+        return native.merge(split, list(results), view_owner, _merge)
     return _merge(split, results, "output", view_owner, {})
 
 

@@ -1,0 +1,94 @@
+"""A/B of an eager planned call's split and merge walked in C++
+(plugin/torch/call_split.h, in the replay module) against the same walks in
+Python (_split._Splitter, _split._merge), in one run, alternating:
+  1. split_call + merge_outputs alone, on the arguments a transformers decoder
+     layer gets (hidden states, a (cos, sin) tuple, a mask, cache_position,
+     with and without a DynamicCache of 2 layers), and on one tensor;
+  2. the whole planned call split in 2 (bench/apply_overhead.py's Net and
+     HfLikeNet), through the runtime.
+
+    DYNAFLOW_REPLAY_EXT=build/plugin/torch/_dynaflow_replay.so \\
+      .venv/bin/python bench/split_merge_ab.py build/plugin/apply/libdynaflow_apply.so
+"""
+
+import os
+import statistics
+import sys
+import time
+from unittest import mock
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "plugin", "python"))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import apply_overhead  # noqa: E402
+from dynaflow import _apply, _split  # noqa: E402
+
+RUNS = 7
+SPLIT_CALLS = 2000
+MODEL_CALLS = 1000
+
+
+def decoder_layer_arguments(cache):
+    x = torch.randn(8, 8)
+    kwargs = {"attention_mask": torch.ones(8, 1, 1, 17, dtype=torch.bool),
+              "position_embeddings": (torch.ones(8, 1, 4), torch.zeros(8, 1, 4)),
+              "cache_position": torch.tensor([16]), "use_cache": True}
+    if cache:
+        from transformers import DynamicCache
+
+        kwargs["past_key_values"] = DynamicCache()
+        for layer in range(2):
+            kwargs["past_key_values"].update(torch.randn(8, 2, 16, 4),
+                                             torch.randn(8, 2, 16, 4), layer)
+    return (x,), kwargs
+
+
+def split_and_merge_us(args, kwargs):
+    outputs = [torch.zeros(4, 8), torch.zeros(4, 8)]
+    t = time.perf_counter()
+    for _ in range(SPLIT_CALLS):
+        s = _split.split_call("layer", None, args, kwargs, 8, [0, 4, 8])
+        _split.merge_outputs(s, outputs, s.states)
+    return (time.perf_counter() - t) / SPLIT_CALLS * 1e6
+
+
+def main():
+    torch.set_num_threads(1)
+    lib = sys.argv[1]
+    native = _split._native_splitter()
+    if native is None:
+        sys.exit("no replay module: set DYNAFLOW_REPLAY_EXT to build/plugin/torch/_dynaflow_replay.so")
+    variants = {"C++": lambda: native, "Python": lambda: None}
+    walks = {"decoder layer, no cache": decoder_layer_arguments(False),
+             "decoder layer + DynamicCache": decoder_layer_arguments(True),
+             "one tensor": ((torch.randn(8, 8),), {})}
+    hf_plan = apply_overhead.plan(2, False)
+    hf_plan["partition_rules"][0]["modules"] = ["HfLikeNet.blocks.*"]
+    models = {"Net, split 2": _apply.apply(apply_overhead.Net(), apply_overhead.plan(2, False),
+                                           runtime_lib=lib),
+              "HfLikeNet, split 2": _apply.apply(apply_overhead.HfLikeNet(), hf_plan,
+                                                 runtime_lib=lib)}
+    x = torch.randn(8, 8)
+    samples = {}
+    with torch.inference_mode():
+        for _ in range(RUNS):
+            for variant, walker in variants.items():
+                with mock.patch.object(_split, "_native_splitter", walker):
+                    for name, (args, kwargs) in walks.items():
+                        samples.setdefault((name, variant), []).append(
+                            split_and_merge_us(args, kwargs))
+                    for name, model in models.items():
+                        samples.setdefault((name, variant), []).append(
+                            apply_overhead.per_call_us(model, x, MODEL_CALLS))
+    print(f"median of {RUNS} runs, us per call (split_call + merge_outputs alone: "
+          f"{SPLIT_CALLS} calls; whole planned calls: {MODEL_CALLS})")
+    for name in list(walks) + list(models):
+        c, p = statistics.median(samples[(name, "C++")]), statistics.median(samples[(name, "Python")])
+        print(f"  {name:30s} C++ {c:8.1f}  Python {p:8.1f}  Python / C++ {p / c:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
