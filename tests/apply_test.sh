@@ -213,8 +213,23 @@ check "tensor parallel, batch-scaled: same outputs" has "$work/out" \
   "$(cat "$work/tp_scaled_base.out")"
 check "tensor parallel, batch-scaled: refused at the first call" has "$work/err" \
   "plan refused: TPModel.layers.0: the first call of its kind, run split in 2 on a copy of its arguments, computed another result"
-check "tensor parallel, batch-scaled: refused on both ranks" test \
-  "$(grep -c "plan refused: TPModel.layers.0: the first call of its kind" "$work/err")" -eq 2
+refusals=$(grep -c "plan refused: TPModel.layers.0: the first call of its kind" "$work/err")
+check "tensor parallel, batch-scaled: refused on both ranks ($refusals)" test "$refusals" -eq 2
+[ "$refusals" -eq 2 ] || cut -c1-300 "$work/err"
+# Only rank 1's layers add a number made of the batch size, after the
+# all_reduce: only its comparison differs. The ranks agree at that audited
+# call (the audit saw the layer's all_reduce, on the world group), so rank 0
+# refuses too; before, rank 0 split and rank 1 did not, and gloo aborted the
+# program ("Received data size doesn't match expected size").
+"${tp[@]}" --rank1-batch-number >"$work/tp_rank1_base.out" 2>&1
+expect_code "apply tensor parallel, one rank refuses" 0 timeout 300 "$bin" apply \
+  "$work/tp_layers.json" -- "${tp[@]}" --rank1-batch-number
+check "tensor parallel, one rank refuses: same outputs" has "$work/out" \
+  "$(cat "$work/tp_rank1_base.out")"
+check "tensor parallel, one rank refuses: its reason" has "$work/err" \
+  "plan refused: TPModel.layers.0: the first call of its kind, run split in 2 on a copy of its arguments, computed another result"
+check "tensor parallel, one rank refuses: the other rank with it" has "$work/err" \
+  "plan refused: TPModel.layers.0: another rank of its process group refused the plan at this call"
 
 # --- data parallel over gloo, two processes: a tiny Hugging Face Llama trained
 # under torch's DistributedDataParallel, the plan traced through DDP (its units

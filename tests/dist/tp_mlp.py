@@ -4,12 +4,18 @@ row-parallel down projection whose partial sums are combined by all_reduce.
 For dynaflow apply's tests: the micro-batches of a split layer each issue the
 layer's all_reduce, and the ranks must pair them up in the same order.
 
-    python tp_mlp.py [--steps N] [--batch-scaled]
+    python tp_mlp.py [--steps N] [--batch-scaled] [--rank1-batch-number]
 
 --batch-scaled divides each layer's output by the batch's rows over all
 ranks, summed by an all_reduce of the local row count made in Python: split,
 each micro-batch would divide by its own, a result no operator shows to
 differ (dynaflow's first-call comparison refuses it on every rank).
+
+--rank1-batch-number adds 0.001 x the rows to rank 1's layer outputs only,
+after the all_reduce: split, only rank 1's first-call comparison differs, so
+only rank 1 refuses by itself; rank 0 would split, and its two micro-batches'
+all_reduces would meet rank 1's one (the ranks must agree: dynaflow's
+audited first call makes them).
 
 Prints, from rank 0, the output's checksum and a few values at full precision,
 so two runs (unmodified and under `dynaflow apply`) can be compared.
@@ -28,9 +34,10 @@ WORLD, WIDTH, HIDDEN, BATCH, LAYERS = 2, 16, 64, 8, 3
 
 
 class TPBlock(nn.Module):
-    def __init__(self, rank, generator, batch_scaled):
+    def __init__(self, rank, generator, batch_scaled, rank_quirk):
         super().__init__()
         self.batch_scaled = batch_scaled
+        self.rows_added = 1e-3 if rank_quirk and rank == 1 else 0.0
         up = torch.randn(HIDDEN, WIDTH, generator=generator) / WIDTH ** 0.5
         down = torch.randn(WIDTH, HIDDEN, generator=generator) / HIDDEN ** 0.5
         shard = HIDDEN // WORLD
@@ -44,14 +51,17 @@ class TPBlock(nn.Module):
             rows = torch.tensor([float(x.shape[0])])
             dist.all_reduce(rows)
             partial = partial / rows
+        if self.rows_added:
+            partial = partial + self.rows_added * x.shape[0]
         return x + partial
 
 
 class TPModel(nn.Module):
-    def __init__(self, rank, batch_scaled):
+    def __init__(self, rank, batch_scaled, rank_quirk):
         super().__init__()
         g = torch.Generator().manual_seed(0)
-        self.layers = nn.ModuleList(TPBlock(rank, g, batch_scaled) for _ in range(LAYERS))
+        self.layers = nn.ModuleList(TPBlock(rank, g, batch_scaled, rank_quirk)
+                                    for _ in range(LAYERS))
 
     def forward(self, x):
         for layer in self.layers:
@@ -59,11 +69,11 @@ class TPModel(nn.Module):
         return x
 
 
-def run(rank, port, steps, batch_scaled):
+def run(rank, port, steps, batch_scaled, rank_quirk):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
-    model = TPModel(rank, batch_scaled)
+    model = TPModel(rank, batch_scaled, rank_quirk)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for step in range(steps):
@@ -84,5 +94,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch-scaled", action="store_true")
+    ap.add_argument("--rank1-batch-number", action="store_true")
     args = ap.parse_args()
-    mp.spawn(run, args=(free_port(), args.steps, args.batch_scaled), nprocs=WORLD)
+    mp.spawn(run, args=(free_port(), args.steps, args.batch_scaled, args.rank1_batch_number),
+             nprocs=WORLD)

@@ -75,9 +75,9 @@ from ._graphs import (EAGER, CudaGraphs, NoGraph, UnitGraphs, _first_line, _nati
                       torch_modes, unwatched)
 from ._rows import audit_key, make_audit
 from ._split import (_UNCHECKABLE, ContextState, MergeError, ModuleState, Refusal, SliceMerge,
-                     Unchanged, Unsplittable, _storage_address, alias_refusal, check_module,
-                     inference_buffers, install_lazy_hooks, kind_refusal, merge_outputs,
-                     output_refusal, split_call, watching)
+                     Unchanged, Unsplittable, _capture_underway, _storage_address,
+                     alias_refusal, check_module, inference_buffers, install_lazy_hooks,
+                     kind_refusal, merge_outputs, output_refusal, split_call, watching)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -1361,16 +1361,28 @@ class _PlannedForward:
             output_refusal(out, {id(original) for _, original, _ in split.states}, batch) or \
             alias_refusal(out, self.signature, args, kwargs, state.named_tensors())
         a.report.unsplit_call(f"{self.path}: {_AUDITED}")
+        again = False
         try:
             state.check()
             context.check(contextvars.copy_context())
         except MergeError as e:
             if not why and key not in self.changed_state:
-                self.changed_state.add(key)
-                return out  # its next call is audited again
-            why = why or f"{e} (found in two unsplit calls of its kind: none ran split)"
-        if not why and copied is not None:
+                again = True
+            else:
+                why = why or f"{e} (found in two unsplit calls of its kind: none ran split)"
+        # The ranks that issue the unit's collectives go on alike (_agreed).
+        why = why or _agreement_refusal(audit.groups)
+        outcome = _agreed(audit.groups, _REFUSE if why else _AGAIN if again else
+                          _NO_COMPARISON if copied is None else _COMPARE)
+        if outcome == _REFUSE:
+            why = why or _ANOTHER_RANK
+        elif outcome == _AGAIN:
+            self.changed_state.add(key)
+            return out  # its next call is audited again
+        elif outcome == _COMPARE:
             why = self._split_differs(copied, split.bounds, out, args, kwargs, batch, modules)
+            if _agreed(audit.groups, _REFUSE if why else _COMPARE) == _REFUSE:
+                why = why or _ANOTHER_RANK
         self.audited[key] = why
         if why:
             a.refuse(f"{self.path}: {why}")
@@ -1712,6 +1724,55 @@ class _PlannedForward:
             finally:
                 _ON_THREAD.at = None
                 region.end(mb)
+
+
+# What the audited first call of a kind leads to, from the least to the most
+# cautious (_agreed takes the largest): split after the comparison, split
+# without it (no copy: _copy_for_comparison), audit the next call of its kind
+# again (it changed its modules' state), refuse the plan.
+_COMPARE, _NO_COMPARISON, _AGAIN, _REFUSE = range(4)
+_ANOTHER_RANK = ("another rank of its process group refused the plan at this call (that "
+                 "rank says why): the ranks split the unit alike or not at all, or the "
+                 "collectives inside it would not pair up")
+
+
+def _agreed(groups, outcome):
+    """The outcome every rank of `groups` goes on with: the most cautious
+    of theirs. A unit whose audited call issued collectives on `groups` (the
+    audit's) runs in step on their ranks, so each reaches this call; if one
+    refused and another split, the one's single collective would pair with
+    the other's first micro-batch's, and the ranks would hang or sum
+    mismatched rows. An all-reduce (MAX) per group, on the group's device
+    (_agreement_refusal has ruled out what would keep it from running)."""
+    if not groups or outcome == _REFUSE and _agreement_refusal(groups):
+        return outcome
+    import torch
+    import torch.distributed as dist
+
+    for group in groups:
+        # NCCL reduces device tensors; gloo, and a backend for both
+        # ("cpu:gloo,cuda:nccl"), host ones.
+        backend = str(dist.get_backend(group))
+        device = torch.device("cuda", torch.cuda.current_device()) \
+            if "nccl" in backend and "gloo" not in backend else "cpu"
+        value = torch.tensor([outcome], device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+        outcome = int(value.item())
+    return outcome
+
+
+def _agreement_refusal(groups):
+    """Why the ranks of `groups` (an audit's) cannot agree on a call, or "":
+    a group the audit could not tell, or a CUDA graph capture underway (the
+    agreed value could not be read during one). Every rank of them finds the
+    same, and refuses alike, without agreeing."""
+    if None in groups:
+        return ("it issues a collective whose process group dynaflow cannot tell, so its "
+                "ranks cannot agree to split it alike")
+    if groups and _capture_underway():
+        return ("it issues collectives, and while a CUDA graph is captured its ranks cannot "
+                "agree to split it alike")
+    return ""
 
 
 def _distributed():

@@ -198,6 +198,10 @@ def _audit_class():
             self.mixed = None    # the first reason the proof failed
             self.whole = 0       # depth inside a module taken whole
             self.whole_in = None  # the rows' place in its tokens
+            # The process groups of the torch.distributed collectives the
+            # call issued (note_collective), each once, in order; None for
+            # one whose group could not be told.
+            self.groups = []
 
         # Tags ----------------------------------------------------------
         def tag_rows(self, t):
@@ -278,9 +282,32 @@ def _audit_class():
                 self.fail(f"{type(module).__name__} (experts) returns a "
                           f"{type(output).__name__}")
 
+        def note_collective(self, func, args, kwargs):
+            """Keeps the process group of collective `func`: a c10d operator
+            takes it as its first object, a functional collective by name,
+            its last string (an operator with neither, wait_tensor, has no
+            group)."""
+            import torch.distributed as dist
+
+            c10d = func.namespace == "c10d"
+            found = [a for a in args if isinstance(a, torch.ScriptObject if c10d else str)]
+            if not c10d and "group_name" in kwargs:
+                found.append(kwargs["group_name"])
+            if not found:
+                return
+            try:
+                group = dist.ProcessGroup.unbox(found[0]) if c10d else \
+                    dist.distributed_c10d._resolve_process_group(found[-1])
+            except Exception:  # noqa: BLE001 - an operator of another form: group unknown
+                group = None
+            if all(g is not group and not (g is not None and g == group) for g in self.groups):
+                self.groups.append(group)
+
         # Dispatch --------------------------------------------------------
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if getattr(func, "namespace", "") in ("c10d", "_c10d_functional"):
+                self.note_collective(func, args, kwargs)
             if self.whole or self.mixed is not None:
                 return func(*args, **kwargs)
             if isinstance(func, torch._ops.HigherOrderOperator):
