@@ -785,12 +785,14 @@ class ApplyTest(unittest.TestCase):
                     return x[:, :2]
                 if self.how == "view of output":  # the last token's row beside the whole
                     return h, h[:, -1]
+                if self.how == "overlapping views":  # neither holds the other's rows
+                    return h[:, :2], h[:, 1:]
                 if self.how == "argument itself":
                     return x.mul_(2)
                 return h, h  # one tensor at two places
 
         for how, where, of in [("view of argument", "the output", "x"),
-                               ("view of output", "the output[1]", "the output[0]")]:
+                               ("overlapping views", "the output[1]", "the output[0]")]:
             with self.subTest(how=how):
                 net = planned_holder(Layer(how))
                 x = torch.ones(4, 3)
@@ -802,7 +804,7 @@ class ApplyTest(unittest.TestCase):
                               f"its own", err.getvalue())
                 self.assertNotIn("forward", net.layers[0].__dict__)
                 torch.testing.assert_close(net(x), out)
-        for how in ["argument itself", "one tensor twice"]:
+        for how in ["argument itself", "one tensor twice", "view of output"]:
             with self.subTest(how=how):
                 net = self.audited_holder(Layer(how), torch.ones(4, 3))
                 x = torch.ones(4, 3)
@@ -810,6 +812,12 @@ class ApplyTest(unittest.TestCase):
                 self.assertEqual(net._dynaflow_applier.report.planned_calls, 1)
                 if how == "argument itself":
                     self.assertIs(out, x)
+                elif how == "view of output":
+                    # Merged as a view of the merged output, as the unsplit
+                    # call's: the caller's write through one reaches the other.
+                    torch.testing.assert_close(out[1], x[:, -1] * 2, rtol=0, atol=0)
+                    out[0][:, -1] = 7.0
+                    self.assertEqual(out[1].tolist(), [7.0] * 4)
                 else:
                     self.assertIs(out[0], out[1])  # merged once, as the unsplit call's
                     torch.testing.assert_close(out[0], x * 2, rtol=0, atol=0)
@@ -1009,6 +1017,36 @@ class ApplyTest(unittest.TestCase):
         report = net._dynaflow_applier.report
         # Then both split, layers.0's micro-batches calling layers.1 each.
         self.assertEqual((report.planned_calls, report.original_calls), (2, 5))
+
+    @unittest.skipUnless(importlib.util.find_spec("transformers") is not None,
+                         "needs transformers")
+    def test_a_vision_model_returning_its_pooled_token_as_a_view_splits_whole(self):
+        # Dinov2Model's pooler_output is `last_hidden_state[:, 0, :]`: it was
+        # refused as an output sharing memory with another (the encoder alone
+        # split). Merged as a row view of the merged hidden states it is the
+        # unsplit call's, view and all.
+        from transformers import Dinov2Config, Dinov2Model
+
+        torch.manual_seed(0)
+        model = Dinov2Model(Dinov2Config(hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, intermediate_size=64,
+                                         image_size=28, patch_size=14)).eval()
+        pixels = torch.randn(4, 3, 28, 28)
+        with torch.no_grad():
+            expected = model(pixels)
+            _apply.apply(model, plan(["Dinov2Model"]), runtime_lib=RUNTIME)
+            err = io.StringIO()
+            with redirect_stderr(err):
+                outs = [model(pixels) for _ in range(3)]
+        self.assertNotIn("refused", err.getvalue())
+        report = model._dynaflow_applier.report
+        self.assertEqual((report.planned_calls, report.original_calls), (2, 1))
+        for out in outs:
+            torch.testing.assert_close(out.last_hidden_state, expected.last_hidden_state)
+            torch.testing.assert_close(out.pooler_output, expected.pooler_output)
+        got = outs[-1]
+        self.assertEqual(got.pooler_output.data_ptr(), got.last_hidden_state[:, 0].data_ptr())
+        self.assertEqual(got.pooler_output.stride(), expected.pooler_output.stride())
 
     def test_a_refused_compiled_flex_attention_runs_on_unmodified(self):
         # transformers' attn_implementation="flex_attention" calls a

@@ -370,6 +370,26 @@ class GraphsTest(unittest.TestCase):
             "Holder.layers.0: the call returns one tensor at two places: a replay would return "
             "two copies": 3})  # every call after the audited first
 
+    def test_an_output_viewing_another_keeps_the_unit_eager(self):
+        # A vision model's pooled first token beside its hidden states: the
+        # eager merge keeps it a view of the merged hidden states, a replay
+        # would copy each out.
+        class Pooled(nn.Module):
+            def forward(self, x):
+                h = x * 2
+                return h, h[:, 0]
+
+        net = Holder(Pooled())
+        inputs = [torch.randn(4, 16, device=DEVICE) for _ in range(4)]
+        report = graphed(net, plan(["Holder.layers.*"]))
+        for (h, pooled), x in zip(self.calls(net, inputs), inputs):
+            self.assertEqual(pooled.untyped_storage().data_ptr(), h.untyped_storage().data_ptr())
+            close(pooled, x[:, 0] * 2)
+        self.assertEqual(report.graphs_captured, 0)
+        self.assertEqual(report.graph_eager_calls, {
+            "Holder.layers.0: an output is a view of another (`h[:, 0]` beside `h`): a replay "
+            "would return two copies": 3})
+
     def test_calls_under_autograd_run_eagerly_said_once(self):
         inputs = [torch.randn(4, 5, 16, device=DEVICE) for _ in range(3)]
         expected = [self.net(x) for x in inputs]

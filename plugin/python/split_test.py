@@ -248,6 +248,42 @@ class SplitTest(unittest.TestCase):
         with self.assertRaisesRegex(_split.MergeError, "micro-batch 0 returns \\(\\), not 2 rows"):
             _split.merge_outputs(s, [torch.tensor(1.0), torch.tensor(2.0)], [])
 
+    def test_row_views_of_another_output_merge_as_views_of_it(self):
+        s = split((torch.randn(4, 3),), parts=2)
+        hs = [torch.full((2, 5, 3), float(i)) + torch.arange(3.0) for i in range(2)]
+        results = [{"h": h, "first": h[:, 0], "last": h[:, -1, 1:]} for h in hs]
+        out = _split.merge_outputs(s, results, [])
+        self.assertEqual(out["h"].shape, (4, 5, 3))
+        for name, view in (("first", out["h"][:, 0]), ("last", out["h"][:, -1, 1:])):
+            self.assertEqual((out[name].data_ptr(), out[name].shape, out[name].stride()),
+                             (view.data_ptr(), view.shape, view.stride()), name)
+        self.assertEqual(out["first"][:, 0].tolist(), [0.0, 0.0, 1.0, 1.0])
+
+    def test_a_view_that_differs_between_micro_batches_fails_the_merge(self):
+        s = split((torch.randn(4, 3),), parts=2)
+        hs = [torch.zeros(2, 5, 3), torch.zeros(2, 5, 3)]
+        with self.assertRaisesRegex(_split.MergeError, r"^output\[1\]: micro-batch 1 returns "
+                                                       r"another view of output\[0\]"):
+            _split.merge_outputs(s, [(hs[0], hs[0][:, 0]), (hs[1], hs[1][:, 1])], [])
+        with self.assertRaisesRegex(_split.MergeError, "missing from another micro-batch"):
+            _split.merge_outputs(s, [(hs[0], hs[0][:, 0]), (hs[1],)], [])
+        # Not a view in micro-batch 1: not the view micro-batch 0 returned.
+        with self.assertRaisesRegex(_split.MergeError, "micro-batch 1 returns another view"):
+            _split.merge_outputs(s, [(hs[0], hs[0][:, 0]), (hs[1], torch.zeros(2, 3))], [])
+
+    def test_which_outputs_are_row_views(self):
+        h = torch.zeros(4, 5, 3)
+        self.assertEqual(_split._row_view(h[:, 2], h), (6, (3,), (15, 1)))
+        self.assertEqual(_split._row_view(h.view(4, 15), h), (0, (15,), (15, 1)))
+        for other in (h.view(-1)[:4],          # rows 0 and 1
+                      h[:2],                   # two rows
+                      h.transpose(1, 2)[:, :, :1].view(torch.int32),  # another dtype
+                      h.clone()[:, 0]):        # other memory
+            self.assertIsNone(_split._row_view(other, h))
+        self.assertIsNone(_split._row_view(h, h[:, :, :2]))  # a base that is not contiguous
+        self.assertIsNone(_split._row_view_base([("a", h[:, 0]), ("b", h.view(-1)[:4])]))
+        self.assertEqual(_split._row_view_base([("a", h[:, 0]), ("b", h), ("c", h[:, 1])]), 1)
+
     @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
     def test_router_logits_merge_per_token(self):
         # transformers' MoE output: router logits [rows x tokens, experts] per

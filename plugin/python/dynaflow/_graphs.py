@@ -26,7 +26,9 @@ shape with the rows padded, and every plain value):
      graph uses those tensors themselves, not copies, as it does a state
      object's, and replays only for calls that pass that same memory,
      unpadded (others run eagerly). An output that is not tensors and plain
-     values, or an argument returned as the output, keeps the key eager;
+     values, an argument returned as the output, or an output that is a
+     view of another (merged eagerly as a view: _split.output_views) keeps
+     the key eager;
   2. the second is captured (`CudaGraphs.capture`): the call runs once, on
      static copies of its tensors, with the planned schedule issued from
      this thread into the capture; then it is replayed. A capture that fails
@@ -455,7 +457,7 @@ def _bound(leaves, written, out):
     bound = {k: _address(leaf.tensor) for k, leaf in enumerate(leaves)
              if leaf.state or leaf.tensor.untyped_storage().data_ptr() in written}
     inputs = {id(leaf.tensor) for leaf in leaves}
-    outputs = set()
+    outputs, memories = set(), set()
 
     def check(o):
         if id(o) in inputs:
@@ -465,7 +467,12 @@ def _bound(leaves, written, out):
                           "two copies")
         if not isinstance(o, torch.Tensor) or o.dim() < 1:
             raise NoGraph("an output has no rows")
+        memory = o.untyped_storage().data_ptr()
+        if memory and memory in memories:
+            raise NoGraph("an output is a view of another (`h[:, 0]` beside `h`): a replay "
+                          "would return two copies")
         outputs.add(id(o))
+        memories.add(memory)
         return o
 
     map_outputs(out, check)

@@ -90,6 +90,7 @@ class CallSplit:
         self.slices = None  # SliceMerge of the call's run, where it has one
         self.row_views = {}  # id(row view of an argument) -> (the argument, micro-batch)
         self.module_state = None  # ModuleState of the unit, where share_buffers was called
+        self.output_views = {}  # merge_outputs': its outputs that are views of others
         # Whether the merge may read device values on the host: not in a
         # call that runs under a graph capture (_graphs; nothing has run to
         # read), nor in the warm-up before it, which must run as it will.
@@ -764,8 +765,10 @@ def merge_outputs(split, results, states):
     for adapter, original, views in split.states:
         for v in views:
             view_owner[id(v)] = original
+    split.output_views = output_views(split, results)
     native = _native_splitter()
-    if native is not None:  # the same walk in C++, with _merge for what it leaves to Python
+    if native is not None and not split.output_views:
+        # The same walk in C++, with _merge for what it leaves to Python.
         return native.merge(split, list(results), view_owner, _merge)
     return _merge(split, results, "output", view_owner, {})
 
@@ -795,7 +798,15 @@ def _merge(split, parts, where, view_owner, merged, per_token=False):
     if isinstance(first, torch.Tensor):
         key = tuple(map(id, parts))  # the parts are alive: their ids are theirs
         if key not in merged:
-            merged[key] = (_merge_per_token if per_token else _merge_tensors)(split, parts, where)
+            view = split.output_views.get(key)
+            if view is not None:  # rebuilt as a view of its merged base
+                base_key, bases, geometry, base_where = view
+                if base_key not in merged:
+                    merged[base_key] = _merge_tensors(split, bases, base_where)
+                merged[key] = _view_of_merged(merged[base_key], geometry, where)
+            else:
+                merged[key] = (_merge_per_token if per_token else _merge_tensors)(split, parts,
+                                                                                 where)
         return merged[key]
     adapter = state_adapter(first)
     if adapter is not None:
@@ -1467,9 +1478,11 @@ def output_refusal(value, passed, batch, where="the output", per_token=False):
 def alias_refusal(out, signature, args, kwargs, module_tensors):
     """Why the output of a call run unsplit could not be merged with the
     memory sharing it has, or "": a tensor of it that shares memory with an
-    argument (`signature` names them, as in split_call), one of
-    `module_tensors` ((name, tensor) pairs) or another tensor of the output,
-    without being that tensor (a view: `x[:, :2]`, `x.view(...)`). Merged,
+    argument (`signature` names them, as in split_call) or one of
+    `module_tensors` ((name, tensor) pairs) without being that tensor (a
+    view: `x[:, :2]`, `x.view(...)`), or with another tensor of the output
+    other than as a row view of it (`_row_view`: `h[:, 0]` beside `h`, which
+    the merge rebuilds as a view of the merged `h`: `output_views`). Merged,
     it would be a tensor of its own, and a write through one would no
     longer reach the other, as it does in the unsplit call. An argument
     returned as it is, and one tensor returned at two places, stay
@@ -1483,17 +1496,106 @@ def alias_refusal(out, signature, args, kwargs, module_tensors):
         for where, t in _tensor_leaves(value, name, ()):
             owners[_storage_address(t)].append((where, t))
     owners.pop(None, None)
+    outputs = collections.defaultdict(list)  # storage address -> [(where, tensor)]
     for where, t in _tensor_leaves(out, "the output", ()):
         address = _storage_address(t)
         if address is None:
             continue
         sharing = owners[address]
         if sharing and all(u is not t for _, u in sharing):
-            return (f"{where} shares memory with {sharing[0][0]} (a view): merged from the "
-                    f"micro-batches it would be a tensor of its own, and a write through one "
-                    f"would not reach the other as it does in the unsplit call")
-        sharing.append((where, t))
+            return _shares_memory(where, sharing[0][0])
+        outputs[address].append((where, t))
+    for leaves in outputs.values():
+        distinct = list({id(t): (where, t) for where, t in leaves}.values())
+        if len(distinct) > 1 and _row_view_base(distinct) is None:
+            return _shares_memory(distinct[1][0], distinct[0][0])
     return ""
+
+
+def _shares_memory(where, other):
+    return (f"{where} shares memory with {other} (a view): merged from the micro-batches it "
+            f"would be a tensor of its own, and a write through one would not reach the other "
+            f"as it does in the unsplit call")
+
+
+def _row_view(t, base):
+    """(offset within a row, sizes, strides) of `t` as a row view of `base`:
+    the same rows in dimension 0 (same count and row stride), each of t's
+    rows inside that row of `base` (contiguous, of t's dtype, in the same
+    memory); None when it is not. A merged `base` (the rows of each
+    micro-batch's, contiguous) then holds the merged `t` at the same place
+    of each row: `_view_of_merged`."""
+    if t.dim() < 1 or base.dim() < 1 or t.shape[0] != base.shape[0] or t.numel() == 0 or \
+            t.dtype != base.dtype or not base.is_contiguous() or t.stride(0) != base.stride(0) or \
+            _storage_address(t) is None or _storage_address(t) != _storage_address(base):
+        return None
+    offset = t.storage_offset() - base.storage_offset()
+    inner = sum((n - 1) * st for n, st in zip(t.shape[1:], t.stride()[1:]))
+    if offset < 0 or offset + inner >= base.stride(0):
+        return None
+    return offset, tuple(t.shape[1:]), tuple(t.stride())
+
+
+def _row_view_base(leaves):
+    """Of (where, tensor) pairs sharing one memory, the index of the one all
+    others are row views of (`_row_view`), or None."""
+    for k, (_, base) in enumerate(leaves):
+        if all(j == k or _row_view(t, base) is not None for j, (_, t) in enumerate(leaves)):
+            return k
+    return None
+
+
+def output_views(split, results):
+    """{ids of a view's parts: (ids of its base's parts, the base's parts,
+    its `_row_view`, where the base is)} of the tensors that are row views of other tensors of
+    the same output in micro-batch 0 (alias_refusal let only those through
+    at the audit), each found at the same place of every micro-batch's
+    output, the same view there. Raises MergeError when a micro-batch's
+    output has another structure of views."""
+    per_mb = []
+    for i, result in enumerate(results):
+        leaves = {}
+        for where, t in _tensor_leaves(result, "output", ()):
+            leaves.setdefault(where, t)
+        per_mb.append(leaves)
+    by_memory = collections.defaultdict(list)
+    for where, t in per_mb[0].items():
+        if _storage_address(t) is not None:
+            by_memory[_storage_address(t)].append((where, t))
+    views = {}
+    for leaves in by_memory.values():
+        distinct = list({id(t): (where, t) for where, t in leaves}.values())
+        k = _row_view_base(distinct) if len(distinct) > 1 else None
+        if k is None:
+            continue
+        base_where = distinct[k][0]
+        for j, (where, t) in enumerate(distinct):
+            if j == k:
+                continue
+            geometry = _row_view(t, distinct[k][1])
+            try:
+                parts = [mb[where] for mb in per_mb]
+                bases = [mb[base_where] for mb in per_mb]
+            except KeyError:
+                raise MergeError(f"{where}: a view of {base_where} in micro-batch 0, missing "
+                                 f"from another micro-batch's output") from None
+            for i, (p, b) in enumerate(zip(parts, bases)):
+                if _row_view(p, b) != geometry:
+                    raise MergeError(f"{where}: micro-batch {i} returns another view of "
+                                     f"{base_where} than micro-batch 0")
+            views[tuple(map(id, parts))] = (tuple(map(id, bases)), bases, geometry, base_where)
+    return views
+
+
+def _view_of_merged(whole, geometry, where):
+    """The merged view of a row view's parts (`_row_view`'s geometry) in the
+    merged base `whole`."""
+    offset, sizes, strides = geometry
+    if not whole.is_contiguous() or whole.stride(0) != strides[0]:
+        raise MergeError(f"{where}: a view of an output whose merged rows are not laid out as "
+                         f"each micro-batch's")
+    return whole.as_strided((whole.shape[0],) + sizes, strides,
+                            whole.storage_offset() + offset)
 
 
 def _storage_address(t):
