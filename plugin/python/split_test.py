@@ -529,6 +529,107 @@ class NativeMergeTest(SameValues, unittest.TestCase):
         self.assertIs(out["out"], x)
 
 
+@unittest.skipUnless(HAS_TORCH and REPLAY, "needs torch and the replay module "
+                                           "(DYNAFLOW_REPLAY_EXT_BUILT)")
+class NativeModuleStateTest(unittest.TestCase):
+    """ModuleState in C++ (plugin/torch/module_state.h) against the Python
+    one, change for change: the same first change named, or none."""
+
+    def both(self, modules, change):
+        """(native, python): the message each gives after `change`, or ""."""
+        native = _split._native_module_state()(modules, _split._module_tables(),
+                                               _split.Unchanged)
+        python = _split.ModuleState(modules)
+        change()
+        try:
+            python.check()
+            said = ""
+        except _split.MergeError as e:
+            said = str(e)
+        return native.check(), said
+
+    def test_every_kind_of_change_is_named_alike(self):
+        from torch import nn
+
+        def block():
+            b = nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3))
+            b[0].calls, b[0].scale, b[0].nan = 0, 1.5, float("nan")
+            b[0].seen, b[0].table, b[0].ids = [1, 2], {"a": 1}, {3}
+            b[0].ordered = collections.OrderedDict(x=1)
+            b[0].cache_k = torch.zeros(4, 3)
+            b[0].config = Opaque()
+            b[1].register_buffer("n", torch.zeros(1))
+            return b
+
+        def reset(m):  # deleted and set again to the same value: only the order moves
+            value = m.calls
+            del m.calls
+            m.calls = value
+
+        @torch.no_grad()
+        def write_weight(m):
+            m[0].weight.add_(1)
+
+        changes = {
+            "nothing": lambda m: None,
+            "counter": lambda m: setattr(m[0], "calls", 1),
+            "float": lambda m: setattr(m[0], "scale", 2.5),
+            "list appended": lambda m: m[0].seen.append(3),
+            "list entry replaced": lambda m: m[0].seen.__setitem__(0, 7),
+            "dict entry replaced": lambda m: m[0].table.__setitem__("a", object()),
+            "dict key added": lambda m: m[0].table.__setitem__("b", 1),
+            "set added to": lambda m: m[0].ids.add(4),
+            "ordered dict": lambda m: m[0].ordered.move_to_end("x") or
+            m[0].ordered.__setitem__("y", 2),
+            "attribute added": lambda m: setattr(m[1], "last", torch.zeros(1)),
+            "attribute deleted": lambda m: delattr(m[0], "scale"),
+            "order only": lambda m: reset(m[0]),
+            "config field": lambda m: setattr(m[0].config, "x", 1),
+            "tensor attribute written": lambda m: m[0].cache_k.add_(1),
+            "tensor attribute rebound": lambda m: setattr(m[0], "cache_k", torch.zeros(4, 3)),
+            "weight written": write_weight,
+            "buffer replaced": lambda m: setattr(m[1], "n", m[1].n + 1),
+            "buffer written": lambda m: m[1].n.add_(1),
+            "hook added": lambda m: m[0].register_forward_hook(lambda *a: None),
+        }
+        for name, change in changes.items():
+            with self.subTest(change=name):
+                m = block()
+                native, python = self.both(list(m.named_modules()), lambda: change(m))
+                self.assertEqual(native, python)
+                self.assertEqual(bool(python), name not in ("nothing", "order only",
+                                                            "config field"), python)
+
+    def test_an_inference_buffer_is_compared_by_its_bytes(self):
+        from torch import nn
+
+        with torch.inference_mode():
+            m = nn.Linear(2, 2)
+            m.register_buffer("table", torch.zeros(3))
+        def write():
+            with torch.inference_mode():
+                m.table[0] = 1.0
+
+        native, python = self.both([("m", m)], write)
+        self.assertEqual(native, python)
+        self.assertIn("buffer m.table is shared by the micro-batches and was modified", native)
+
+    @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
+    def test_a_decoder_layer_takes_what_python_takes(self):
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+        layer = LlamaDecoderLayer(LlamaConfig(hidden_size=32, intermediate_size=64,
+                                              num_attention_heads=4, num_key_value_heads=2), 0)
+        modules = list(layer.named_modules())
+        native = _split._native_module_state()(modules, _split._module_tables(),
+                                               _split.Unchanged)
+        python = _split.ModuleState(modules)
+        self.assertEqual(native.attributes, len(python.state) // 3)
+        self.assertEqual(native.tensors, len(python.tensors))
+        self.assertEqual(native.check(), "")
+
+
 def _values(value):
     """`value` with tensors as they are and everything else compared by value."""
     if isinstance(value, tuple) and hasattr(value, "_fields"):

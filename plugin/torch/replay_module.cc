@@ -3,7 +3,8 @@
 // ModuleSnapshot's comparison, the per-call work of a replay from a CUDA
 // graph that Python would do tensor by tensor and attribute by attribute;
 // CallSplitter, the walk of an eager planned call's arguments into its
-// micro-batches' (_split.py); and CallerState, the caller's torch state
+// micro-batches' (_split.py); ModuleState, what such a call must leave
+// unchanged in its modules (_split.py); and CallerState, the caller's torch state
 // carried into each micro-batch.
 //
 // pybind11 with torch's type casters (torch/csrc/utils/pybind.h): a list of
@@ -15,6 +16,7 @@
 
 #include "plugin/torch/call_split.h"
 #include "plugin/torch/module_snapshot.h"
+#include "plugin/torch/module_state.h"
 #include "plugin/torch/replay_step.h"
 
 namespace py = pybind11;
@@ -56,6 +58,13 @@ PYBIND11_MODULE(_dynaflow_replay, m) {
            py::arg("args"), py::arg("kwargs"))
       .def("merge", &dynaflow::CallSplitter::Merge, py::arg("split"), py::arg("results"),
            py::arg("view_owner"), py::arg("fallback"));
+
+  py::class_<dynaflow::ModuleState>(m, "ModuleState")
+      .def(py::init<const py::sequence&, py::frozenset, py::object>(), py::arg("modules"),
+           py::arg("tables"), py::arg("unchanged"))
+      .def("check", &dynaflow::ModuleState::Check)
+      .def_property_readonly("attributes", &dynaflow::ModuleState::attributes)
+      .def_property_readonly("tensors", &dynaflow::ModuleState::tensors);
 
   // The calling thread's torch state, captured where a planned call starts:
   // grad and inference mode, autocast, torch function and dispatch modes,

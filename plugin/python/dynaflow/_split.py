@@ -102,8 +102,12 @@ class CallSplit:
     def share_buffers(self, modules):
         """The unit's own state is read by every micro-batch (ModuleState of
         its (path, module) pairs, as check_module returns them): checked left
-        as it was after the call."""
-        self.module_state = ModuleState(modules)
+        as it was after the call. Taken and checked in C++ where the replay
+        module is loaded (plugin/torch/module_state.h, ModuleState's
+        contract)."""
+        native = _native_module_state()
+        self.module_state = ModuleState(modules) if native is None else \
+            _CheckedNatively(native(modules, _module_tables(), Unchanged))
 
     def share(self, name, tensor):
         """Argument `name` is read by every micro-batch: checked unmodified."""
@@ -722,26 +726,51 @@ def split_call(module_path, signature, args, kwargs, batch, bounds):
     return split
 
 
-# The replay module's CallSplitter once loaded, or None without the module
-# (_native_splitter).
-_NATIVE_SPLITTER = []
+# The replay module once looked for: [the module, or None without it].
+_REPLAY_MODULE = []
 
 
-def _native_splitter():
-    """split_call's walk in C++ (plugin/torch/call_split.h: the same result,
-    refusals left to _Splitter), from the replay module; None when it is not
-    loaded (`_graphs._native` says why where graphs are asked for). Looked
-    for once per process."""
-    if not _NATIVE_SPLITTER:
+def _replay_module():
+    """The replay module (plugin/torch/replay_module.cc), or None when it is
+    not loaded (`_graphs._native` says why where graphs are asked for).
+    Looked for once per process."""
+    if not _REPLAY_MODULE:
         from ._graphs import NoGraph, _native
 
         try:
-            module = _native()[0]
+            _REPLAY_MODULE.append(_native()[0])
         except NoGraph:
-            _NATIVE_SPLITTER.append(None)
-        else:
-            _NATIVE_SPLITTER.append(module.CallSplitter(_immutable_types(), SHARED_TENSOR_NAMES))
-    return _NATIVE_SPLITTER[0]
+            _REPLAY_MODULE.append(None)
+    return _REPLAY_MODULE[0]
+
+
+@functools.cache
+def _native_splitter():
+    """split_call's walk in C++ (plugin/torch/call_split.h: the same result,
+    refusals left to _Splitter), or None without the replay module."""
+    module = _replay_module()
+    return None if module is None else module.CallSplitter(_immutable_types(),
+                                                           SHARED_TENSOR_NAMES)
+
+
+def _native_module_state():
+    """ModuleState in C++ (plugin/torch/module_state.h), or None without the
+    replay module."""
+    module = _replay_module()
+    return None if module is None else module.ModuleState
+
+
+class _CheckedNatively:
+    """A C++ ModuleState, checked as the Python one is: MergeError naming
+    the first change."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def check(self):
+        why = self.state.check()
+        if why:
+            raise MergeError(why)
 
 
 def _positional_names(signature, count):

@@ -1,14 +1,17 @@
-"""A/B of an eager planned call's split and merge walked in C++
-(plugin/torch/call_split.h, in the replay module) against the same walks in
-Python (_split._Splitter, _split._merge), in one run, alternating:
+"""A/B of an eager planned call's per-call work in C++ (the replay module:
+plugin/torch/call_split.h, module_state.h) against the same work in Python
+(_split._Splitter, _split._merge, _split.ModuleState), in one run,
+alternating:
   1. split_call + merge_outputs alone, on the arguments a transformers decoder
      layer gets (hidden states, a (cos, sin) tuple, a mask, cache_position,
      with and without a DynamicCache of 2 layers), and on one tensor;
-  2. the whole planned call split in 2 (bench/apply_overhead.py's Net and
-     HfLikeNet), through the runtime.
+  2. the unit's module state taken and checked (CallSplit.share_buffers and
+     check_shared_unmodified) on a 32-layer transformers Llama (421 modules);
+  3. the whole planned call split in 2 (bench/apply_overhead.py's Net and
+     HfLikeNet, and its 418-module Deep stack), through the runtime.
 
     DYNAFLOW_REPLAY_EXT=build/plugin/torch/_dynaflow_replay.so \\
-      .venv/bin/python bench/split_merge_ab.py build/plugin/apply/libdynaflow_apply.so
+      .venv/bin/python bench/eager_call_ab.py build/plugin/apply/libdynaflow_apply.so
 """
 
 import os
@@ -29,6 +32,10 @@ from dynaflow import _apply, _split  # noqa: E402
 RUNS = 7
 SPLIT_CALLS = 2000
 MODEL_CALLS = 1000
+STATE_CALLS = 50  # of the 421-module state, and of the Deep stack
+
+
+STATE = "Llama 421 modules: state taken + checked"
 
 
 def decoder_layer_arguments(cache):
@@ -55,13 +62,32 @@ def split_and_merge_us(args, kwargs):
     return (time.perf_counter() - t) / SPLIT_CALLS * 1e6
 
 
+def llama_modules():
+    from transformers import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=32,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+    return list(LlamaModel(config).named_modules())
+
+
+def module_state_us(modules):
+    s = _split.CallSplit([0, 4, 8])
+    t = time.perf_counter()
+    for _ in range(STATE_CALLS):
+        s.share_buffers(modules)
+        s.check_shared_unmodified()
+    return (time.perf_counter() - t) / STATE_CALLS * 1e6
+
+
 def main():
     torch.set_num_threads(1)
     lib = sys.argv[1]
     native = _split._native_splitter()
     if native is None:
         sys.exit("no replay module: set DYNAFLOW_REPLAY_EXT to build/plugin/torch/_dynaflow_replay.so")
-    variants = {"C++": lambda: native, "Python": lambda: None}
+    state = _split._native_module_state()
+    variants = {"C++": (lambda: native, lambda: state), "Python": (lambda: None, lambda: None)}
+    llama = llama_modules()
     walks = {"decoder layer, no cache": decoder_layer_arguments(False),
              "decoder layer + DynamicCache": decoder_layer_arguments(True),
              "one tensor": ((torch.randn(8, 8),), {})}
@@ -71,21 +97,29 @@ def main():
                                            runtime_lib=lib),
               "HfLikeNet, split 2": _apply.apply(apply_overhead.HfLikeNet(), hf_plan,
                                                  runtime_lib=lib)}
+    deep_plan = apply_overhead.stack_plan(False)
+    deep_plan["partition_rules"][0]["modules"] = ["Deep"]
+    models["Deep (418 modules), split 2"] = _apply.apply(apply_overhead.Deep(), deep_plan,
+                                                         runtime_lib=lib)
     x = torch.randn(8, 8)
     samples = {}
     with torch.inference_mode():
         for _ in range(RUNS):
-            for variant, walker in variants.items():
-                with mock.patch.object(_split, "_native_splitter", walker):
+            for variant, (walker, checker) in variants.items():
+                with mock.patch.object(_split, "_native_splitter", walker), \
+                        mock.patch.object(_split, "_native_module_state", checker):
                     for name, (args, kwargs) in walks.items():
                         samples.setdefault((name, variant), []).append(
                             split_and_merge_us(args, kwargs))
+                    samples.setdefault((STATE, variant), []).append(module_state_us(llama))
                     for name, model in models.items():
+                        calls = STATE_CALLS if name.startswith("Deep") else MODEL_CALLS
                         samples.setdefault((name, variant), []).append(
-                            apply_overhead.per_call_us(model, x, MODEL_CALLS))
+                            apply_overhead.per_call_us(model, x, calls))
     print(f"median of {RUNS} runs, us per call (split_call + merge_outputs alone: "
-          f"{SPLIT_CALLS} calls; whole planned calls: {MODEL_CALLS})")
-    for name in list(walks) + list(models):
+          f"{SPLIT_CALLS} calls; module state and Deep: {STATE_CALLS}; other whole planned "
+          f"calls: {MODEL_CALLS})")
+    for name in list(walks) + [STATE] + list(models):
         c, p = statistics.median(samples[(name, "C++")]), statistics.median(samples[(name, "Python")])
         print(f"  {name:30s} C++ {c:8.1f}  Python {p:8.1f}  Python / C++ {p / c:.2f}x")
 
