@@ -1662,5 +1662,41 @@ class ApplyTest(unittest.TestCase):
                                          r"type \S*Ctx cannot be split or shared safely")
         self.assertNotIn("forward", net.layers[0].__dict__)  # restored
 
+
+def _agree_in_chained_groups(rank, port, queue):
+    """A rank of AgreementTest's world: rank 0 in groups {0, 1} and {0, 2},
+    rank 1 in the first only, rank 2 in the second only; rank 2 refuses."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=3)
+    try:
+        first, second = dist.new_group([0, 1]), dist.new_group([0, 2])
+        groups = {0: [first, second], 1: [first], 2: [second]}[rank]
+        own = _apply._REFUSE if rank == 2 else _apply._COMPARE
+        queue.put((rank, _apply._agreed(groups, own)))
+    finally:
+        dist.destroy_process_group()
+
+
+@unittest.skipUnless(HAS_TORCH, "needs torch")
+class AgreementTest(unittest.TestCase):
+    def test_a_refusal_reaches_ranks_through_a_chain_of_groups(self):
+        # Rank 1 shares no group with rank 2: one all-reduce per group left
+        # it splitting while rank 0 refused, and their group's next
+        # collectives no longer paired.
+        import socket
+
+        import torch.multiprocessing as mp
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        queue = mp.get_context("spawn").SimpleQueue()
+        mp.spawn(_agree_in_chained_groups, args=(port, queue), nprocs=3)
+        agreed = dict(queue.get() for _ in range(3))
+        self.assertEqual(agreed, {0: _apply._REFUSE, 1: _apply._REFUSE, 2: _apply._REFUSE})
+
+
 if __name__ == "__main__":
     unittest.main()

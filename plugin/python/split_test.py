@@ -222,11 +222,25 @@ class SplitTest(unittest.TestCase):
     def test_an_argument_updated_in_place_and_returned_is_returned_itself(self):
         x = torch.zeros(4, 3)
         s = split((x,), parts=2)
+        s.returned_arguments = {"output"}  # the audited unsplit call returned x there
         parts = [a[0].add_(1) for a in s.args]  # each micro-batch returns its own rows
         self.assertIs(_split.merge_outputs(s, parts, []), x)
         self.assertEqual(x.sum().item(), 12.0)
         swapped = _split.merge_outputs(s, parts[::-1], [])  # not the rows' order: merged
         self.assertIsNot(swapped, x)
+
+    def test_row_views_returned_where_the_unsplit_call_made_a_tensor_are_merged(self):
+        # x.contiguous() of a padded buffer: the unsplit call copies, each
+        # one-row micro-batch returns its view itself. Returned as x, the
+        # caller's write to the output reached x (and a later read of x).
+        x = torch.zeros(2, 9, 3)[:, :5]
+        s = split((x,), batch=2, parts=2)
+        parts = [a[0].contiguous() for a in s.args]
+        self.assertIs(parts[0], s.args[0][0])
+        out = _split.merge_outputs(s, parts, [])
+        self.assertIsNot(out, x)
+        out.add_(1)
+        self.assertEqual(x.sum().item(), 0.0)
 
     def test_a_returned_batch_size_is_not_taken_for_the_whole_batch(self):
         s = split((torch.randn(4, 3),), parts=2)
@@ -273,8 +287,21 @@ class SplitTest(unittest.TestCase):
 
     def test_which_outputs_are_row_views(self):
         h = torch.zeros(4, 5, 3)
-        self.assertEqual(_split._row_view(h[:, 2], h), (6, (3,), (15, 1)))
-        self.assertEqual(_split._row_view(h.view(4, 15), h), (0, (15,), (15, 1)))
+        self.assertEqual(_split._row_view(h[:, 2], h), (6, (3,), (1,)))
+        self.assertEqual(_split._row_view(h.view(4, 15), h), (0, (15,), (1,)))
+        # One row of a padded buffer: its row stride is the buffer's, not its own size.
+        one = torch.zeros(1, 9, 3)[:, :5]
+        self.assertEqual(_split._row_view(one[:, 1], one), (3, (3,), (1,)))
+        # To autograd a detached copy is no view: merged as one, its
+        # gradient would flow (or not) where the unsplit call's does not.
+        x = torch.ones(4, 5, 3, requires_grad=True)
+        g = x * 2
+        self.assertEqual(_split._row_view(g[:, 0], g), (0, (3,), (1,)))
+        for other, base in ((g.detach(), g), (g[:, 0], g.detach()),
+                            (g.detach().requires_grad_(), g)):
+            self.assertIsNone(_split._row_view(other, base))
+        with torch.no_grad():
+            self.assertIsNone(_split._row_view(g[:, 0], g))
         for other in (h.view(-1)[:4],          # rows 0 and 1
                       h[:2],                   # two rows
                       h.transpose(1, 2)[:, :, :1].view(torch.int32),  # another dtype
@@ -457,6 +484,23 @@ class NativeSplitTest(SameValues, unittest.TestCase):
                 self.assertIsInstance(message, str)
                 self.assertTrue(message.startswith("M.layers.3: argument "), message)
 
+    def test_values_nested_too_deep_or_holding_themselves_refuse(self):
+        # The C++ walk overflowed the C stack on a list holding itself.
+        looped = [torch.randn(4, 2)]
+        looped.append(looped)
+        deep = torch.randn(4, 2)
+        for _ in range(5000):
+            deep = [deep]
+        for value in (looped, deep):
+            message = self.assert_same_split((torch.randn(4, 2),), {"extra": value})
+            self.assertEqual(message, "M.layers.3: an argument is nested too deep to split, or "
+                                      "holds itself")
+        s = split((torch.randn(4, 2),))
+        for results in ([looped, looped], [deep, deep]):
+            native, python = NativeMergeTest.both(self, s, results)
+            self.assertEqual(native, "the output is nested too deep to merge, or holds itself")
+            self.assertEqual(native, python)
+
     @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
     def test_a_cache_goes_through_its_adapter(self):
         from transformers import DynamicCache
@@ -525,6 +569,7 @@ class NativeMergeTest(SameValues, unittest.TestCase):
     def test_an_argument_updated_in_place_is_returned_itself(self):
         x = torch.zeros(4, 3)
         s = split((x,), parts=2)
+        s.returned_arguments = {"output['out']"}
         out = self.assert_same_merge(s, [{"out": s.args[i][0].add_(i)} for i in range(2)])
         self.assertIs(out["out"], x)
 

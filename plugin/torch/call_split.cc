@@ -22,6 +22,24 @@ struct CallSplitter::Call {
   size_t n() const { return rows.size(); }
 };
 
+namespace {
+
+// Python's recursion limit held in the walks, as the Python walks hold it: a
+// value nested too deep, or holding itself, raises RecursionError (which
+// split_call and merge_outputs turn into a refusal) instead of overflowing
+// the C stack.
+class RecursionGuard {
+ public:
+  explicit RecursionGuard(const char* where) {
+    if (Py_EnterRecursiveCall(where) != 0) throw py::error_already_set();
+  }
+  ~RecursionGuard() { Py_LeaveRecursiveCall(); }
+  RecursionGuard(const RecursionGuard&) = delete;
+  RecursionGuard& operator=(const RecursionGuard&) = delete;
+};
+
+}  // namespace
+
 std::string CallSplitter::Path::Text() const {
   if (parent == nullptr) return *name;
   std::string text = parent->Text() + "[";
@@ -42,6 +60,7 @@ bool CallSplitter::IsImmutable(py::handle value) const {
 
 std::vector<py::object> CallSplitter::Parts(const Call& call, const Path& path,
                                             py::handle value) const {
+  const RecursionGuard guard(" while splitting a call's arguments");
   // The order of _Splitter.parts. A state object or a dataclass is never an
   // exact tuple, list or dict, so taking those here changes no outcome.
   if (IsImmutable(value)) return std::vector<py::object>(call.n(), py::reinterpret_borrow<py::object>(value));
@@ -232,6 +251,7 @@ py::object CallSplitter::Merge(py::handle split, py::list results, py::dict view
 
 py::object CallSplitter::MergeParts(const Merging& m, const Path& path,
                                     const std::vector<py::handle>& parts) const {
+  const RecursionGuard guard(" while merging a call's outputs");
   PyObject* first = parts[0].ptr();
   PyTypeObject* type = Py_TYPE(first);
   const bool alike = std::all_of(parts.begin(), parts.end(),

@@ -23,7 +23,8 @@
 // adapters.
 //
 // The GIL is held throughout (pybind11 calls in with it). What Python raises
-// (a Refusal from the fallback) propagates as pybind11::error_already_set.
+// (a Refusal from the fallback, RecursionError past Python's recursion limit,
+// as the Python walks raise it) propagates as pybind11::error_already_set.
 #pragma once
 
 #include <Python.h>

@@ -91,6 +91,10 @@ class CallSplit:
         self.row_views = {}  # id(row view of an argument) -> (the argument, micro-batch)
         self.module_state = None  # ModuleState of the unit, where share_buffers was called
         self.output_views = {}  # merge_outputs': its outputs that are views of others
+        # Where the unsplit call returned an argument itself (_apply's audit
+        # says): only there is a micro-batches' return of their row views of
+        # it merged as that argument.
+        self.returned_arguments = frozenset()
         # Whether the merge may read device values on the host: not in a
         # call that runs under a graph capture (_graphs; nothing has run to
         # read), nor in the warm-up before it, which must run as it will.
@@ -716,11 +720,15 @@ def split_call(module_path, signature, args, kwargs, batch, bounds):
     names = _positional_names(signature, len(args))
     s = _Splitter(module_path, batch, split)
     native = _native_splitter()
-    if native is not None:  # the same walk in C++, with s for what it leaves to Python
-        split.args, split.kwargs = native.split(s, names, args, kwargs)
-        return split
-    arg_parts = [s.parts(names[k], a) for k, a in enumerate(args)]
-    kwarg_parts = {k: s.parts(k, v) for k, v in kwargs.items()}
+    try:
+        if native is not None:  # the same walk in C++, with s for what it leaves to Python
+            split.args, split.kwargs = native.split(s, names, args, kwargs)
+            return split
+        arg_parts = [s.parts(names[k], a) for k, a in enumerate(args)]
+        kwarg_parts = {k: s.parts(k, v) for k, v in kwargs.items()}
+    except RecursionError:
+        raise Refusal(f"{module_path}: an argument is nested too deep to split, or holds "
+                      f"itself") from None
     split.args = [tuple(p[i] for p in arg_parts) for i in range(split.parts)]
     split.kwargs = [{k: v[i] for k, v in kwarg_parts.items()} for i in range(split.parts)]
     return split
@@ -794,12 +802,15 @@ def merge_outputs(split, results, states):
     for adapter, original, views in split.states:
         for v in views:
             view_owner[id(v)] = original
-    split.output_views = output_views(split, results)
-    native = _native_splitter()
-    if native is not None and not split.output_views:
-        # The same walk in C++, with _merge for what it leaves to Python.
-        return native.merge(split, list(results), view_owner, _merge)
-    return _merge(split, results, "output", view_owner, {})
+    try:
+        split.output_views = output_views(split, results)
+        native = _native_splitter()
+        if native is not None and not split.output_views:
+            # The same walk in C++, with _merge for what it leaves to Python.
+            return native.merge(split, list(results), view_owner, _merge)
+        return _merge(split, results, "output", view_owner, {})
+    except RecursionError:
+        raise MergeError("the output is nested too deep to merge, or holds itself") from None
 
 
 # Output fields that hold one row per token of the batch, flattened
@@ -891,10 +902,10 @@ def _merge_tensors(split, parts, where):
     import torch
 
     # Each micro-batch returns its own rows of one argument (a layer that
-    # updates its input in place and returns it): the unsplit call returns
-    # that argument itself, which the views wrote through to.
+    # updates its input in place and returns it), where the unsplit call
+    # returned that argument itself, which the views wrote through to.
     owners = [split.row_views.get(id(p)) for p in parts]
-    if owners[0] is not None and all(o is not None and o[0] is owners[0][0] and o[1] == i
+    if where in split.returned_arguments and owners[0] is not None and all(o is not None and o[0] is owners[0][0] and o[1] == i
                                      for i, o in enumerate(owners)):
         return owners[0][0]
 
@@ -1548,21 +1559,43 @@ def _shares_memory(where, other):
 
 
 def _row_view(t, base):
-    """(offset within a row, sizes, strides) of `t` as a row view of `base`:
-    the same rows in dimension 0 (same count and row stride), each of t's
-    rows inside that row of `base` (contiguous, of t's dtype, in the same
-    memory); None when it is not. A merged `base` (the rows of each
-    micro-batch's, contiguous) then holds the merged `t` at the same place
-    of each row: `_view_of_merged`."""
+    """(offset within a row, sizes, strides past dimension 0) of `t` as a
+    row view of `base`: the same rows in dimension 0, each of t's rows
+    inside that row of `base` (of t's dtype, in the same memory, its rows
+    laid out as a contiguous tensor's, whatever the stride of a single row),
+    and to autograd the same: both or neither recording, and then `t` a view
+    of what `base` is a view of, with its own history (a detached copy of
+    `h`, or a view of it made under no_grad, is not a view of it there);
+    None when it is not. A merged `base` (the rows of
+    each micro-batch's, contiguous) then holds the merged `t` at the same
+    place of each row: `_view_of_merged`."""
     if t.dim() < 1 or base.dim() < 1 or t.shape[0] != base.shape[0] or t.numel() == 0 or \
-            t.dtype != base.dtype or not base.is_contiguous() or t.stride(0) != base.stride(0) or \
-            _storage_address(t) is None or _storage_address(t) != _storage_address(base):
+            t.dtype != base.dtype or not _rows_contiguous(base) or \
+            (t.shape[0] > 1 and t.stride(0) != base.stride(0)) or \
+            _storage_address(t) is None or _storage_address(t) != _storage_address(base) or \
+            t.requires_grad != base.requires_grad or \
+            (t.requires_grad and (t.grad_fn is None or
+                                  _autograd_root(t) is not _autograd_root(base))):
         return None
     offset = t.storage_offset() - base.storage_offset()
+    row = base[0].numel()
     inner = sum((n - 1) * st for n, st in zip(t.shape[1:], t.stride()[1:]))
-    if offset < 0 or offset + inner >= base.stride(0):
+    if offset < 0 or offset + inner >= row:
         return None
-    return offset, tuple(t.shape[1:]), tuple(t.stride())
+    return offset, tuple(t.shape[1:]), tuple(t.stride()[1:])
+
+
+def _rows_contiguous(t):
+    """Whether `t`'s rows lie as a contiguous tensor's: its elements past
+    dimension 0 contiguous, and (with more than one row) one row after the
+    other."""
+    return t.dim() >= 1 and t[0].is_contiguous() and \
+        (t.shape[0] <= 1 or t.stride(0) == t[0].numel())
+
+
+def _autograd_root(t):
+    """The tensor autograd sees `t` as a view of (its `_base`), or `t`."""
+    return t._base if t._base is not None else t
 
 
 def _row_view_base(leaves):
@@ -1620,10 +1653,10 @@ def _view_of_merged(whole, geometry, where):
     """The merged view of a row view's parts (`_row_view`'s geometry) in the
     merged base `whole`."""
     offset, sizes, strides = geometry
-    if not whole.is_contiguous() or whole.stride(0) != strides[0]:
+    if not _rows_contiguous(whole):
         raise MergeError(f"{where}: a view of an output whose merged rows are not laid out as "
                          f"each micro-batch's")
-    return whole.as_strided((whole.shape[0],) + sizes, strides,
+    return whole.as_strided((whole.shape[0],) + sizes, (whole.stride(0),) + strides,
                             whole.storage_offset() + offset)
 
 
