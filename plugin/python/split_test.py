@@ -501,6 +501,23 @@ class NativeSplitTest(SameValues, unittest.TestCase):
             self.assertEqual(native, "the output is nested too deep to merge, or holds itself")
             self.assertEqual(native, python)
 
+    def test_a_value_whose_own_code_raises_refuses_in_one_line(self):
+        # A dict key whose repr raises: Python names it at once, C++ only
+        # for a refusal; either way the program got the ValueError before.
+        class Key:
+            def __repr__(self):
+                raise ValueError("no repr")
+
+        message = "M.layers.3: its arguments could not be walked to split them: ValueError: " \
+                  "no repr"
+        # Under a value it refuses anyway, C++ names the key too.
+        self.assertEqual(self.both((torch.randn(4, 2),), {"extra": {Key(): Opaque()}}),
+                         [message, message])
+        # Under a value both split, C++ never names it: it splits.
+        native, python = self.both((torch.randn(4, 2),), {"extra": {Key(): 1}})
+        self.assertEqual(python, message)
+        self.assertIsInstance(native, _split.CallSplit)
+
     @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
     def test_a_cache_goes_through_its_adapter(self):
         from transformers import DynamicCache

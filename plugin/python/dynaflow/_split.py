@@ -729,6 +729,12 @@ def split_call(module_path, signature, args, kwargs, batch, bounds):
     except RecursionError:
         raise Refusal(f"{module_path}: an argument is nested too deep to split, or holds "
                       f"itself") from None
+    except Refusal:
+        raise
+    except Exception as e:  # noqa: BLE001 - a value's own code (its __repr__, an adapter's read)
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise Refusal(f"{module_path}: its arguments could not be walked to split them: "
+                      f"{type(e).__qualname__}: {first}") from None
     split.args = [tuple(p[i] for p in arg_parts) for i in range(split.parts)]
     split.kwargs = [{k: v[i] for k, v in kwarg_parts.items()} for i in range(split.parts)]
     return split
