@@ -617,7 +617,7 @@ class NativeModuleStateTest(unittest.TestCase):
             b = nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3))
             b[0].calls, b[0].scale, b[0].nan = 0, 1.5, float("nan")
             b[0].seen, b[0].table, b[0].ids = [1, 2], {"a": 1}, {3}
-            b[0].ordered = collections.OrderedDict(x=1)
+            b[0].ordered = collections.OrderedDict(x=1, z=2)
             b[0].cache_k = torch.zeros(4, 3)
             b[0].config = Opaque()
             b[1].register_buffer("n", torch.zeros(1))
@@ -643,6 +643,7 @@ class NativeModuleStateTest(unittest.TestCase):
             "set added to": lambda m: m[0].ids.add(4),
             "ordered dict": lambda m: m[0].ordered.move_to_end("x") or
             m[0].ordered.__setitem__("y", 2),
+            "ordered dict reordered": lambda m: m[0].ordered.move_to_end("x"),
             "attribute added": lambda m: setattr(m[1], "last", torch.zeros(1)),
             "attribute deleted": lambda m: delattr(m[0], "scale"),
             "order only": lambda m: reset(m[0]),

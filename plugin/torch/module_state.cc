@@ -35,9 +35,10 @@ std::vector<py::object> Items(py::handle iterable) {
 }
 
 // A dict's (key, value) tuples, as a list: nothing the walk then runs can
-// change what it iterates.
+// change what it iterates. A subclass's in its own order (an OrderedDict
+// moved to its end keeps its storage's order).
 py::list DictItems(py::handle dict) {
-  if (!PyDict_Check(dict.ptr())) return dict.attr("items")();
+  if (!PyDict_CheckExact(dict.ptr())) return py::list(dict.attr("items")());
   PyObject* items = PyDict_Items(dict.ptr());
   if (items == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::list>(items);
