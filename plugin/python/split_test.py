@@ -635,6 +635,10 @@ class NativeModuleStateTest(unittest.TestCase):
         changes = {
             "nothing": lambda m: None,
             "counter": lambda m: setattr(m[0], "calls", 1),
+            # A module whose attributes hold no entries: compared in place.
+            "plain module's number": lambda m: setattr(m[1], "eps", 0.5),
+            "plain module's attribute rebound": lambda m: setattr(m[1], "weight",
+                                                                  nn.Parameter(m[1].weight)),
             "float": lambda m: setattr(m[0], "scale", 2.5),
             "list appended": lambda m: m[0].seen.append(3),
             "list entry replaced": lambda m: m[0].seen.__setitem__(0, 7),

@@ -240,8 +240,10 @@ std::string ModuleState::Check() const {
   }
   for (size_t i = 0; i < modules_.size(); ++i) {
     const Module& m = modules_[i];
+    const py::object attributes = m.module.attr("__dict__");
+    if (TakenAlike(m, attributes.ptr())) continue;
     std::vector<Attribute> after;
-    Take(m.module.attr("__dict__"), &after, nullptr);
+    Take(attributes, &after, nullptr);
     bool same = after.size() == m.end - m.first;
     for (size_t k = 0; same && k < after.size(); ++k) {
       const Attribute& b = attributes_[m.first + k];
@@ -256,6 +258,47 @@ std::string ModuleState::Check() const {
     }
   }
   return "";
+}
+
+bool ModuleState::TakenAlike(const Module& m, PyObject* attributes) const {
+  if (!PyDict_CheckExact(attributes) ||
+      PyDict_Size(attributes) != static_cast<Py_ssize_t>(m.end - m.first)) {
+    return false;
+  }
+  // Nothing compared here runs Python code (str names, builtin scalars and
+  // container sizes), so the dict cannot change under PyDict_Next.
+  Py_ssize_t pos = 0;
+  size_t k = m.first;
+  PyObject *name, *value;
+  while (PyDict_Next(attributes, &pos, &name, &value)) {
+    const Attribute& b = attributes_[k++];
+    if (b.name.ptr() != name &&
+        !(PyUnicode_CheckExact(name) && PyUnicode_CheckExact(b.name.ptr()) &&
+          PyUnicode_Compare(name, b.name.ptr()) == 0)) {
+      return false;
+    }
+    if (Py_TYPE(value) != b.type) return false;
+    switch (b.kind) {
+      case Attribute::kScalar:
+        if (!Equal(b.value.ptr(), value)) return false;
+        break;
+      case Attribute::kIdentity:
+        if (b.value.ptr() != value) return false;
+        break;
+      case Attribute::kLength: {
+        const Py_ssize_t n = PyObject_Size(value);
+        if (n < 0) {
+          PyErr_Clear();
+          return false;
+        }
+        if (n != b.length) return false;
+        break;
+      }
+      default:  // a container's entries: the full comparison's
+        return false;
+    }
+  }
+  return k == m.end;
 }
 
 size_t ModuleState::attributes() const { return attributes_.size(); }

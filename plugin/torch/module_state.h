@@ -81,6 +81,10 @@ class ModuleState {
   Attribute TakeOne(pybind11::handle name, pybind11::handle value) const;
   std::string Where(size_t module, const pybind11::object& name) const;
   std::string FirstChange(size_t module, const std::vector<Attribute>& after) const;
+  // Whether a module's attributes are certainly as taken, compared in place
+  // without taking them again (scalars, identities, sizes); false leaves it
+  // to the full comparison, which also names the change.
+  bool TakenAlike(const Module& m, PyObject* attributes) const;
 
   pybind11::frozenset tables_;
   pybind11::object unchanged_;
