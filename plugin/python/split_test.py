@@ -222,7 +222,8 @@ class SplitTest(unittest.TestCase):
     def test_an_argument_updated_in_place_and_returned_is_returned_itself(self):
         x = torch.zeros(4, 3)
         s = split((x,), parts=2)
-        s.returned_arguments = {"output"}  # the audited unsplit call returned x there
+        # The audited unsplit call returned x there.
+        s.aliases = _split.OutputAliases(returned=frozenset({"output"}))
         parts = [a[0].add_(1) for a in s.args]  # each micro-batch returns its own rows
         self.assertIs(_split.merge_outputs(s, parts, []), x)
         self.assertEqual(x.sum().item(), 12.0)
@@ -262,8 +263,16 @@ class SplitTest(unittest.TestCase):
         with self.assertRaisesRegex(_split.MergeError, "micro-batch 0 returns \\(\\), not 2 rows"):
             _split.merge_outputs(s, [torch.tensor(1.0), torch.tensor(2.0)], [])
 
+    def test_what_an_unsplit_calls_output_shares(self):
+        x, h = torch.zeros(4, 3), torch.zeros(4, 5, 3)
+        self.assertEqual(_split.output_aliases((h, x, h), (x,), {}),
+                         _split.OutputAliases(frozenset({"output[1]"}), False))
+        self.assertEqual(_split.output_aliases({"h": h, "first": h[:, 0]}, (x,), {}),
+                         _split.OutputAliases(frozenset(), True))
+
     def test_row_views_of_another_output_merge_as_views_of_it(self):
         s = split((torch.randn(4, 3),), parts=2)
+        s.aliases = _split.OutputAliases(viewed=True)  # as the audit found
         hs = [torch.full((2, 5, 3), float(i)) + torch.arange(3.0) for i in range(2)]
         results = [{"h": h, "first": h[:, 0], "last": h[:, -1, 1:]} for h in hs]
         out = _split.merge_outputs(s, results, [])
@@ -275,6 +284,7 @@ class SplitTest(unittest.TestCase):
 
     def test_a_view_that_differs_between_micro_batches_fails_the_merge(self):
         s = split((torch.randn(4, 3),), parts=2)
+        s.aliases = _split.OutputAliases(viewed=True)
         hs = [torch.zeros(2, 5, 3), torch.zeros(2, 5, 3)]
         with self.assertRaisesRegex(_split.MergeError, r"^output\[1\]: micro-batch 1 returns "
                                                        r"another view of output\[0\]"):
@@ -496,7 +506,10 @@ class NativeSplitTest(SameValues, unittest.TestCase):
             self.assertEqual(message, "M.layers.3: an argument is nested too deep to split, or "
                                       "holds itself")
         s = split((torch.randn(4, 2),))
-        for results in ([looped, looped], [deep, deep]):
+        outputs = [[torch.randn(2, 2)], [torch.randn(2, 2)]]  # each micro-batch's rows
+        for out in outputs:
+            out.append(out)
+        for results in (outputs, [deep, deep]):
             native, python = NativeMergeTest.both(self, s, results)
             self.assertEqual(native, "the output is nested too deep to merge, or holds itself")
             self.assertEqual(native, python)
@@ -586,7 +599,7 @@ class NativeMergeTest(SameValues, unittest.TestCase):
     def test_an_argument_updated_in_place_is_returned_itself(self):
         x = torch.zeros(4, 3)
         s = split((x,), parts=2)
-        s.returned_arguments = {"output['out']"}
+        s.aliases = _split.OutputAliases(returned=frozenset({"output['out']"}))
         out = self.assert_same_merge(s, [{"out": s.args[i][0].add_(i)} for i in range(2)])
         self.assertIs(out["out"], x)
 

@@ -76,8 +76,8 @@ from ._graphs import (EAGER, CudaGraphs, NoGraph, UnitGraphs, _first_line, _nati
 from ._rows import audit_key, make_audit
 from ._split import (_UNCHECKABLE, ContextState, MergeError, ModuleState, Refusal, SliceMerge,
                      Unchanged, Unsplittable, _capture_underway, _storage_address,
-                     _tensor_leaves, alias_refusal, check_module, inference_buffers,
-                     install_lazy_hooks, kind_refusal, merge_outputs, output_refusal, split_call,
+                     alias_refusal, check_module, inference_buffers, install_lazy_hooks,
+                     kind_refusal, merge_outputs, output_aliases, output_refusal, split_call,
                      watching)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
@@ -1205,9 +1205,9 @@ class _PlannedForward:
         self.regions = {}    # splits -> _Region, where the plan staggers the unit
         self.audited = {}    # _rows.audit_key -> why its calls mix rows ("": they do not)
         self.changed_state = set()  # keys whose audited first call changed the modules' state
-        # _rows.audit_key -> where the audited first call returned an argument
-        # itself (_returned_arguments): the merge returns it there too.
-        self.returned = {}
+        # _rows.audit_key -> what its audited first call's output shared
+        # (_split.output_aliases), which the merge of its later calls keeps.
+        self.aliases = {}
         self.uncompared = set()  # why audited calls were not compared split (said once each)
         self.graphs = None   # _graphs.UnitGraphs, made at the first call with a graph backend
         # Under torch.compile the planned call is a graph break: the split,
@@ -1291,7 +1291,7 @@ class _PlannedForward:
             return self.original(*args, **kwargs)
         if key not in self.audited:
             return self._audited(key, split, args, kwargs, batch, modules)
-        split.returned_arguments = self.returned.get(key, frozenset())
+        split.aliases = self.aliases[key]
         baseline = _Baseline(self.module, self.original, args, kwargs) if a.verify else None
         split.share_buffers(modules)  # after the baseline, which writes them back
         prepared = None
@@ -1366,7 +1366,7 @@ class _PlannedForward:
             output_refusal(out, {id(original) for _, original, _ in split.states}, batch) or \
             alias_refusal(out, self.signature, args, kwargs, state.named_tensors())
         a.report.unsplit_call(f"{self.path}: {_AUDITED}")
-        self.returned[key] = _returned_arguments(out, args, kwargs)
+        self.aliases[key] = output_aliases(out, args, kwargs)
         again = False
         try:
             state.check()
@@ -1387,7 +1387,7 @@ class _PlannedForward:
             return out  # its next call is audited again
         elif outcome == _COMPARE:
             why = self._split_differs(copied, split.bounds, out, args, kwargs, batch, modules,
-                                      self.returned[key])
+                                      self.aliases[key])
             if _agreed(audit.groups, _REFUSE if why else _COMPARE) == _REFUSE:
                 why = why or _ANOTHER_RANK
         self.audited[key] = why
@@ -1428,7 +1428,7 @@ class _PlannedForward:
             _say(f"{self.path}: {_UNCOMPARED} ({why})")
         return None
 
-    def _split_differs(self, copied, bounds, out, args, kwargs, batch, modules, returned):
+    def _split_differs(self, copied, bounds, out, args, kwargs, batch, modules, aliases):
         """Why the call, run split on `copied` (its arguments as they were
         before the audited call), does not give what the audited call gave:
         its outputs and its arguments' state (a cache written) compared
@@ -1449,7 +1449,7 @@ class _PlannedForward:
         try:
             split = split_call(self.path, self.signature, copied_args, copied_kwargs, batch,
                                bounds)
-            split.returned_arguments = returned
+            split.aliases = aliases
             split.share_buffers(modules)
             with _random_states_kept(), torch.no_grad(), a.lock:
                 if a.executor is None:  # another thread's call refused the plan meanwhile
@@ -1788,18 +1788,6 @@ def _agreement_refusal(groups):
         return ("it issues collectives, and while a CUDA graph is captured its ranks cannot "
                 "agree to split it alike")
     return ""
-
-
-def _returned_arguments(out, args, kwargs):
-    """Where (in _split._merge's names) output `out` of an unsplit call is an
-    argument's tensor itself (a layer that updates its input in place and
-    returns it). Only there may a merge return the argument whose row views
-    the micro-batches returned: elsewhere the unsplit call made a tensor of
-    its own, although a micro-batch returned its view (`x.contiguous()`
-    returns a one-row view of a padded buffer itself, but copies the whole
-    buffer)."""
-    passed = {id(t) for _, t in _tensor_leaves((args, kwargs), "", ())}
-    return frozenset(where for where, t in _tensor_leaves(out, "output", ()) if id(t) in passed)
 
 
 def _distributed():

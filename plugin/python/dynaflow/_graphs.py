@@ -78,7 +78,8 @@ import importlib.util
 import os
 import threading
 
-from ._split import (_CONTAINER_TYPES, _SCALAR_TYPES, _as_bytes, _capture_underway, _is_immutable,
+from ._split import (_CONTAINER_TYPES, _SCALAR_TYPES, _as_bytes, _capture_underway, _first_line,
+                     _is_immutable,
                      _module_tables, _sequence_builder, state_adapter, watching)
 
 # Graphs one unit keeps (one per padded shape and kind): beyond, new shapes
@@ -867,6 +868,3 @@ def _check_rows(o, padded):
     return o
 
 
-def _first_line(e):
-    text = str(e).strip()
-    return (text.splitlines()[0] if text else "")[:200]

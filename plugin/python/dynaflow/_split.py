@@ -63,6 +63,7 @@ class MergeError(Exception):
     """Micro-batch outputs or state that cannot be put back together."""
 
 
+@functools.cache
 def _immutable_types():
     """The types besides Python's scalars whose values a split passes to
     every micro-batch as they are (C++ knows the scalars: call_split.h)."""
@@ -74,6 +75,32 @@ def _immutable_types():
 def _is_immutable(value):
     return value is None or isinstance(value, (bool, int, float, complex, str, bytes)) or \
         isinstance(value, _immutable_types())
+
+
+class OutputAliases(collections.namedtuple("OutputAliases", "returned viewed",
+                                          defaults=(frozenset(), False))):
+    """What an unsplit call's output shares (output_aliases, asked of the
+    audited first call of each kind), which the merge of its later calls
+    keeps: `returned`, where (in _merge's names) it returned an argument
+    itself, the only places a micro-batches' return of their row views of
+    it merges as that argument (elsewhere the unsplit call made a tensor of
+    its own: `x.contiguous()` returns a one-row view of a padded buffer
+    itself, but copies the whole buffer); `viewed`, whether a tensor of it
+    is a view of another (then output_views looks for them)."""
+
+
+def output_aliases(out, args, kwargs):
+    """The OutputAliases of output `out` of an unsplit call of `args` and
+    `kwargs`."""
+    passed = {id(t) for _, t in _tensor_leaves((args, kwargs), "", ())}
+    returned, memories, viewed = set(), {}, False
+    for where, t in _tensor_leaves(out, "output", ()):
+        if id(t) in passed:
+            returned.add(where)
+        address = _storage_address(t)
+        if address is not None:
+            viewed = viewed or memories.setdefault(address, t) is not t
+    return OutputAliases(frozenset(returned), viewed)
 
 
 class CallSplit:
@@ -91,10 +118,7 @@ class CallSplit:
         self.row_views = {}  # id(row view of an argument) -> (the argument, micro-batch)
         self.module_state = None  # ModuleState of the unit, where share_buffers was called
         self.output_views = {}  # merge_outputs': its outputs that are views of others
-        # Where the unsplit call returned an argument itself (_apply's audit
-        # says): only there is a micro-batches' return of their row views of
-        # it merged as that argument.
-        self.returned_arguments = frozenset()
+        self.aliases = OutputAliases()  # what the audited unsplit call's output shared
         # Whether the merge may read device values on the host: not in a
         # call that runs under a graph capture (_graphs; nothing has run to
         # read), nor in the warm-up before it, which must run as it will.
@@ -732,12 +756,17 @@ def split_call(module_path, signature, args, kwargs, batch, bounds):
     except Refusal:
         raise
     except Exception as e:  # noqa: BLE001 - a value's own code (its __repr__, an adapter's read)
-        first = (str(e).strip().splitlines() or [""])[0][:200]
         raise Refusal(f"{module_path}: its arguments could not be walked to split them: "
-                      f"{type(e).__qualname__}: {first}") from None
+                      f"{type(e).__qualname__}: {_first_line(e)}") from None
     split.args = [tuple(p[i] for p in arg_parts) for i in range(split.parts)]
     split.kwargs = [{k: v[i] for k, v in kwarg_parts.items()} for i in range(split.parts)]
     return split
+
+
+def _first_line(e):
+    """The first line of exception `e`'s message, at most 200 characters."""
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else "")[:200]
 
 
 # The replay module once looked for: [the module, or None without it].
@@ -809,7 +838,8 @@ def merge_outputs(split, results, states):
         for v in views:
             view_owner[id(v)] = original
     try:
-        split.output_views = output_views(split, results)
+        # The audit saw no output viewing another: nothing to look for.
+        split.output_views = output_views(split, results) if split.aliases.viewed else {}
         native = _native_splitter()
         if native is not None and not split.output_views:
             # The same walk in C++, with _merge for what it leaves to Python.
@@ -911,8 +941,8 @@ def _merge_tensors(split, parts, where):
     # updates its input in place and returns it), where the unsplit call
     # returned that argument itself, which the views wrote through to.
     owners = [split.row_views.get(id(p)) for p in parts]
-    if where in split.returned_arguments and owners[0] is not None and all(o is not None and o[0] is owners[0][0] and o[1] == i
-                                     for i, o in enumerate(owners)):
+    if where in split.aliases.returned and owners[0] is not None and \
+            all(o is not None and o[0] is owners[0][0] and o[1] == i for i, o in enumerate(owners)):
         return owners[0][0]
 
     for i, p in enumerate(parts):
