@@ -230,6 +230,27 @@ check "tensor parallel, one rank refuses: its reason" has "$work/err" \
   "plan refused: TPModel.layers.0: the first call of its kind, run split in 2 on a copy of its arguments, computed another result"
 check "tensor parallel, one rank refuses: the other rank with it" has "$work/err" \
   "plan refused: TPModel.layers.0: another rank of its process group refused the plan at this call"
+# Only rank 1's input gain, a module that issues no collectives, adds a number
+# made of the batch size: only rank 1 refuses the gain's calls, and the layers,
+# whose all_reduces pair with rank 0's, go on split on both ranks. Before, the
+# refusal ended the whole plan on rank 1: rank 0's agreement at a layer's
+# audited first call met rank 1's next all_reduce, and gloo aborted.
+edit_plan "$work/tp.json" "$work/tp_gain.json" 'units(p, ["TPModel.gain", "TPModel.layers.*"])'
+"${tp[@]}" --rank1-gain-number >"$work/tp_gain_base.out" 2>&1
+expect_code "apply tensor parallel, one rank refuses a unit without collectives" 0 timeout 300 \
+  "$bin" apply --verify "$work/tp_gain.json" -- "${tp[@]}" --rank1-gain-number
+check "tensor parallel, one rank refuses a gain: same outputs" has "$work/out" \
+  "$(cat "$work/tp_gain_base.out")"
+refusals=$(grep -c "plan refused: TPModel.gain: the first call of its kind" "$work/err")
+check "tensor parallel, one rank refuses a gain: on rank 1 only ($refusals)" test "$refusals" -eq 1
+# Per rank: each unit's first call is audited; rank 1 runs the gain's other 3
+# calls the original way, and every other later call splits.
+check "tensor parallel, one rank refuses a gain: the layers split on both ranks" has "$work/err" \
+  "21 planned and 11 original calls of 4 modules in 2 processes"
+check "tensor parallel, one rank refuses a gain: its calls said" has "$work/err" \
+  "3 calls ran the original way: TPModel.gain: the first call of its kind"
+check "tensor parallel, one rank refuses a gain: verify line" \
+  grep -qE '^verify: .* \(21 calls\)' "$work/out"
 
 # --- data parallel over gloo, two processes: a tiny Hugging Face Llama trained
 # under torch's DistributedDataParallel, the plan traced through DDP (its units

@@ -88,6 +88,23 @@ if HAS_TORCH:
             return self.layers[0](x)
 
 
+    class ReducingLayer(nn.Module):
+        """Sums its doubled input over the ranks (all_reduce), then adds the
+        last row of `extra`: (1, width) is shared by the micro-batches, (3,
+        width) cannot be split or shared (its first dimension is neither 1
+        nor the batch), and both give the same audit key."""
+
+        def forward(self, x, extra):
+            y = x * 2
+            torch.distributed.all_reduce(y)
+            return y + extra[-1]
+
+    class ReducingNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([ReducingLayer(), ReducingLayer()])
+
+
 def plan(units, splits=2, min_split_tokens=0, device=""):
     """A plan: sequential up to min_split_tokens tokens, then split."""
     split = {"min_tokens": min_split_tokens, "max_tokens": None, "strategy": "nanobatch_overlap",
@@ -1679,8 +1696,74 @@ def _agree_in_chained_groups(rank, port, queue):
         dist.destroy_process_group()
 
 
+def _refusals_at_collective_units(rank, port, queue):
+    """A rank of AgreementTest's world of two, applying a plan to
+    ReducingNet's layers. Rank 1 gives layers.0's first call an argument that
+    cannot be split; layers.1 splits on both ranks, and then rank 1 alone
+    calls it with that argument."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    said, got = [], {}
+    try:
+        net = _apply.apply(ReducingNet(), plan(["ReducingNet.layers.*"]), runtime_lib=RUNTIME)
+        net._dynaflow_applier.on_refuse = lambda message, outcome: said.append(message)
+        g = torch.Generator().manual_seed(0)
+        x, shared, odd = (torch.randn(*shape, generator=g) for shape in ((8, 4), (1, 4), (3, 4)))
+        first = net.layers[0](x, odd if rank == 1 else shared)
+        second = net.layers[0](x, shared)
+        got["layers.0 as unsplit"] = [torch.equal(first, 4 * x + (odd if rank == 1 else shared)[-1]),
+                                      torch.equal(second, 4 * x + shared[-1])]
+        for _ in range(2):
+            out = net.layers[1](x, shared)
+        got["layers.1 as unsplit"] = torch.allclose(out, 4 * x + shared[-1])
+        got["planned"] = net._dynaflow_applier.report.planned_calls
+        if rank == 1:
+            try:
+                net.layers[1](x, odd)
+            except RuntimeError as e:
+                got["raised"] = str(e)
+        got["said"] = said
+        queue.put((rank, got))
+    finally:
+        dist.destroy_process_group()
+
+
 @unittest.skipUnless(HAS_TORCH, "needs torch")
 class AgreementTest(unittest.TestCase):
+    def test_ranks_refuse_a_collective_unit_alike_and_split_the_rest(self):
+        # Rank 1 refuses layers.0's first call before anything runs: it runs
+        # it under an audit that notes its all_reduce and agrees with rank 0
+        # (which audited it) on the refusal, so both run that kind unsplit;
+        # layers.1 splits on both. A later call of layers.1 that rank 1
+        # cannot split raises: run whole, its one all_reduce would meet
+        # rank 0's two.
+        import socket
+
+        import torch.multiprocessing as mp
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        queue = mp.get_context("spawn").SimpleQueue()
+        mp.spawn(_refusals_at_collective_units, args=(port, queue), nprocs=2)
+        got = dict(queue.get() for _ in range(2))
+        for rank in (0, 1):
+            self.assertEqual(got[rank]["layers.0 as unsplit"], [True, True], rank)
+            self.assertTrue(got[rank]["layers.1 as unsplit"], rank)
+            self.assertEqual(got[rank]["planned"], 1, rank)  # layers.1's second call
+            self.assertEqual(len(got[rank]["said"]), 1, got[rank]["said"])
+        self.assertRegex(got[1]["said"][0], r"^ReducingNet\.layers\.0: .*extra.* has first "
+                                            r"dimension 3, not the batch \(8\) or 1")
+        self.assertTrue(got[0]["said"][0].startswith(
+            "ReducingNet.layers.0: another rank of its process group refused the plan"),
+            got[0]["said"])
+        self.assertNotIn("raised", got[0])
+        self.assertRegex(got[1]["raised"], r"^dynaflow apply: ReducingNet\.layers\.1: .*has first "
+                                           r"dimension 3.*; the other ranks of its process group "
+                                           r"split its calls of this kind")
+
     def test_a_refusal_reaches_ranks_through_a_chain_of_groups(self):
         # Rank 1 shares no group with rank 2: one all-reduce per group left
         # it splitting while rank 0 refused, and their group's next

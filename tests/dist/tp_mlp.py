@@ -5,6 +5,7 @@ For dynaflow apply's tests: the micro-batches of a split layer each issue the
 layer's all_reduce, and the ranks must pair them up in the same order.
 
     python tp_mlp.py [--steps N] [--batch-scaled] [--rank1-batch-number]
+                     [--rank1-gain-number]
 
 --batch-scaled divides each layer's output by the batch's rows over all
 ranks, summed by an all_reduce of the local row count made in Python: split,
@@ -16,6 +17,12 @@ after the all_reduce: split, only rank 1's first-call comparison differs, so
 only rank 1 refuses by itself; rank 0 would split, and its two micro-batches'
 all_reduces would meet rank 1's one (the ranks must agree: dynaflow's
 audited first call makes them).
+
+--rank1-gain-number does the same in the model's input gain, a module that
+issues no collectives: only rank 1 refuses its calls. The layers after it,
+whose collectives pair up across the ranks, must go on split on both ranks
+(a refusal that ended the whole plan on rank 1 left its layers unsplit while
+rank 0 split them).
 
 Prints, from rank 0, the output's checksum and a few values at full precision,
 so two runs (unmodified and under `dynaflow apply`) can be compared.
@@ -56,24 +63,39 @@ class TPBlock(nn.Module):
         return x + partial
 
 
+class Gain(nn.Module):
+    """The input scaled per feature (by ones: the outputs stay those of the
+    layers alone), on every rank alike, with no collective."""
+
+    def __init__(self, rank, rank_quirk):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(WIDTH))
+        self.rows_added = 1e-3 if rank_quirk and rank == 1 else 0.0
+
+    def forward(self, x):
+        return x * self.weight + self.rows_added * x.shape[0]
+
+
 class TPModel(nn.Module):
-    def __init__(self, rank, batch_scaled, rank_quirk):
+    def __init__(self, rank, batch_scaled, rank_quirk, gain_quirk=False):
         super().__init__()
         g = torch.Generator().manual_seed(0)
+        self.gain = Gain(rank, gain_quirk)
         self.layers = nn.ModuleList(TPBlock(rank, g, batch_scaled, rank_quirk)
                                     for _ in range(LAYERS))
 
     def forward(self, x):
+        x = self.gain(x)
         for layer in self.layers:
             x = layer(x)
         return x
 
 
-def run(rank, port, steps, batch_scaled, rank_quirk):
+def run(rank, port, steps, batch_scaled, rank_quirk, gain_quirk):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
-    model = TPModel(rank, batch_scaled, rank_quirk)
+    model = TPModel(rank, batch_scaled, rank_quirk, gain_quirk)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for step in range(steps):
@@ -95,6 +117,7 @@ if __name__ == "__main__":
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch-scaled", action="store_true")
     ap.add_argument("--rank1-batch-number", action="store_true")
+    ap.add_argument("--rank1-gain-number", action="store_true")
     args = ap.parse_args()
-    mp.spawn(run, args=(free_port(), args.steps, args.batch_scaled, args.rank1_batch_number),
-             nprocs=WORLD)
+    mp.spawn(run, args=(free_port(), args.steps, args.batch_scaled, args.rank1_batch_number,
+                        args.rank1_gain_number), nprocs=WORLD)

@@ -1172,6 +1172,14 @@ _COMPARING = "comparing"
 # What happens once the plan is refused (Applier.refuse).
 _UNMODIFIED = "the program runs unmodified"
 _RAISES = "this call raises (its micro-batches ran), and the program runs unmodified after it"
+# A refusal in a torch.distributed program (_PlannedForward._refuse).
+_KIND_UNMODIFIED = ("on this rank its calls of this kind run unmodified, and the rest of the "
+                    "plan goes on (the ranks split alike the calls whose collectives pair up)")
+_KIND_RAISES = "this call raises (its micro-batches ran), and its calls of this kind run unmodified"
+_KIND_OUTCOMES = (_KIND_UNMODIFIED, _KIND_RAISES)
+# The kinds of calls refused before their audit key is known: a batch
+# argument whose tokens cannot be counted, and a key that cannot be made.
+_UNCOUNTED, _UNKEYED = object(), object()
 # Split, each micro-batch draws its own random numbers (dropout's masks, say),
 # in another order and count than the unsplit call: its result would differ.
 _DRAWS_RANDOM = ("the call draws random numbers (dropout in training, say): split, each "
@@ -1203,7 +1211,13 @@ class _PlannedForward:
             self.signature = None
         self.schedules = {}  # splits -> (schedule handle, task function, state)
         self.regions = {}    # splits -> _Region, where the plan staggers the unit
-        self.audited = {}    # _rows.audit_key -> why its calls mix rows ("": they do not)
+        # _rows.audit_key -> why its calls are refused ("": they split). In a
+        # torch.distributed program a refusal ends the plan for its kind only
+        # (_refuse), and later calls of a refused kind run the original way.
+        self.audited = {}
+        # _rows.audit_key -> the process groups of the collectives its audited
+        # call issued: its ranks agreed there, and split its calls alike.
+        self.groups = {}
         self.changed_state = set()  # keys whose audited first call changed the modules' state
         # _rows.audit_key -> what its audited first call's output shared
         # (_split.output_aliases), which the merge of its later calls keeps.
@@ -1249,9 +1263,9 @@ class _PlannedForward:
         x = first_tensor(args, kwargs)
         why = kind_refusal(x) if x is not None else ""
         if why:  # its tokens cannot even be counted (a nested tensor's sizes)
-            a.refuse(f"{self.path}: its batch argument of type {type(x).__qualname__} {why}")
-            a.report.original_call()
-            return self.original(*args, **kwargs)
+            return self._refused_call(
+                _UNCOUNTED, f"{self.path}: its batch argument of type {type(x).__qualname__} {why}",
+                args, kwargs)
         policy = a.policy_for(self.module, args, kwargs, x)
         index = -1 if policy is None else a.runtime.pick(policy, tokens_of(x))
         if index < 0 or x.shape[0] < a.splits_of[index]:
@@ -1266,9 +1280,13 @@ class _PlannedForward:
                 a.report.unsplit_call(f"{self.path}: {why}, which only the replay module "
                                       f"carries into the micro-batches ({a.no_caller_state})")
                 return self.original(*args, **kwargs)
+        key = _UNKEYED
         try:
             modules = check_module(self.path, self.module)
             key = audit_key(self.module, args, kwargs)
+            if self.audited.get(key):  # a kind refused on this rank (_refuse)
+                a.report.unsplit_call(self.audited[key])
+                return self.original(*args, **kwargs)
             fits = None
             if a.graph_backend is not None and not a.verify and self.audited.get(key) == "":
                 # A call of a kind with a graph of its shape replays it: the
@@ -1283,9 +1301,7 @@ class _PlannedForward:
             split = split_call(self.path, self.signature, args, kwargs, batch,
                                even_bounds(batch, a.splits_of[index]))
         except Refusal as e:
-            a.refuse(str(e))
-            a.report.original_call()
-            return self.original(*args, **kwargs)
+            return self._refused_call(key, str(e), args, kwargs)
         except Unsplittable as e:
             a.report.unsplit_call(str(e))
             return self.original(*args, **kwargs)
@@ -1308,18 +1324,18 @@ class _PlannedForward:
             out = EAGER
             if prepared is not None:
                 out = self.graphs.call(
-                    prepared, split, modules, lambda: self._run_for_graph(split),
+                    prepared, split, modules, lambda: self._run_for_graph(split, key),
                     lambda static, padded: self._capture(static, padded, args, kwargs, modules,
-                                                         split.parts))
-                if out is EAGER and a.executor is None:
+                                                         split.parts, key))
+                if out is EAGER and (a.executor is None or self.audited.get(key)):
                     # The capture's merge refused the plan (the modules are
-                    # restored). Nothing of the call ran on the device, and
+                    # restored), or its kind (_refuse). Nothing of the call ran on the device, and
                     # its warm-up showed it changes no state of its modules:
                     # it runs once, the original way.
                     a.report.original_call()
                     return self.original(*args, **kwargs)
             if out is EAGER:
-                out = self._run(split)
+                out = self._run(split, key)
         a.report.planned_call()
         if baseline is not None:
             a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
@@ -1359,6 +1375,7 @@ class _PlannedForward:
             _ON_THREAD.auditing = False
             for h in handles:
                 h.remove()
+        self.groups[key] = audit.groups
         audit.check_result(_tensors_in(out), "the call")
         for adapter, original, _ in split.states:
             audit.check_result(adapter.row_tensors(original), type(original).__name__)
@@ -1392,7 +1409,57 @@ class _PlannedForward:
                 why = why or _ANOTHER_RANK
         self.audited[key] = why
         if why:
-            a.refuse(f"{self.path}: {why}")
+            self._refuse(key, f"{self.path}: {why}")
+        return out
+
+    def _refuse(self, key, message, outcome=_UNMODIFIED):
+        """Refuses the plan at a call of kind `key`. In a torch.distributed
+        program, only for the calls of that kind on this rank: ending the
+        whole plan here would leave this rank running whole the units whose
+        collectives the other ranks go on splitting (they agreed on those
+        at their audited first calls, _audited), and the ranks' collectives
+        would no longer pair up."""
+        if not _distributed():
+            self.applier.refuse(message, outcome)
+            return
+        self.audited[key] = message
+        self.applier.refuse_kind(message, _KIND_RAISES if outcome == _RAISES else _KIND_UNMODIFIED)
+
+    def _refused_call(self, key, message, args, kwargs):
+        """The call, run the original way, after `message` refused it before
+        anything ran. In a torch.distributed program the ranks of the
+        collectives it issues must refuse it alike: at the first call of its
+        kind the others audit it and agree on its outcome (_audited), so
+        this rank runs it under an audit that notes its collectives' groups
+        and agrees with them on a refusal. At a later call of a kind the
+        ranks agreed to split, on collectives, they split it: run whole,
+        this rank's collectives would not pair with theirs, so it raises."""
+        a = self.applier
+        if not _distributed():
+            a.report.original_call()
+            self._refuse(key, message)
+            return self.original(*args, **kwargs)
+        a.report.unsplit_call(message)
+        if self.audited.get(key) or key in self.audited and not self.groups.get(key):
+            self._refuse(key, message)
+            return self.original(*args, **kwargs)
+        if key in self.audited:
+            raise RuntimeError(
+                f"dynaflow apply: {message}; the other ranks of its process group split its "
+                f"calls of this kind, as they agreed at its first, and run whole here its "
+                f"collectives would not pair with theirs")
+        _let_collectives_finish_at_exit()
+        audit = make_audit(0)
+        audit.fail(message)  # it only notes the collectives
+        _ON_THREAD.auditing = True
+        try:
+            with watching(audit):
+                out = self.original(*args, **kwargs)
+        finally:
+            _ON_THREAD.auditing = False
+        self.groups[key] = audit.groups
+        _agreed(audit.groups, _REFUSE)
+        self._refuse(key, message)
         return out
 
     def _copy_for_comparison(self, args, kwargs):
@@ -1491,7 +1558,7 @@ class _PlannedForward:
         tokens, batch, pick = tokens_of(x), x.shape[0], self.applier.runtime.pick
         return lambda padded: pick(policy, tokens * padded // batch) == index
 
-    def _capture(self, static, padded, args, kwargs, modules, parts):
+    def _capture(self, static, padded, args, kwargs, modules, parts, key):
         """(graph, output) of the planned call on `static` (the call's tensors'
         static copies, `padded` rows) captured by the applier's graph
         backend on their device (_graphs.UnitGraphs.call)."""
@@ -1511,8 +1578,9 @@ class _PlannedForward:
             # micro-batch) must run again at every replay.
             split = split_call(self.path, self.signature, static_args, static_kwargs, padded,
                                even_bounds(padded, parts))
+            split.aliases = self.aliases[key]
             split.share_buffers(modules)
-            return self._run_for_graph(split)
+            return self._run_for_graph(split, key)
 
         device = next((t.device for t in static if t is not None and t.is_cuda), None)
         return self.applier.graph_backend.capture(planned, device)
@@ -1540,14 +1608,14 @@ class _PlannedForward:
             a.report.compare_call(self.path, baseline, (self.module, args, kwargs, out))
         return out
 
-    def _run_for_graph(self, split):
+    def _run_for_graph(self, split, key):
         """The planned call of `split` as a graph's warm-up and capture run
         it: issued from this thread, its merge reading no device value on
         the host."""
         split.host_reads = False
-        return self._run(split, one_thread=True)
+        return self._run(split, key, one_thread=True)
 
-    def _run(self, split, one_thread=False):
+    def _run(self, split, key, one_thread=False):
         """The planned call of `split`. `one_thread`: every micro-batch is
         issued from this thread, as a graph backend's capture (which follows
         one host thread) and the warm-up before it (whose writes a dispatch
@@ -1568,7 +1636,7 @@ class _PlannedForward:
             # (_graphs.UnitGraphs.call), and does not raise.
             a = self.applier
             capturing = a.cuda and torch.cuda.is_current_stream_capturing()
-            a.refuse(f"{self.path}: {e}", _UNMODIFIED if capturing else _RAISES)
+            self._refuse(key, f"{self.path}: {e}", _UNMODIFIED if capturing else _RAISES)
             raise RuntimeError(f"dynaflow apply: {self.path}: {e}") from None
 
     def _run_merged(self, split, one_thread=False, counted=True):
@@ -2006,6 +2074,7 @@ class Applier:
         self.caller_state = None
         self.no_caller_state = ""
         self.forwards = []
+        self.refused_kinds = set()  # refuse_kind's messages, said once each
 
     def attach(self, model, strict=False):
         check_strategies(self.plan)
@@ -2096,6 +2165,17 @@ class Applier:
             counts["unplanned"] += policy is None
         return policy
 
+    def refuse_kind(self, message, outcome):
+        """A refusal of one unit's calls of one kind, in a torch.distributed
+        program (_PlannedForward._refuse): the rest of the plan goes on, and
+        the report counts those calls as run the original way for `message`
+        (not as the plan refused). Said once per message."""
+        with self.lock:
+            if message in self.refused_kinds:
+                return
+            self.refused_kinds.add(message)
+        self.on_refuse(message, outcome)
+
     def refuse(self, message, outcome=_UNMODIFIED):
         with self.lock:  # not while another thread's call runs on the executor
             self.detach()
@@ -2184,7 +2264,8 @@ class _FromEnvironment:
             self.refuse(f"cannot attach to {_cut(self.root)}: {type(e).__name__}: {e}")
 
     def refuse(self, message, outcome=_UNMODIFIED):
-        self.report.refused = self.report.refused or message  # Applier.refuse's, or the first
+        if outcome not in _KIND_OUTCOMES or self.strict:  # a kind's goes on (refuse_kind)
+            self.report.refused = self.report.refused or message  # Applier.refuse's, or the first
         _say(f"plan refused: {message}; " + ("exiting (--strict)" if self.strict else outcome))
         if self.strict:
             self.write_report()
