@@ -8,7 +8,12 @@ alternating:
   2. the unit's module state taken and checked (CallSplit.share_buffers and
      check_shared_unmodified) on a 32-layer transformers Llama (421 modules);
   3. the whole planned call split in 2 (bench/apply_overhead.py's Net and
-     HfLikeNet, and its 418-module Deep stack), through the runtime.
+     HfLikeNet, and its 418-module Deep stack), through the runtime;
+  4. the keys of a call (plugin/torch/call_keys.h against _rows._walk_into
+     and _graphs._Flattening): audit_key + flatten_inputs on the decoder
+     layer's arguments, and a planned call of such a layer replayed from a
+     graph by a backend that only copies (CopyOnlyGraphs: the host's work per
+     replayed call, without the graph launch a GPU adds).
 
     DYNAFLOW_REPLAY_EXT=build/plugin/torch/_dynaflow_replay.so \\
       .venv/bin/python bench/eager_call_ab.py build/plugin/apply/libdynaflow_apply.so
@@ -27,7 +32,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import apply_overhead  # noqa: E402
-from dynaflow import _apply, _split  # noqa: E402
+from dynaflow import _apply, _graphs, _rows, _split  # noqa: E402
 
 RUNS = 7
 SPLIT_CALLS = 2000
@@ -36,6 +41,8 @@ STATE_CALLS = 50  # of the 421-module state, and of the Deep stack
 
 
 STATE = "Llama 421 modules: state taken + checked"
+KEYS = "audit_key + flatten_inputs"
+REPLAYED = "decoder layer, replayed"
 
 
 def decoder_layer_arguments(cache):
@@ -60,6 +67,53 @@ def split_and_merge_us(args, kwargs):
         s = _split.split_call("layer", None, args, kwargs, 8, [0, 4, 8])
         _split.merge_outputs(s, outputs, s.states)
     return (time.perf_counter() - t) / SPLIT_CALLS * 1e6
+
+
+def keys_us(args, kwargs):
+    m = torch.nn.Linear(8, 8)
+    t = time.perf_counter()
+    for _ in range(SPLIT_CALLS):
+        _rows.audit_key(m, args, kwargs)
+        _graphs.flatten_inputs(args, kwargs, 8)
+    return (time.perf_counter() - t) / SPLIT_CALLS * 1e6
+
+
+class CopyOnlyGraphs:
+    """A graph backend whose graph is the captured call's output alone: a
+    replay copies the inputs in and the outputs out, and launches nothing."""
+
+    @staticmethod
+    def accepts(_t):
+        return True
+
+    @staticmethod
+    def in_capture():
+        return False
+
+    @staticmethod
+    def capture(fn, _device):
+        return None, fn()
+
+    @staticmethod
+    def replay(_graph, copy_in, copy_out):
+        copy_in()
+        return copy_out()
+
+
+class ReplayedNet(torch.nn.Module):
+    """Calls its layer with a decoder layer's arguments, without a cache
+    (which a DynamicCache's growth would keep from replaying)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([apply_overhead.HfLikeLayer()])
+
+    def forward(self, x):
+        rows = x.shape[0]
+        return self.blocks[0](x, attention_mask=torch.ones(rows, 1, 1, 17, dtype=torch.bool),
+                              position_embeddings=(torch.ones(rows, 1, 4),
+                                                   torch.zeros(rows, 1, 4)),
+                              cache_position=torch.tensor([16]), use_cache=True)
 
 
 def llama_modules():
@@ -101,13 +155,24 @@ def main():
     deep_plan["partition_rules"][0]["modules"] = ["Deep"]
     models["Deep (418 modules), split 2"] = _apply.apply(apply_overhead.Deep(), deep_plan,
                                                          runtime_lib=lib)
+    replay_plan = apply_overhead.plan(2, False)
+    replay_plan["partition_rules"][0]["modules"] = ["ReplayedNet.blocks.*"]
+    replayed = _apply.apply(ReplayedNet(), replay_plan, runtime_lib=lib)
+    replayed._dynaflow_applier.graph_backend = CopyOnlyGraphs()
+    models[REPLAYED] = replayed
+    keyer = _rows.native_keys()
     x = torch.randn(8, 8)
     samples = {}
     with torch.inference_mode():
         for _ in range(RUNS):
             for variant, (walker, checker) in variants.items():
+                keys = keyer if variant == "C++" else None
                 with mock.patch.object(_split, "_native_splitter", walker), \
-                        mock.patch.object(_split, "_native_module_state", checker):
+                        mock.patch.object(_split, "_native_module_state", checker), \
+                        mock.patch.object(_rows, "native_keys", lambda: keys), \
+                        mock.patch.object(_graphs, "native_keys", lambda: keys):
+                    samples.setdefault((KEYS, variant), []).append(
+                        keys_us(*walks["decoder layer, no cache"]))
                     for name, (args, kwargs) in walks.items():
                         samples.setdefault((name, variant), []).append(
                             split_and_merge_us(args, kwargs))
@@ -119,7 +184,10 @@ def main():
     print(f"median of {RUNS} runs, us per call (split_call + merge_outputs alone: "
           f"{SPLIT_CALLS} calls; module state and Deep: {STATE_CALLS}; other whole planned "
           f"calls: {MODEL_CALLS})")
-    for name in list(walks) + [STATE] + list(models):
+    replays = replayed._dynaflow_applier.report.graph_replays
+    if replays == 0:
+        sys.exit(f"{REPLAYED}: no call was replayed")
+    for name in list(walks) + [STATE, KEYS] + list(models):
         c, p = statistics.median(samples[(name, "C++")]), statistics.median(samples[(name, "Python")])
         print(f"  {name:30s} C++ {c:8.1f}  Python {p:8.1f}  Python / C++ {p / c:.2f}x")
 

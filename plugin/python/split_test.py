@@ -23,7 +23,7 @@ REPLAY = os.environ.get("DYNAFLOW_REPLAY_EXT_BUILT", "")
 if REPLAY:
     os.environ["DYNAFLOW_REPLAY_EXT"] = REPLAY
 
-from dynaflow import _split  # noqa: E402 - after the path is set
+from dynaflow import _graphs, _rows, _split  # noqa: E402 - after the path is set
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_TRANSFORMERS = HAS_TORCH and importlib.util.find_spec("transformers") is not None
@@ -540,6 +540,128 @@ class NativeSplitTest(SameValues, unittest.TestCase):
         s = self.assert_same_split((torch.randn(4, 8),),
                                    {"past_key_values": cache, "cos_sin": (torch.ones(4, 1, 8),) * 2})
         self.assertEqual(len(s.states), 1)
+
+
+@unittest.skipUnless(HAS_TORCH and REPLAY, "needs torch and the replay module "
+                                           "(DYNAFLOW_REPLAY_EXT_BUILT)")
+class NativeKeysTest(unittest.TestCase):
+    """The C++ walks that key a planned call (plugin/torch/call_keys.h)
+    against the Python ones (_rows._walk_into, _graphs._Flattening), call for
+    call: equal audit keys; the same graph key parts, the same tensors named
+    alike; the same errors."""
+
+    def both(self, fn):
+        """(native, python): fn()'s result, or its exception's type and message."""
+        self.assertIsNotNone(_rows.native_keys())
+        got = []
+        for native in (True, False):
+            with contextlib.ExitStack() as stack:
+                if not native:
+                    for module in (_rows, _graphs):
+                        stack.enter_context(unittest.mock.patch.object(module, "native_keys",
+                                                                       lambda: None))
+                try:
+                    got.append(fn())
+                except Exception as e:  # noqa: BLE001 - compared
+                    got.append((type(e), str(e)))
+        return got
+
+    def values(self):
+        x, one = torch.arange(12.0).reshape(4, 3), torch.ones(1, 3)
+        with torch.inference_mode():
+            frozen = torch.ones(4, 2)
+        nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(1, 3)] * 2,
+                                            layout=torch.jagged)
+        args = (x, 2.5, 3, True, None, "s", [x, (one, None)], (), Pair(x, one),
+                Inputs(x, {"m": x}), torch.Size([4, 3]), Opaque(), Mode.FAST, torch.float16,
+                torch.device("cpu"), b"x", 1j, ..., x.as_subclass(Tagged),
+                torch.nn.Parameter(torch.randn(4, 1, 2)), torch.tensor(3.0), frozen,
+                torch.ones(4, 3).to_sparse(), nested, decimal.Decimal(1))
+        kwargs = {"attention_mask": torch.ones(4, 1, 1, 5, dtype=torch.bool),
+                  "d": {"k": x, 3: one, ("t",): [one]},
+                  "ordered": collections.OrderedDict(a=x), "use_cache": False,
+                  "mode": Mode.FAST, "i": True}
+        return args, kwargs
+
+    def test_audit_keys_are_equal(self):
+        m = torch.nn.Linear(2, 2)
+        args, kwargs = self.values()
+        native, python = self.both(lambda: _rows.audit_key(m, args, kwargs))
+        self.assertEqual(native, python)
+        self.assertEqual(hash(native), hash(python))
+        self.assertEqual([type(v) for v in native], [type(v) for v in python])
+        # Each value alone, so that no difference hides behind another.
+        for k, v in enumerate(args + tuple(kwargs.values())):
+            native, python = self.both(lambda: _rows.audit_key(m, (v,), {"v": [v]}))
+            self.assertEqual(native, python, k)
+        # A decode step and a prefill differ; two decode steps do not.
+        step = self.both(lambda: _rows.audit_key(m, (torch.randn(4, 1, 8),), {}))
+        self.assertEqual(step[0], step[1])
+        self.assertNotEqual(step[0], _rows.audit_key(m, (torch.randn(4, 6, 8),), {}))
+        self.assertEqual(step[0], _rows.audit_key(m, (torch.randn(2, 1, 8),), {}))
+
+    @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
+    def test_audit_keys_of_caches_are_equal(self):
+        from transformers import DynamicCache
+
+        m = torch.nn.Linear(2, 2)
+        cache = DynamicCache()
+        cache.update(torch.randn(4, 2, 3, 5), torch.randn(4, 2, 3, 5), 0)
+        native, python = self.both(lambda: _rows.audit_key(m, (torch.ones(4, 2),),
+                                                           {"past_key_values": cache}))
+        self.assertEqual(native, python)
+
+    def test_a_value_holding_itself_raises_alike(self):
+        m = torch.nn.Linear(2, 2)
+        loop = [torch.ones(2)]
+        loop.append(loop)
+        native, python = self.both(lambda: _rows.audit_key(m, (loop,), {}))
+        self.assertEqual(native[0], RecursionError)
+        self.assertEqual(python[0], RecursionError)
+        native, python = self.both(lambda: _graphs.flatten_inputs((loop,), {}, 4))
+        self.assertEqual((native[0], python[0]), (RecursionError, RecursionError))
+
+    def flattened(self, args, kwargs, batch=4):
+        native, python = self.both(lambda: _graphs.flatten_inputs(args, kwargs, batch))
+        if isinstance(python[0], type):  # an exception
+            self.assertEqual(native, python)
+            return python
+        self.assertEqual(native[0], python[0])
+        self.assertEqual(native[2], python[2])
+
+        def leaves(flat):
+            return [(id(leaf.tensor), leaf.rows, leaf.where, leaf.state) for leaf in flat[1]]
+
+        self.assertEqual(leaves(native), leaves(python))
+        self.assertTrue(all(type(leaf) is _graphs.Leaf for leaf in native[1]))
+        return native
+
+    def test_graph_keys_and_leaves_are_the_same(self):
+        x, one = torch.arange(12.0).reshape(4, 3), torch.ones(1, 3)
+        flat = self.flattened(
+            (x, 0.5, [x, (one, None)], (), torch.Size([4, 3]), Mode.FAST, torch.float16, ...,
+             Inputs(x, {"m": x}), x.as_subclass(Tagged), torch.nn.Parameter(torch.randn(4, 2))),
+            {"pos": torch.arange(4), "t": (x, None), "d": {"k": x, 3: one, ("t",): [one]},
+             "scalar": torch.tensor(2.0), "flag": True})
+        self.assertIn("argument d[('t',)][0]", [leaf.where for leaf in flat[1]])
+        self.assertEqual(flat[0][0], (True, (3,), torch.float32, x.device))
+        # What a replay cannot take is refused alike, named alike.
+        for value in (Pair(x, one), Opaque(), collections.OrderedDict(a=x), [1, {"o": Opaque()}]):
+            native_or_python = self.flattened((x,), {"v": value})
+            self.assertEqual(native_or_python[0], _graphs.NoGraph)
+
+    @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
+    def test_graph_keys_of_a_static_cache_are_the_same(self):
+        from transformers import LlamaConfig, StaticCache
+
+        config = LlamaConfig(hidden_size=16, num_attention_heads=2, num_key_value_heads=2,
+                             num_hidden_layers=1)
+        cache = StaticCache(config=config, max_cache_len=8)
+        cache.early_initialization(4, 2, 8, torch.float32, torch.device("cpu"))
+        flat = self.flattened((torch.ones(4, 1, 16),), {"past_key_values": cache,
+                                                        "cache_position": torch.arange(1)})
+        self.assertTrue(flat[2])  # stateful: the cache's tensors are leaves of their own
+        self.assertIn("argument past_key_values.", [leaf.where[:25] for leaf in flat[1]])
 
 
 @unittest.skipUnless(HAS_TORCH and REPLAY, "needs torch and the replay module "

@@ -22,48 +22,14 @@ struct CallSplitter::Call {
   size_t n() const { return rows.size(); }
 };
 
-namespace {
-
-// Python's recursion limit held in the walks, as the Python walks hold it: a
-// value nested too deep, or holding itself, raises RecursionError (which
-// split_call and merge_outputs turn into a refusal) instead of overflowing
-// the C stack.
-class RecursionGuard {
- public:
-  explicit RecursionGuard(const char* where) {
-    if (Py_EnterRecursiveCall(where) != 0) throw py::error_already_set();
-  }
-  ~RecursionGuard() { Py_LeaveRecursiveCall(); }
-  RecursionGuard(const RecursionGuard&) = delete;
-  RecursionGuard& operator=(const RecursionGuard&) = delete;
-};
-
-}  // namespace
-
-std::string CallSplitter::Path::Text() const {
-  if (parent == nullptr) return *name;
-  std::string text = parent->Text() + "[";
-  text += key != nullptr ? py::repr(key).cast<std::string>() : std::to_string(index);
-  return text + "]";
-}
-
-bool CallSplitter::IsImmutable(py::handle value) const {
-  PyObject* v = value.ptr();
-  if (v == Py_None || v == Py_Ellipsis || PyLong_Check(v) || PyFloat_Check(v) ||
-      PyComplex_Check(v) || PyUnicode_Check(v) || PyBytes_Check(v)) {
-    return true;
-  }
-  const int is = PyObject_IsInstance(v, immutable_types_.ptr());
-  if (is < 0) throw py::error_already_set();
-  return is == 1;
-}
-
 std::vector<py::object> CallSplitter::Parts(const Call& call, const Path& path,
                                             py::handle value) const {
   const RecursionGuard guard(" while splitting a call's arguments");
   // The order of _Splitter.parts. A state object or a dataclass is never an
   // exact tuple, list or dict, so taking those here changes no outcome.
-  if (IsImmutable(value)) return std::vector<py::object>(call.n(), py::reinterpret_borrow<py::object>(value));
+  if (IsImmutable(value, immutable_types_)) {
+    return std::vector<py::object>(call.n(), py::reinterpret_borrow<py::object>(value));
+  }
   if (THPVariable_CheckExact(value.ptr())) return TensorParts(call, path, value);
   if (PyTuple_CheckExact(value.ptr())) return SequenceParts(call, path, value, true);
   if (PyList_CheckExact(value.ptr())) return SequenceParts(call, path, value, false);

@@ -36,6 +36,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include "plugin/torch/python_walk.h"
+
 namespace dynaflow {
 
 class CallSplitter {
@@ -66,16 +68,7 @@ class CallSplitter {
                          pybind11::dict view_owner, pybind11::object fallback) const;
 
  private:
-  // Where a value sits in the call: an argument's name (or "output"), then
-  // an index of a sequence or a key of a dict per level. Its text is built
-  // only when asked for (the Python walkers' `name` and `where`).
-  struct Path {
-    const Path* parent = nullptr;
-    const std::string* name = nullptr;  // the argument's, at the top
-    PyObject* key = nullptr;            // a dict's key, else the index below
-    Py_ssize_t index = 0;
-    std::string Text() const;
-  };
+  using Path = ValuePath;
   struct Call;
   struct Merging;
 
@@ -89,7 +82,6 @@ class CallSplitter {
                                           pybind11::handle value) const;
   std::vector<pybind11::object> Fallback(const Call& call, const Path& path,
                                          pybind11::handle value) const;
-  bool IsImmutable(pybind11::handle value) const;
 
   pybind11::object MergeParts(const Merging& m, const Path& path,
                               const std::vector<pybind11::handle>& parts) const;

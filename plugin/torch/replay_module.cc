@@ -3,7 +3,8 @@
 // ModuleSnapshot's comparison, the per-call work of a replay from a CUDA
 // graph that Python would do tensor by tensor and attribute by attribute;
 // CallSplitter, the walk of an eager planned call's arguments into its
-// micro-batches' (_split.py); ModuleState, what such a call must leave
+// micro-batches' (_split.py); CallKeys, the walks that key a planned call
+// (_rows.audit_key, _graphs.flatten_inputs); ModuleState, what such a call must leave
 // unchanged in its modules (_split.py); and CallerState, the caller's torch state
 // carried into each micro-batch.
 //
@@ -14,6 +15,7 @@
 #include <ATen/ThreadLocalState.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "plugin/torch/call_keys.h"
 #include "plugin/torch/call_split.h"
 #include "plugin/torch/module_snapshot.h"
 #include "plugin/torch/module_state.h"
@@ -58,6 +60,13 @@ PYBIND11_MODULE(_dynaflow_replay, m) {
            py::arg("args"), py::arg("kwargs"))
       .def("merge", &dynaflow::CallSplitter::Merge, py::arg("split"), py::arg("results"),
            py::arg("view_owner"), py::arg("fallback"));
+
+  py::class_<dynaflow::CallKeys>(m, "CallKeys")
+      .def(py::init<py::tuple, py::tuple>(), py::arg("immutable_types"), py::arg("kept_types"))
+      .def("audit_key", &dynaflow::CallKeys::AuditKey, py::arg("key"), py::arg("args"),
+           py::arg("kwargs"), py::arg("fallback"))
+      .def("flatten", &dynaflow::CallKeys::Flatten, py::arg("flattening"), py::arg("args"),
+           py::arg("kwargs"));
 
   py::class_<dynaflow::ModuleState>(m, "ModuleState")
       .def(py::init<const py::sequence&, py::frozenset, py::object>(), py::arg("modules"),

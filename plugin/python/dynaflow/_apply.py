@@ -1283,7 +1283,11 @@ class _PlannedForward:
         key = _UNKEYED
         try:
             modules = check_module(self.path, self.module)
-            key = audit_key(self.module, args, kwargs)
+            try:
+                key = audit_key(self.module, args, kwargs)
+            except RecursionError:
+                raise Refusal(f"{self.path}: an argument is nested too deep to split, or holds "
+                              f"itself") from None
             if self.audited.get(key):  # a kind refused on this rank (_refuse)
                 a.report.unsplit_call(self.audited[key])
                 return self.original(*args, **kwargs)

@@ -78,6 +78,7 @@ import importlib.util
 import os
 import threading
 
+from ._rows import native_keys
 from ._split import (_CONTAINER_TYPES, _SCALAR_TYPES, _as_bytes, _capture_underway, _first_line,
                      _is_immutable,
                      _module_tables, _sequence_builder, state_adapter, watching)
@@ -220,54 +221,69 @@ def flatten_inputs(args, kwargs, batch):
     (its adapter's graph_state); `stateful` whether there is one. The
     tensors that hold rows are those whose first dimension is the batch's
     `batch` rows: those the split cuts (UnitGraphs.prepare checks that).
-    Raises NoGraph for anything else."""
-    import torch
+    Raises NoGraph for anything else. Walked in C++ where the replay module
+    is loaded (plugin/torch/call_keys.h, the same result), else by
+    _Flattening.walk."""
+    f = _Flattening(batch)
+    native = native_keys()
+    if native is not None:
+        native.flatten(f, args, kwargs)
+    else:
+        for k, v in enumerate(args):
+            f.walk(v, f"argument {k}")
+        for k, v in kwargs.items():
+            f.walk(v, f"argument {k}")
+    return tuple(f.parts), f.leaves, f.stateful
 
-    parts, leaves = [], []
-    stateful = False
 
-    def tensor(value, where, state):
-        rows = value.dim() >= 1 and value.shape[0] == batch
+class _Flattening:
+    """One flatten_inputs: what its walk appends."""
+
+    Leaf = Leaf
+
+    def __init__(self, batch):
+        self.batch = batch
+        self.parts = []
+        self.leaves = []
+        self.stateful = False
+
+    def tensor(self, value, where, state):
+        rows = value.dim() >= 1 and value.shape[0] == self.batch
         shape = tuple(value.shape[1:]) if rows else tuple(value.shape)
-        parts.append((rows, shape, value.dtype, value.device))
-        leaves.append(Leaf(value, rows, where, state))
+        self.parts.append((rows, shape, value.dtype, value.device))
+        self.leaves.append(Leaf(value, rows, where, state))
 
-    def walk(value, where):
-        nonlocal stateful
+    def walk(self, value, where):
+        import torch
+
         if isinstance(value, torch.Tensor):
-            tensor(value, where, False)
+            self.tensor(value, where, False)
         elif _is_immutable(value):
-            parts.append((type(value), value))
+            self.parts.append((type(value), value))
         elif type(value) in (tuple, list):
-            parts.append((type(value), len(value)))
+            self.parts.append((type(value), len(value)))
             for k, v in enumerate(value):
-                walk(v, f"{where}[{k}]")
+                self.walk(v, f"{where}[{k}]")
         elif type(value) is dict:
-            parts.append((dict, tuple(value)))
+            self.parts.append((dict, tuple(value)))
             for k, v in value.items():
-                walk(v, f"{where}[{k!r}]")
+                self.walk(v, f"{where}[{k!r}]")
         elif _plain_dataclass(value):
-            parts.append((type(value),))
+            self.parts.append((type(value),))
             for f in dataclasses.fields(value):
-                walk(getattr(value, f.name), f"{where}.{f.name}")
+                self.walk(getattr(value, f.name), f"{where}.{f.name}")
         elif state_adapter(value) is not None:
             state = state_adapter(value).graph_state(value)
             if isinstance(state, str):
                 raise NoGraph(f"{where} is a {type(value).__name__} that {state}: a replay "
                               f"would skip what the call does to it on the host")
-            stateful = True
-            parts.append((type(value), state[0]))
+            self.stateful = True
+            self.parts.append((type(value), state[0]))
             for name, t in state[1]:
-                tensor(t, f"{where}.{name}", True)
+                self.tensor(t, f"{where}.{name}", True)
         else:
             raise NoGraph(f"{where} is a {type(value).__qualname__}: a replay would skip what "
                           f"the call does to it on the host")
-
-    for k, v in enumerate(args):
-        walk(v, f"argument {k}")
-    for k, v in kwargs.items():
-        walk(v, f"argument {k}")
-    return tuple(parts), leaves, stateful
 
 
 def rebuild(value, tensors):

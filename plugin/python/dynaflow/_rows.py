@@ -39,7 +39,7 @@ import os
 import sys
 import weakref
 
-from ._split import state_adapter
+from ._split import _immutable_types, _replay_module, state_adapter
 
 
 class _Mixed(Exception):
@@ -126,40 +126,64 @@ def audit_key(module, args, kwargs):
     their dimensions past the rows are 1: a prefill and a decode step of a
     decoder differ, two decode steps do not), and its config's use_cache (a
     Hugging Face model builds a cache when a call does not say). Calls with
-    the same key take the path the audited one took."""
+    the same key take the path the audited one took. The arguments are
+    walked in C++ where the replay module is loaded (plugin/torch/
+    call_keys.h, the same key), else by _walk_into."""
     import torch
 
     key = [module.training, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
            tuple(d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)),
            getattr(getattr(module, "config", None), "use_cache", None)]
-
-    def walk(v):
-        if isinstance(v, torch.Tensor):
-            key.append((v.dtype, v.device.type, v.dim(), tuple(s == 1 for s in v.shape[1:])))
-        elif v is None or isinstance(v, (bool, str, enum.Enum, torch.dtype, torch.device)):
-            key.append(v)
-        elif isinstance(v, (int, float)):
-            key.append(type(v))
-        elif isinstance(v, (tuple, list)):
-            key.append((type(v), len(v)))
-            for x in v:
-                walk(x)
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                key.append(k)
-                walk(x)
-        elif (adapter := state_adapter(v)) is not None:
-            key.append((type(v), adapter.audit_key(v)))
-        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
-            for f in dataclasses.fields(v):
-                key.append(f.name)
-                walk(getattr(v, f.name))
-        else:
-            key.append(type(v))
-
-    walk(args)
-    walk(kwargs)
+    native = native_keys()
+    if native is not None:
+        return native.audit_key(key, args, kwargs, _walk_into)
+    _walk_into(key, args)
+    _walk_into(key, kwargs)
     return tuple(key)
+
+
+def _walk_into(key, v):
+    """audit_key's walk of value `v`, appended to the list `key`."""
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        key.append((v.dtype, v.device.type, v.dim(), tuple(s == 1 for s in v.shape[1:])))
+    elif v is None or isinstance(v, (bool, str) + _kept_types()):
+        key.append(v)
+    elif isinstance(v, (int, float)):
+        key.append(type(v))
+    elif isinstance(v, (tuple, list)):
+        key.append((type(v), len(v)))
+        for x in v:
+            _walk_into(key, x)
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            key.append(k)
+            _walk_into(key, x)
+    elif (adapter := state_adapter(v)) is not None:
+        key.append((type(v), adapter.audit_key(v)))
+    elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+        for f in dataclasses.fields(v):
+            key.append(f.name)
+            _walk_into(key, getattr(v, f.name))
+    else:
+        key.append(type(v))
+
+
+@functools.cache
+def _kept_types():
+    """What audit_key keeps as itself besides None, bool and str."""
+    import torch
+
+    return (enum.Enum, torch.dtype, torch.device)
+
+
+@functools.cache
+def native_keys():
+    """The C++ walks of audit_key and _graphs.flatten_inputs (plugin/torch/
+    call_keys.h), or None without the replay module."""
+    module = _replay_module()
+    return None if module is None else module.CallKeys(_immutable_types(), _kept_types())
 
 
 def make_audit(batch):
