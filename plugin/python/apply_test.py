@@ -1458,6 +1458,25 @@ class ApplyTest(unittest.TestCase):
                                    r"raised RuntimeError: shape '\[4, 3, 2\]' is invalid for "
                                    r"input of size 12; the program runs unmodified")
 
+    def test_an_argument_holding_itself_is_refused_in_one_line(self):
+        # Its kind cannot be keyed (the walk would not end): before, the
+        # RecursionError of that walk reached the program.
+        class Ignores(nn.Module):
+            def forward(self, x, extra):
+                return x * 2
+
+        loop = [torch.ones(1)]
+        loop.append(loop)
+        net = planned_holder(Ignores())
+        x = torch.randn(4, 3)
+        err = io.StringIO()
+        with redirect_stderr(err):
+            torch.testing.assert_close(net(x, loop), x * 2)
+        self.assertEqual(err.getvalue().strip(), "dynaflow apply: plan refused: Holder.layers.0: "
+                         "an argument is nested too deep to split, or holds itself; the program "
+                         "runs unmodified")
+        self.assertFalse(net._dynaflow_applier.forwards)  # detached
+
     def test_state_written_by_the_batch_size_is_refused_at_the_first_call(self):
         # The output is right; the argument it accumulates into is not.
         class Accumulate(nn.Module):
