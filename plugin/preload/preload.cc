@@ -29,6 +29,7 @@
 #include <atomic>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 
 #include "plugin/preload/cupti_api_dl.h"
@@ -154,8 +155,9 @@ void KeepOrUnmapStack(void* memory) {
 }
 
 // A stack overflow leaves no stack for a handler to run on, so the thread
-// that loads the library (the main thread, under LD_PRELOAD) and every thread
-// started after it (see pthread_create below) get an alternate signal stack,
+// that loads the library (the main thread, under LD_PRELOAD), every thread
+// started after it (see pthread_create below) and every other thread that
+// records an operator (see t_late_stack) get an alternate signal stack,
 // unless the program or a sanitizer runtime gave them one already.
 class AlternateSignalStack {
  public:
@@ -211,6 +213,17 @@ void* StartWithAlternateStack(void* boxed) {
   delete static_cast<ThreadStart*>(boxed);
   const AlternateSignalStack stack;
   return start.routine(start.arg);
+}
+
+// A thread the library did not start gets one at its first operator: a
+// thread started before the library was loaded (the CUDA driver loads it in
+// cuInit, when a program has threads already) or by a raw clone. Freed (kept
+// for the next thread) when the thread ends; a thread that has one already
+// keeps its own (the constructor leaves it alone).
+thread_local std::optional<AlternateSignalStack> t_late_stack;
+
+void GiveThreadAnAlternateStack() {
+  if (!t_late_stack.has_value()) t_late_stack.emplace();
 }
 
 // The loading thread's, kept for the life of the process (a static object's
@@ -344,7 +357,9 @@ DYNAFLOW_EXPORT uint64_t dynaflow_next_operator_id(void) {
 
 DYNAFLOW_EXPORT void dynaflow_push_operator(uint64_t id) {
   try {
-    if (g_tracer != nullptr) g_tracer->PushOperator(id);
+    if (g_tracer == nullptr) return;
+    dynaflow::GiveThreadAnAlternateStack();
+    g_tracer->PushOperator(id);
   } catch (...) {
     // Out of memory: the operator's GPU work stays unlinked.
   }
