@@ -37,7 +37,10 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _warn(message):
     try:
-        print(f"dynaflow: {message}", file=sys.stderr, flush=True)
+        # One write: the ranks of a program share one stderr, and print
+        # writes the newline apart.
+        sys.stderr.write(f"dynaflow: {message}\n")
+        sys.stderr.flush()
     except Exception:  # noqa: BLE001 - stderr may be closed; stay silent then
         pass
 

@@ -113,8 +113,12 @@ class PlanMismatch(Exception):
 
 
 def _say(message):
+    """One line on stderr, in one write: print writes the newline apart, and
+    the ranks of a program share one stderr, so two ranks' lines came out
+    as one line and an empty one."""
     try:
-        print(f"dynaflow apply: {message}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"dynaflow apply: {message}\n")
+        sys.stderr.flush()
     except Exception:  # noqa: BLE001 - stderr may be closed
         pass
 

@@ -246,8 +246,10 @@ class ModuleTracker:
     def _warn_once(self, error):
         if not self._warned:
             self._warned = True
-            print(f"dynaflow: module paths may be incomplete after an error: {error!r}",
-                  file=sys.stderr, flush=True)
+            # One write: the ranks of a program share one stderr (_apply._say).
+            sys.stderr.write(f"dynaflow: module paths may be incomplete after an error: "
+                             f"{error!r}\n")
+            sys.stderr.flush()
 
 
 class HookHandles:
