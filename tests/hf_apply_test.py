@@ -12,7 +12,9 @@ the original way while its operators are proved to keep rows apart), every
 later stack call planned and run in the schedule's issue order, --verify
 passing, the same tokens and logits within float32's tolerance. Llama also
 runs in process (`dynaflow.apply(model, plan)`), with and without
-torch.compile; and once under torch.inference_mode(). LFM2 and Mamba, whose own caches hold state no
+torch.compile; and once under torch.inference_mode(). Seven more decoder families
+(MORE_FAMILIES: Qwen2-MoE, Phi-3, Gemma 3, Bloom, MPT, GPT-NeoX, OPT) split as the advisor
+plans them, with the same outputs. LFM2 and Mamba, whose own caches hold state no
 adapter merges, are refused before a call that builds one runs split; their calls that build none
 split, as do Qwen3-Next's. RecurrentGemma, which keeps state in its modules, is refused before
 any call runs split. GPT-J, XGLM and DeepSeek-V2 look their position tables up by per-row
@@ -55,6 +57,9 @@ FAMILIES = {
     # Sliding and global layers, attention and final logit softcapping.
     "gemma2": ("Gemma2ForCausalLM.model", "Gemma2ForCausalLM.model.layers.*"),
 }
+# More decoder families (tests/hf/hf_models.py), split as the advisor plans
+# them and compared with the unmodified run, every pattern.
+MORE_FAMILIES = ("qwen2_moe", "phi3", "gemma3", "bloom", "mpt", "gpt_neox", "opt")
 # The layers' children that cut the stack into segments.
 STAGES = {"gpt2": ("attn", "mlp")}
 # Families whose stages the advisor may also take as the whole layers (their
@@ -201,6 +206,27 @@ class HfApplyTest(unittest.TestCase):
 
     def test_gemma2(self):
         self.check_family("gemma2")
+
+    def test_more_families_split_with_the_same_outputs(self):
+        for family in MORE_FAMILIES:
+            with self.subTest(family=family):
+                plan, base = self.forced_plan(family), self.base_for(family)
+                out = self.path(f"{family}_applied.pt")
+                r = run(BIN, "apply", "--verify", "--strict", plan, "--", PY, MODELS, "--family",
+                        family, "--out", out, "--warmup", *DEVICE)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                planned = re.search(r"^dynaflow apply: (\d+) planned and (\d+) original calls "
+                                    r"of 1 modules$", r.stderr, re.M)
+                self.assertIsNotNone(planned, r.stderr)
+                # Every stack call but the first of each kind (at most KINDS).
+                self.assertEqual(int(planned.group(1)) + int(planned.group(2)), 2 * STACK_CALLS)
+                self.assertGreaterEqual(int(planned.group(1)), PLANNED)
+                verify = re.search(r"^verify: max_abs_diff=(\S+) max_rel_diff=\S+ \((\d+) calls\)$",
+                                   r.stdout, re.M)
+                self.assertIsNotNone(verify, r.stdout)
+                self.assertEqual(verify.group(2), planned.group(1))
+                self.assertLess(float(verify.group(1)), 1e-4)
+                compare(self, base, out)
 
     def forced_plan(self, family):
         """The forced 2-way plan of a forward of `family`, made once."""

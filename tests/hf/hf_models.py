@@ -84,6 +84,34 @@ def tiny_config(family):
                                    topk_group=1, first_k_dense_replace=1, kv_lora_rank=16,
                                    q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
                                    v_head_dim=16, num_key_value_heads=2, **common)
+    # More decoders, split and compared as they are (hf_apply_test's
+    # MORE_FAMILIES): a mixture of experts with a shared expert, fused QKV,
+    # sliding layers with a local rotary table, ALiBi biases (Bloom: one per
+    # row and head, rows times heads in its first dimension; MPT), a parallel
+    # residual with partial rotary, positions from the attention mask's
+    # cumulative sum (OPT).
+    if family == "qwen2_moe":
+        return tf.Qwen2MoeConfig(intermediate_size=128, moe_intermediate_size=32,
+                                 shared_expert_intermediate_size=32, num_experts=4,
+                                 num_experts_per_tok=2, num_key_value_heads=2, **common)
+    if family == "phi3":
+        return tf.Phi3Config(intermediate_size=128, num_key_value_heads=2, **common)
+    if family == "gemma3":
+        return tf.Gemma3TextConfig(intermediate_size=128, num_key_value_heads=2, head_dim=16,
+                                   sliding_window=8, **common)
+    if family == "bloom":
+        return tf.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4,
+                              pad_token_id=0, eos_token_id=None, bos_token_id=1)
+    if family == "mpt":
+        return tf.MptConfig(vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4, max_seq_len=64,
+                            pad_token_id=0, eos_token_id=None, bos_token_id=1)
+    if family == "gpt_neox":
+        return tf.GPTNeoXConfig(intermediate_size=128, **common)
+    if family == "opt":
+        return tf.OPTConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, ffn_dim=128, max_position_embeddings=64,
+                            word_embed_proj_dim=64, pad_token_id=0, eos_token_id=None,
+                            bos_token_id=1)
     # Encoder-decoders: their decoders build an EncoderDecoderCache (self- and
     # cross-attention); T5's encoder and decoder are one class, T5Stack.
     if family == "t5":
