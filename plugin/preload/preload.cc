@@ -215,20 +215,30 @@ void* StartWithAlternateStack(void* boxed) {
   return start.routine(start.arg);
 }
 
+// The loading thread's, kept for the life of the process (a static object's
+// destructor would unmap it during exit, while exit handlers still run).
+AlternateSignalStack* g_loading_thread_stack = nullptr;
+
 // A thread the library did not start gets one at its first operator: a
 // thread started before the library was loaded (the CUDA driver loads it in
 // cuInit, when a program has threads already) or by a raw clone. Freed (kept
 // for the next thread) when the thread ends; a thread that has one already
-// keeps its own (the constructor leaves it alone).
+// keeps its own (the constructor leaves it alone). The main thread's is kept
+// for the life of the process, as the loading thread's: exit() runs
+// thread_local destructors before its exit handlers.
+thread_local bool t_stack_given = false;
 thread_local std::optional<AlternateSignalStack> t_late_stack;
+AlternateSignalStack* g_main_thread_stack = nullptr;  // written by the main thread only
 
 void GiveThreadAnAlternateStack() {
-  if (!t_late_stack.has_value()) t_late_stack.emplace();
+  if (t_stack_given) return;
+  t_stack_given = true;
+  if (syscall(SYS_gettid) == getpid()) {
+    g_main_thread_stack = new (std::nothrow) AlternateSignalStack();
+  } else {
+    t_late_stack.emplace();
+  }
 }
-
-// The loading thread's, kept for the life of the process (a static object's
-// destructor would unmap it during exit, while exit handlers still run).
-AlternateSignalStack* g_loading_thread_stack = nullptr;
 
 using PthreadCreateFunction = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
 // The C library's pthread_create, resolved by the constructor.

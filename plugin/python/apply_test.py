@@ -94,8 +94,12 @@ if HAS_TORCH:
         width) cannot be split or shared (its first dimension is neither 1
         nor the batch), and both give the same audit key."""
 
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Identity()
+
         def forward(self, x, extra):
-            y = x * 2
+            y = self.inner(x * 2)
             torch.distributed.all_reduce(y)
             return y + extra[-1]
 
@@ -1718,8 +1722,9 @@ def _agree_in_chained_groups(rank, port, queue):
 def _refusals_at_collective_units(rank, port, queue):
     """A rank of AgreementTest's world of two, applying a plan to
     ReducingNet's layers. Rank 1 gives layers.0's first call an argument that
-    cannot be split; layers.1 splits on both ranks, and then rank 1 alone
-    calls it with that argument."""
+    cannot be split; layers.1 splits on both ranks; rank 0 alone hooks
+    layers.1's submodule for two calls of new kinds; then rank 1 alone calls
+    layers.1 with the argument that cannot be split."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -1737,7 +1742,19 @@ def _refusals_at_collective_units(rank, port, queue):
         for _ in range(2):
             out = net.layers[1](x, shared)
         got["layers.1 as unsplit"] = torch.allclose(out, 4 * x + shared[-1])
+        hook = net.layers[1].inner.register_forward_hook(lambda *_: None) if rank == 0 else None
+        hooked = [net.layers[1](y, shared) for y in (x.view(8, 1, 4), x.view(8, 4, 1))]
+        got["hooked kinds as unsplit"] = [torch.equal(h, 4 * y + shared[-1])
+                                          for h, y in zip(hooked, (x.view(8, 1, 4),
+                                                                   x.view(8, 4, 1)))]
+        if hook is not None:
+            hook.remove()
+        out = net.layers[1](x, shared)  # the kind they agreed to split, split
+        got["layers.1 as unsplit again"] = torch.allclose(out, 4 * x + shared[-1])
         got["planned"] = net._dynaflow_applier.report.planned_calls
+        got["layers.1 kinds refused"] = sum(
+            bool(why) for f in net._dynaflow_applier.forwards if f.path.endswith("layers.1")
+            for why in f.audited.values())
         if rank == 1:
             try:
                 net.layers[1](x, odd)
@@ -1755,9 +1772,12 @@ class AgreementTest(unittest.TestCase):
         # Rank 1 refuses layers.0's first call before anything runs: it runs
         # it under an audit that notes its all_reduce and agrees with rank 0
         # (which audited it) on the refusal, so both run that kind unsplit;
-        # layers.1 splits on both. A later call of layers.1 that rank 1
-        # cannot split raises: run whole, its one all_reduce would meet
-        # rank 0's two.
+        # layers.1 splits on both. Rank 0's hook refuses two new kinds of
+        # layers.1 on both ranks (before, the first made every later kind
+        # on rank 0 skip the agreement rank 1 made: gloo aborted), and the
+        # kind they split goes on splitting. A later call of layers.1 that
+        # rank 1 cannot split raises: run whole, its one all_reduce would
+        # meet rank 0's two.
         import socket
 
         import torch.multiprocessing as mp
@@ -1771,13 +1791,20 @@ class AgreementTest(unittest.TestCase):
         for rank in (0, 1):
             self.assertEqual(got[rank]["layers.0 as unsplit"], [True, True], rank)
             self.assertTrue(got[rank]["layers.1 as unsplit"], rank)
-            self.assertEqual(got[rank]["planned"], 1, rank)  # layers.1's second call
-            self.assertEqual(len(got[rank]["said"]), 1, got[rank]["said"])
+            self.assertEqual(got[rank]["hooked kinds as unsplit"], [True, True], rank)
+            self.assertTrue(got[rank]["layers.1 as unsplit again"], rank)
+            self.assertEqual(got[rank]["planned"], 2, rank)  # layers.1's second and fifth calls
+            self.assertEqual(got[rank]["layers.1 kinds refused"], 2, rank)
+            self.assertEqual(len(got[rank]["said"]), 2, got[rank]["said"])  # each message once
         self.assertRegex(got[1]["said"][0], r"^ReducingNet\.layers\.0: .*extra.* has first "
                                             r"dimension 3, not the batch \(8\) or 1")
         self.assertTrue(got[0]["said"][0].startswith(
             "ReducingNet.layers.0: another rank of its process group refused the plan"),
             got[0]["said"])
+        for message in got[0]["said"][1:]:
+            self.assertTrue(message.startswith("ReducingNet.layers.1.inner: forward hook"), message)
+        for message in got[1]["said"][1:]:
+            self.assertTrue(message.startswith("ReducingNet.layers.1: another rank"), message)
         self.assertNotIn("raised", got[0])
         self.assertRegex(got[1]["raised"], r"^dynaflow apply: ReducingNet\.layers\.1: .*has first "
                                            r"dimension 3.*; the other ranks of its process group "

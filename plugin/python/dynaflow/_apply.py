@@ -1181,9 +1181,6 @@ _KIND_UNMODIFIED = ("on this rank its calls of this kind run unmodified, and the
                     "plan goes on (the ranks split alike the calls whose collectives pair up)")
 _KIND_RAISES = "this call raises (its micro-batches ran), and its calls of this kind run unmodified"
 _KIND_OUTCOMES = (_KIND_UNMODIFIED, _KIND_RAISES)
-# The kinds of calls refused before their audit key is known: a batch
-# argument whose tokens cannot be counted, and a key that cannot be made.
-_UNCOUNTED, _UNKEYED = object(), object()
 # Split, each micro-batch draws its own random numbers (dropout's masks, say),
 # in another order and count than the unsplit call: its result would differ.
 _DRAWS_RANDOM = ("the call draws random numbers (dropout in training, say): split, each "
@@ -1268,7 +1265,7 @@ class _PlannedForward:
         why = kind_refusal(x) if x is not None else ""
         if why:  # its tokens cannot even be counted (a nested tensor's sizes)
             return self._refused_call(
-                _UNCOUNTED, f"{self.path}: its batch argument of type {type(x).__qualname__} {why}",
+                None, f"{self.path}: its batch argument of type {type(x).__qualname__} {why}",
                 args, kwargs)
         policy = a.policy_for(self.module, args, kwargs, x)
         index = -1 if policy is None else a.runtime.pick(policy, tokens_of(x))
@@ -1284,9 +1281,8 @@ class _PlannedForward:
                 a.report.unsplit_call(f"{self.path}: {why}, which only the replay module "
                                       f"carries into the micro-batches ({a.no_caller_state})")
                 return self.original(*args, **kwargs)
-        key = _UNKEYED
+        key = None  # a call that cannot be keyed is refused as a kind of its own
         try:
-            modules = check_module(self.path, self.module)
             try:
                 key = audit_key(self.module, args, kwargs)
             except RecursionError:
@@ -1295,6 +1291,8 @@ class _PlannedForward:
             if self.audited.get(key):  # a kind refused on this rank (_refuse)
                 a.report.unsplit_call(self.audited[key])
                 return self.original(*args, **kwargs)
+            # After the key: a refusal here (a hook on one rank) is the kind's.
+            modules = check_module(self.path, self.module)
             fits = None
             if a.graph_backend is not None and not a.verify and self.audited.get(key) == "":
                 # A call of a kind with a graph of its shape replays it: the
@@ -1340,7 +1338,10 @@ class _PlannedForward:
                     # restored), or its kind (_refuse). Nothing of the call ran on the device, and
                     # its warm-up showed it changes no state of its modules:
                     # it runs once, the original way.
-                    a.report.original_call()
+                    if self.audited.get(key):
+                        a.report.unsplit_call(self.audited[key])
+                    else:
+                        a.report.original_call()
                     return self.original(*args, **kwargs)
             if out is EAGER:
                 out = self._run(split, key)
@@ -1430,7 +1431,8 @@ class _PlannedForward:
         if not _distributed():
             self.applier.refuse(message, outcome)
             return
-        self.audited[key] = message
+        if key is not None:  # a call that could not be keyed is refused alone
+            self.audited[key] = message
         self.applier.refuse_kind(message, _KIND_RAISES if outcome == _RAISES else _KIND_UNMODIFIED)
 
     def _refused_call(self, key, message, args, kwargs):
@@ -1441,21 +1443,25 @@ class _PlannedForward:
         this rank runs it under an audit that notes its collectives' groups
         and agrees with them on a refusal. At a later call of a kind the
         ranks agreed to split, on collectives, they split it: run whole,
-        this rank's collectives would not pair with theirs, so it raises."""
+        this rank's collectives would not pair with theirs, so it raises. A
+        call that could not be keyed (`key` None: its batch cannot be
+        counted, its arguments hold themselves) is audited and agreed on at
+        every such call: the other ranks, given alike arguments, refuse it
+        alike."""
         a = self.applier
         if not _distributed():
             a.report.original_call()
             self._refuse(key, message)
             return self.original(*args, **kwargs)
-        a.report.unsplit_call(message)
-        if self.audited.get(key) or key in self.audited and not self.groups.get(key):
-            self._refuse(key, message)
-            return self.original(*args, **kwargs)
-        if key in self.audited:
+        if key in self.audited and self.groups.get(key):
             raise RuntimeError(
                 f"dynaflow apply: {message}; the other ranks of its process group split its "
                 f"calls of this kind, as they agreed at its first, and run whole here its "
                 f"collectives would not pair with theirs")
+        a.report.unsplit_call(message)
+        if key in self.audited:  # split so far, without collectives
+            self._refuse(key, message)
+            return self.original(*args, **kwargs)
         _let_collectives_finish_at_exit()
         audit = make_audit(0)
         audit.fail(message)  # it only notes the collectives
@@ -1465,7 +1471,8 @@ class _PlannedForward:
                 out = self.original(*args, **kwargs)
         finally:
             _ON_THREAD.auditing = False
-        self.groups[key] = audit.groups
+        if key is not None:
+            self.groups[key] = audit.groups
         _agreed(audit.groups, _REFUSE)
         self._refuse(key, message)
         return out
@@ -1643,6 +1650,13 @@ class _PlannedForward:
             # Under a capture nothing ran: the call runs the original way
             # (_graphs.UnitGraphs.call), and does not raise.
             a = self.applier
+            if _distributed() and self.groups.get(key):
+                # Its ranks split this kind, as they agreed at its first
+                # call, and go on splitting it: run whole from here on, this
+                # rank's collectives would no longer pair with theirs. Loud,
+                # at every such call (under a capture, the capture fails and
+                # the call runs eagerly, split).
+                raise RuntimeError(f"dynaflow apply: {self.path}: {e}") from None
             capturing = a.cuda and torch.cuda.is_current_stream_capturing()
             self._refuse(key, f"{self.path}: {e}", _UNMODIFIED if capturing else _RAISES)
             raise RuntimeError(f"dynaflow apply: {self.path}: {e}") from None
