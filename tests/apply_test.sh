@@ -202,6 +202,17 @@ expect_code "apply tensor parallel, layer units" 0 "$bin" apply --verify --stric
 check "tensor parallel, layer units: same outputs" has "$work/out" "$(cat "$work/tp_base.out")"
 check "tensor parallel, layer units: both ranks planned" has "$work/err" \
   "18 planned and 6 original calls of 3 modules in 2 processes"
+# The same sum by a list reduce_scatter and a list all_gather (each rank sums
+# half of the features): row by row, so the layers split as with all_reduce.
+# Before, the audit had no rule for either and refused the plan.
+"${tp[@]}" --gather-scatter >"$work/tp_gs_base.out" 2>&1
+expect_code "apply tensor parallel, gather-scatter" 0 "$bin" apply --verify --strict \
+  "$work/tp_layers.json" -- "${tp[@]}" --gather-scatter
+check "tensor parallel, gather-scatter: same outputs" has "$work/out" \
+  "$(cat "$work/tp_gs_base.out")"
+check "tensor parallel, gather-scatter: both ranks planned" has "$work/err" \
+  "18 planned and 6 original calls of 3 modules in 2 processes"
+check "tensor parallel, gather-scatter: verify line" grep -qE '^verify: .* \(18 calls\)' "$work/out"
 # Each layer divided by the batch's rows over both ranks, an all_reduce of a
 # number made in Python: the first call's comparison differs on both ranks
 # (whose collectives it issues in the same order), so both refuse the plan

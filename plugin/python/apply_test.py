@@ -1069,6 +1069,61 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual(got.pooler_output.data_ptr(), got.last_hidden_state[:, 0].data_ptr())
         self.assertEqual(got.pooler_output.stride(), expected.pooler_output.stride())
 
+    @unittest.skipUnless(importlib.util.find_spec("transformers") is not None,
+                         "needs transformers")
+    def test_encoders_nobody_here_wrote_split_their_layers_with_the_same_outputs(self):
+        # Text encoders with padding masks, a vision transformer and a
+        # shifted-window one, and speech encoders (mel features; raw audio
+        # through a convolutional front end): each layer list split in 2, its
+        # first call audited, the later ones planned.
+        import transformers as tf
+
+        ids = torch.randint(3, 100, (4, 10), generator=torch.Generator().manual_seed(1))
+        mask = torch.ones(4, 10, dtype=torch.long)
+        mask[1, 7:] = 0
+        mask[3, 4:] = 0
+        text = dict(input_ids=ids, attention_mask=mask)
+        small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64)
+        cases = [
+            (lambda: tf.BertModel(tf.BertConfig(vocab_size=100, **small)),
+             "BertModel.encoder.layer.*", text),
+            (lambda: tf.DebertaV2Model(tf.DebertaV2Config(vocab_size=100, **small)),
+             "DebertaV2Model.encoder.layer.*", text),
+            (lambda: tf.ViTModel(tf.ViTConfig(image_size=32, patch_size=8, **small)),
+             "ViTModel.layers.*", dict(pixel_values=torch.randn(4, 3, 32, 32))),
+            (lambda: tf.SwinModel(tf.SwinConfig(image_size=32, patch_size=4, embed_dim=16,
+                                                depths=[1, 1], num_heads=[2, 2], window_size=4)),
+             "SwinModel.encoder.layers.*", dict(pixel_values=torch.randn(4, 3, 32, 32))),
+            (lambda: tf.WhisperModel(tf.WhisperConfig(
+                vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=1,
+                encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=30,
+                max_target_positions=40, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                decoder_start_token_id=1)).get_encoder(),
+             "WhisperEncoder.layers.*", dict(input_features=torch.randn(4, 16, 60))),
+            (lambda: tf.Wav2Vec2Model(tf.Wav2Vec2Config(
+                conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+                num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, **small)),
+             "Wav2Vec2Model.encoder.layers.*", dict(input_values=torch.randn(4, 400))),
+        ]
+        for make, unit, inputs in cases:
+            with self.subTest(unit=unit):
+                torch.manual_seed(0)
+                model = make().eval()
+                with torch.no_grad():
+                    expected = model(**inputs).last_hidden_state
+                    _apply.apply(model, plan([unit]), runtime_lib=RUNTIME)
+                    err = io.StringIO()
+                    with redirect_stderr(err):
+                        outs = [model(**inputs).last_hidden_state for _ in range(3)]
+                self.assertNotIn("refused", err.getvalue())
+                report = model._dynaflow_applier.report
+                self.assertEqual((report.planned_calls, report.original_calls), (4, 2))
+                for out in outs:
+                    torch.testing.assert_close(out, expected)
+                model._dynaflow_applier.detach()
+
     def test_a_refused_compiled_flex_attention_runs_on_unmodified(self):
         # transformers' attn_implementation="flex_attention" calls a
         # torch.compile'd flex_attention. Its higher-order operator refuses

@@ -429,6 +429,32 @@ class CollectiveGroupsTest(unittest.TestCase):
         self.assertIs(a.groups[1], sub)
         self.assertEqual(out.shape, (B, H))
 
+    def test_list_all_gather_and_reduce_scatter_keep_rows_apart(self):
+        # As tensor-parallel layers gather a column-parallel output (and
+        # concatenate its features) and scatter a row-parallel sum.
+        import torch.distributed as dist
+
+        def layer(x):
+            parts = [torch.empty_like(x)]
+            dist.all_gather(parts, x)
+            out = torch.empty(B, H)
+            dist.reduce_scatter(out, [torch.cat(parts, -1)[:, :H]])
+            return out
+
+        _, why = audit(layer, torch.randn(B, H))
+        self.assertIsNone(why)
+        # Rows gathered into tensors from an input that holds none of them:
+        # refused (safe, if over-cautious).
+        def gather_other(x, w):
+            parts = [torch.empty_like(x)]
+            dist.all_gather(parts, w)
+            return parts[0]
+
+        x = torch.randn(B, H)
+        _, why = audit(gather_other, x, torch.randn(B, H), rows=[x])
+        self.assertIn("c10d::allgather_ takes tensors whose rows lie in different places, or in "
+                      "some of them only", why)
+
     def test_a_call_without_collectives_has_no_groups(self):
         a = _rows.make_audit(B)
         with a:

@@ -5,7 +5,7 @@ For dynaflow apply's tests: the micro-batches of a split layer each issue the
 layer's all_reduce, and the ranks must pair them up in the same order.
 
     python tp_mlp.py [--steps N] [--batch-scaled] [--rank1-batch-number]
-                     [--rank1-gain-number]
+                     [--rank1-gain-number] [--gather-scatter]
 
 --batch-scaled divides each layer's output by the batch's rows over all
 ranks, summed by an all_reduce of the local row count made in Python: split,
@@ -24,6 +24,11 @@ whose collectives pair up across the ranks, must go on split on both ranks
 (a refusal that ended the whole plan on rank 1 left its layers unsplit while
 rank 0 split them).
 
+--gather-scatter sums the row-parallel halves with a list reduce_scatter
+(each rank sums its half of the features) and a list all_gather (the halves
+put together again), the same sum as the all_reduce, as sequence- and
+tensor-parallel layers write it.
+
 Prints, from rank 0, the output's checksum and a few values at full precision,
 so two runs (unmodified and under `dynaflow apply`) can be compared.
 """
@@ -41,9 +46,10 @@ WORLD, WIDTH, HIDDEN, BATCH, LAYERS = 2, 16, 64, 8, 3
 
 
 class TPBlock(nn.Module):
-    def __init__(self, rank, generator, batch_scaled, rank_quirk):
+    def __init__(self, rank, generator, batch_scaled, rank_quirk, gather_scatter=False):
         super().__init__()
         self.batch_scaled = batch_scaled
+        self.gather_scatter = gather_scatter
         self.rows_added = 1e-3 if rank_quirk and rank == 1 else 0.0
         up = torch.randn(HIDDEN, WIDTH, generator=generator) / WIDTH ** 0.5
         down = torch.randn(WIDTH, HIDDEN, generator=generator) / HIDDEN ** 0.5
@@ -53,7 +59,14 @@ class TPBlock(nn.Module):
 
     def forward(self, x):
         partial = torch.relu(x @ self.up.t()) @ self.down.t()
-        dist.all_reduce(partial)  # the sum over ranks of the row-parallel halves
+        if self.gather_scatter:  # the same sum, each rank summing half of the features
+            half = torch.empty(*partial.shape[:-1], WIDTH // WORLD)
+            dist.reduce_scatter(half, list(partial.chunk(WORLD, -1)))
+            halves = [torch.empty_like(half) for _ in range(WORLD)]
+            dist.all_gather(halves, half)
+            partial = torch.cat(halves, -1)
+        else:
+            dist.all_reduce(partial)  # the sum over ranks of the row-parallel halves
         if self.batch_scaled:
             rows = torch.tensor([float(x.shape[0])])
             dist.all_reduce(rows)
@@ -77,11 +90,11 @@ class Gain(nn.Module):
 
 
 class TPModel(nn.Module):
-    def __init__(self, rank, batch_scaled, rank_quirk, gain_quirk=False):
+    def __init__(self, rank, batch_scaled, rank_quirk, gain_quirk=False, gather_scatter=False):
         super().__init__()
         g = torch.Generator().manual_seed(0)
         self.gain = Gain(rank, gain_quirk)
-        self.layers = nn.ModuleList(TPBlock(rank, g, batch_scaled, rank_quirk)
+        self.layers = nn.ModuleList(TPBlock(rank, g, batch_scaled, rank_quirk, gather_scatter)
                                     for _ in range(LAYERS))
 
     def forward(self, x):
@@ -91,11 +104,11 @@ class TPModel(nn.Module):
         return x
 
 
-def run(rank, port, steps, batch_scaled, rank_quirk, gain_quirk):
+def run(rank, port, steps, batch_scaled, rank_quirk, gain_quirk, gather_scatter):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
-    model = TPModel(rank, batch_scaled, rank_quirk, gain_quirk)
+    model = TPModel(rank, batch_scaled, rank_quirk, gain_quirk, gather_scatter)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for step in range(steps):
@@ -118,6 +131,7 @@ if __name__ == "__main__":
     ap.add_argument("--batch-scaled", action="store_true")
     ap.add_argument("--rank1-batch-number", action="store_true")
     ap.add_argument("--rank1-gain-number", action="store_true")
+    ap.add_argument("--gather-scatter", action="store_true")
     args = ap.parse_args()
     mp.spawn(run, args=(free_port(), args.steps, args.batch_scaled, args.rank1_batch_number,
-                        args.rank1_gain_number), nprocs=WORLD)
+                        args.rank1_gain_number, args.gather_scatter), nprocs=WORLD)

@@ -1120,6 +1120,21 @@ def _rule_table(torch, cls):
         return a.set_all(next(a.tag_of(t) for t in _flatten(args) if a.tag_of(t) is not None))
 
     add("all_reduce all_reduce_ allreduce_ wait_tensor", c10d_same)
+
+    def c10d_lists(a, func, args, kwargs):
+        """A list all-gather (each output one rank's copy of the input) or a
+        list reduce-scatter (the output the sum over the ranks of this rank's
+        input chunk), as tensor-parallel layers gather a column-parallel
+        output and scatter a row-parallel sum: row by row, when every input
+        holds its rows in the same place. (The tensor forms put the ranks'
+        rows one after another in dimension 0: they have no rule.)"""
+        tags = {a.tag_of(t) for t in _flatten([args[1]])}
+        if len(tags) != 1 or None in tags:
+            raise _Mixed("takes tensors whose rows lie in different places, or in some of them "
+                         "only")
+        return a.set_all(tags.pop())
+
+    add("allgather_ reduce_scatter_", c10d_lists)
     return rules
 
 
