@@ -14,7 +14,8 @@ passing, the same tokens and logits within float32's tolerance. Llama also
 runs in process (`dynaflow.apply(model, plan)`), with and without
 torch.compile; and once under torch.inference_mode(). Seven more decoder families
 (MORE_FAMILIES: Qwen2-MoE, Phi-3, Gemma 3, Bloom, MPT, GPT-NeoX, OPT) split as the advisor
-plans them, with the same outputs. LFM2 and Mamba, whose own caches hold state no
+plans them, with the same outputs. Llama's generate() with beam search and with sampling (the
+cache's rows reordered, tokens drawn, between stack calls) splits with the same tokens. LFM2 and Mamba, whose own caches hold state no
 adapter merges, are refused before a call that builds one runs split; their calls that build none
 split, as do Qwen3-Next's. RecurrentGemma, which keeps state in its modules, is refused before
 any call runs split. GPT-J, XGLM and DeepSeek-V2 look their position tables up by per-row
@@ -360,6 +361,22 @@ class HfApplyTest(unittest.TestCase):
         self.assertIn("dynaflow apply: 1 planned and 1 original calls of 1 modules", r.stderr)
         self.assertIn("verify: max_abs_diff=", r.stdout)
         compare(self, self.outputs_base("mixtral", "router_logits"), out, ("router_logits",))
+
+    def test_beam_search_and_sampling_split_with_the_same_tokens(self):
+        # The generation loop reorders the cache's rows by beam between
+        # stack calls and draws the sampled tokens, both outside the stack.
+        # Per run: a prefill and 2 decode steps of 8 rows (4 prompts x 2
+        # beams), then of 4 rows sampled: 6 stack calls; twice (--warmup),
+        # its 2 kinds audited (a prefill and a decode step: the row count is
+        # no part of a kind).
+        out = self.path("llama_beam_search.pt")
+        r = run(BIN, "apply", "--verify", "--strict", self.plan_for("llama"), "--", PY, MODELS,
+                "--family", "llama", "--patterns", "beam_search", "--out", out, "--warmup",
+                *DEVICE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("dynaflow apply: 10 planned and 2 original calls of 1 modules", r.stderr)
+        self.assertIn("(10 calls)", r.stdout)
+        compare(self, self.outputs_base("llama", "beam_search"), out, ("beam_search",))
 
     def test_a_conversations_next_turn_reuses_the_first_turns_cache(self):
         # generate() marks a cache its caller passes in (_is_user_defined);

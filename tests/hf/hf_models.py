@@ -143,8 +143,9 @@ def prompts():
 
 
 def greedy(model, **kwargs):
-    out = model.generate(**kwargs, max_new_tokens=NEW_TOKENS, do_sample=False,
-                         output_logits=True, return_dict_in_generate=True)
+    kwargs.setdefault("do_sample", False)
+    out = model.generate(**kwargs, max_new_tokens=NEW_TOKENS, output_logits=True,
+                         return_dict_in_generate=True)
     return {"tokens": out.sequences, "logits": [t.float() for t in out.logits]}
 
 
@@ -178,6 +179,19 @@ def pattern_decode_loop(model, ids):
 
 def pattern_generate(model, ids):
     return greedy(model, input_ids=ids, attention_mask=torch.ones_like(ids))
+
+
+def pattern_beam_search(model, ids):
+    """generate() with 2 beams and 2 sequences returned each, and sampling:
+    the batch is rows x beams, and between steps the generation loop reorders
+    the cache's rows by beam (outside the stack), and draws tokens."""
+    beams = greedy(model, input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=2,
+                   num_return_sequences=2)
+    torch.manual_seed(5)
+    sampled = greedy(model, input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                     top_k=20)
+    return {"tokens": torch.cat([beams["tokens"], sampled["tokens"]]),
+            "logits": beams["logits"] + sampled["logits"]}
 
 
 def pattern_static_cache(model, ids):
@@ -284,7 +298,7 @@ def pattern_train(model, ids):
 EXTRA_PATTERNS = {"outputs": pattern_outputs, "router_logits": pattern_router_logits,
                   "train": pattern_train, "next_turn": pattern_next_turn,
                   "labels": pattern_labels, "passed_cache": pattern_passed_cache,
-                  "no_cache": pattern_no_cache}
+                  "no_cache": pattern_no_cache, "beam_search": pattern_beam_search}
 
 
 def main():
