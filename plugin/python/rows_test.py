@@ -455,6 +455,51 @@ class CollectiveGroupsTest(unittest.TestCase):
         self.assertIn("c10d::allgather_ takes tensors whose rows lie in different places, or in "
                       "some of them only", why)
 
+    def test_rows_gathered_into_views_are_rows_in_every_view(self):
+        # The outputs are written in place: into a factory's tensor, whose
+        # views then hold the rows, or refused. Gathered into a buffer's
+        # chunks (the ranks' rows one after another, as the tensor form lays
+        # them) and read whole, into a view taken before, or a value reduced
+        # over the rows gathered into chunks: each passed before, and split
+        # gave other outputs.
+        import torch.distributed as dist
+
+        def chunks_read_whole(x):
+            big = torch.empty(B, H)
+            dist.all_gather(list(big.chunk(1)), x)
+            return x - big.mean(0)
+
+        def view_taken_before(x):
+            out = torch.empty(B, H)
+            flat = out.view(-1)
+            dist.all_gather([out], x)
+            return x - flat.mean()
+
+        def slice_read_across(x):
+            out = torch.empty(B, H)
+            head = out[:, :2]
+            dist.reduce_scatter(out, [x])
+            return x * head.amax()
+
+        def reduced_into_chunks(x):
+            big = torch.empty(1, H)
+            dist.all_gather(list(big.chunk(1)), x.sum(0, keepdim=True))
+            return x + big
+
+        held = torch.empty(B, H)
+
+        def into_a_tensor_made_before(x):
+            dist.all_gather([held], x)
+            return x + held
+
+        for fn in (chunks_read_whole, view_taken_before, slice_read_across,
+                   reduced_into_chunks, into_a_tensor_made_before):
+            with self.subTest(fn=fn.__name__):
+                _, why = audit(fn, torch.randn(B, H))
+                self.assertIsNotNone(why)
+                self.assertRegex(why, "writes rows into a tensor that does not hold rows|"
+                                      "combines a value reduced over the rows with the rows")
+
     def test_a_call_without_collectives_has_no_groups(self):
         a = _rows.make_audit(B)
         with a:

@@ -376,9 +376,9 @@ def _audit_class():
             if any(x.alias_info is not None and x.alias_info.is_write and x.kwarg_only
                    for x in func._schema.arguments):
                 raise _Mixed("writes into an out= tensor, which the audit does not follow")
-            if REDUCED in tags:
-                return self.reduced_rule(func, args, kwargs, tags)
             name = func.overloadpacket.__name__
+            if REDUCED in tags and name not in _LIST_COLLECTIVES:
+                return self.reduced_rule(func, args, kwargs, tags)
             handler = _RULES.get(name)
             if handler is not None:
                 return handler(self, func, args, kwargs)
@@ -1126,16 +1126,43 @@ def _rule_table(torch, cls):
         list reduce-scatter (the output the sum over the ranks of this rank's
         input chunk), as tensor-parallel layers gather a column-parallel
         output and scatter a row-parallel sum: row by row, when every input
-        holds its rows in the same place. (The tensor forms put the ranks'
-        rows one after another in dimension 0: they have no rule.)"""
-        tags = {a.tag_of(t) for t in _flatten([args[1]])}
+        holds its rows (or a value reduced over them) in the same place.
+        The outputs, args[0], are written in place: each must hold the rows
+        there already, or be made in the call (a factory's tensor, or a
+        slice of one that keeps the rows' dimension whole), whose views then
+        hold them too, as for any write (a buffer's chunks, written as one
+        tensor, lay the ranks' rows one after another). (The tensor forms
+        do that in dimension 0: they have no rule.)"""
+        inputs, outputs = list(_flatten([args[1]])), list(_flatten([args[0]]))
+        tags = {a.tag_of(t) for t in inputs}
         if len(tags) != 1 or None in tags:
             raise _Mixed("takes tensors whose rows lie in different places, or in some of them "
                          "only")
-        return a.set_all(tags.pop())
+        tag = tags.pop()
+        if any(o.shape != inputs[0].shape for o in outputs):
+            raise _Mixed("writes into tensors of another shape than its inputs'")
+        fresh = []
+        for o in outputs:
+            if a.tag_of(o) == tag:
+                continue
+            if a.tag_of(o) is not None or not (o in a.fresh if tag == REDUCED else
+                                               a.writable(o, tag)):
+                raise _Mixed("writes rows into a tensor that does not hold rows, or holds "
+                             "them elsewhere")
+            fresh.append(o)
 
-    add("allgather_ reduce_scatter_", c10d_lists)
+        def tag_out(_out):
+            for o in fresh:
+                a.fill_fresh(o, tag)
+        return tag_out
+
+    add(" ".join(_LIST_COLLECTIVES), c10d_lists)
     return rules
+
+
+# The list forms of all-gather and reduce-scatter (c10d_lists), which also
+# take values reduced over the rows.
+_LIST_COLLECTIVES = ("allgather_", "reduce_scatter_")
 
 
 def _row_identity(index, batch, inner):
