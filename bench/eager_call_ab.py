@@ -73,7 +73,7 @@ def keys_us(args, kwargs):
     m = torch.nn.Linear(8, 8)
     t = time.perf_counter()
     for _ in range(SPLIT_CALLS):
-        _rows.audit_key(m, args, kwargs)
+        _rows.audit_key(m, args, kwargs, 8)
         _graphs.flatten_inputs(args, kwargs, 8)
     return (time.perf_counter() - t) / SPLIT_CALLS * 1e6
 

@@ -44,7 +44,7 @@ def main():
         entry = next(e for e in first.graphs.entries.values() if isinstance(e, _graphs._Graph))
         rows = x.shape[0]
         parts = {
-            "audit key": lambda: _rows.audit_key(first.module, args, kwargs),
+            "audit key": lambda: _rows.audit_key(first.module, args, kwargs, rows),
             "graph key": lambda: _graphs._key("kind", args, kwargs, rows, lambda p: True),
             "check_module": lambda: _split.check_module(first.path, first.module),
             "module snapshot compared": lambda: entry.snapshot.same(modules),

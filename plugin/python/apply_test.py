@@ -1776,10 +1776,13 @@ def _agree_in_chained_groups(rank, port, queue):
 
 def _refusals_at_collective_units(rank, port, queue):
     """A rank of AgreementTest's world of two, applying a plan to
-    ReducingNet's layers. Rank 1 gives layers.0's first call an argument that
-    cannot be split; layers.1 splits on both ranks; rank 0 alone hooks
-    layers.1's submodule for two calls of new kinds; then rank 1 alone calls
-    layers.1 with the argument that cannot be split."""
+    ReducingNet's layers. Rank 1 alone hooks layers.0's submodule for its
+    first call (a hook that would run once per micro-batch); layers.1 splits
+    on both ranks; rank 0 alone hooks
+    layers.1's submodule for two calls of new kinds; both ranks then give
+    layers.1 the argument that cannot be split (a kind of its own: its first
+    dimension is neither the rows nor 1); then rank 1 alone hooks it for a
+    call of the kind they split."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -1790,9 +1793,12 @@ def _refusals_at_collective_units(rank, port, queue):
         net._dynaflow_applier.on_refuse = lambda message, outcome: said.append(message)
         g = torch.Generator().manual_seed(0)
         x, shared, odd = (torch.randn(*shape, generator=g) for shape in ((8, 4), (1, 4), (3, 4)))
-        first = net.layers[0](x, odd if rank == 1 else shared)
+        hook = net.layers[0].inner.register_forward_hook(lambda *_: None) if rank == 1 else None
+        first = net.layers[0](x, shared)
+        if hook is not None:
+            hook.remove()
         second = net.layers[0](x, shared)
-        got["layers.0 as unsplit"] = [torch.equal(first, 4 * x + (odd if rank == 1 else shared)[-1]),
+        got["layers.0 as unsplit"] = [torch.equal(first, 4 * x + shared[-1]),
                                       torch.equal(second, 4 * x + shared[-1])]
         for _ in range(2):
             out = net.layers[1](x, shared)
@@ -1807,12 +1813,14 @@ def _refusals_at_collective_units(rank, port, queue):
         out = net.layers[1](x, shared)  # the kind they agreed to split, split
         got["layers.1 as unsplit again"] = torch.allclose(out, 4 * x + shared[-1])
         got["planned"] = net._dynaflow_applier.report.planned_calls
+        got["odd as unsplit"] = torch.equal(net.layers[1](x, odd), 4 * x + odd[-1])
         got["layers.1 kinds refused"] = sum(
             bool(why) for f in net._dynaflow_applier.forwards if f.path.endswith("layers.1")
             for why in f.audited.values())
         if rank == 1:
+            net.layers[1].inner.register_forward_hook(lambda *_: None)
             try:
-                net.layers[1](x, odd)
+                net.layers[1](x, shared)
             except RuntimeError as e:
                 got["raised"] = str(e)
         got["said"] = said
@@ -1824,15 +1832,18 @@ def _refusals_at_collective_units(rank, port, queue):
 @unittest.skipUnless(HAS_TORCH, "needs torch")
 class AgreementTest(unittest.TestCase):
     def test_ranks_refuse_a_collective_unit_alike_and_split_the_rest(self):
-        # Rank 1 refuses layers.0's first call before anything runs: it runs
+        # Rank 1 refuses layers.0's first call before anything runs (its
+        # hook would run once per micro-batch): it runs
         # it under an audit that notes its all_reduce and agrees with rank 0
         # (which audited it) on the refusal, so both run that kind unsplit;
         # layers.1 splits on both. Rank 0's hook refuses two new kinds of
         # layers.1 on both ranks (before, the first made every later kind
         # on rank 0 skip the agreement rank 1 made: gloo aborted), and the
-        # kind they split goes on splitting. A later call of layers.1 that
-        # rank 1 cannot split raises: run whole, its one all_reduce would
-        # meet rank 0's two.
+        # kind they split goes on splitting. An argument that cannot be
+        # split, given by both, is a kind of its own, refused alike (before
+        # the key told its first dimension apart, both raised). A later call
+        # of the kind they split that rank 1 alone cannot split (its hook)
+        # raises: run whole, its one all_reduce would meet rank 0's two.
         import socket
 
         import torch.multiprocessing as mp
@@ -1849,21 +1860,25 @@ class AgreementTest(unittest.TestCase):
             self.assertEqual(got[rank]["hooked kinds as unsplit"], [True, True], rank)
             self.assertTrue(got[rank]["layers.1 as unsplit again"], rank)
             self.assertEqual(got[rank]["planned"], 2, rank)  # layers.1's second and fifth calls
-            self.assertEqual(got[rank]["layers.1 kinds refused"], 2, rank)
-            self.assertEqual(len(got[rank]["said"]), 2, got[rank]["said"])  # each message once
-        self.assertRegex(got[1]["said"][0], r"^ReducingNet\.layers\.0: .*extra.* has first "
-                                            r"dimension 3, not the batch \(8\) or 1")
+            self.assertTrue(got[rank]["odd as unsplit"], rank)
+            self.assertEqual(got[rank]["layers.1 kinds refused"], 3, rank)
+            self.assertEqual(len(got[rank]["said"]), 3, got[rank]["said"])  # each message once
+        self.assertTrue(got[1]["said"][0].startswith("ReducingNet.layers.0.inner: forward hook"),
+                        got[1]["said"])
         self.assertTrue(got[0]["said"][0].startswith(
             "ReducingNet.layers.0: another rank of its process group refused the plan"),
             got[0]["said"])
-        for message in got[0]["said"][1:]:
-            self.assertTrue(message.startswith("ReducingNet.layers.1.inner: forward hook"), message)
-        for message in got[1]["said"][1:]:
-            self.assertTrue(message.startswith("ReducingNet.layers.1: another rank"), message)
+        self.assertTrue(got[0]["said"][1].startswith("ReducingNet.layers.1.inner: forward hook"),
+                        got[0]["said"])
+        self.assertTrue(got[1]["said"][1].startswith("ReducingNet.layers.1: another rank"),
+                        got[1]["said"])
+        for rank in (0, 1):  # each its own refusal of the argument
+            self.assertRegex(got[rank]["said"][2], r"^ReducingNet\.layers\.1: .*extra.* has first "
+                                                   r"dimension 3, not the batch \(8\) or 1")
         self.assertNotIn("raised", got[0])
-        self.assertRegex(got[1]["raised"], r"^dynaflow apply: ReducingNet\.layers\.1: .*has first "
-                                           r"dimension 3.*; the other ranks of its process group "
-                                           r"split its calls of this kind")
+        self.assertRegex(got[1]["raised"], r"^dynaflow apply: ReducingNet\.layers\.1\.inner: forward "
+                                           r"hook .*; the other ranks of its process group split "
+                                           r"its calls of this kind")
 
     def test_a_refusal_reaches_ranks_through_a_chain_of_groups(self):
         # Rank 1 shares no group with rank 2: one all-reduce per group left

@@ -359,22 +359,30 @@ class RowAuditTest(unittest.TestCase):
     def test_calls_of_one_kind_share_a_key(self):
         # A prefill and a decode step differ; two decode steps do not.
         m = torch.nn.Linear(H, H)
-        prefill = _rows.audit_key(m, (torch.randn(B, T, H),), {"use_cache": True})
-        decode = _rows.audit_key(m, (torch.randn(B, 1, H),), {"use_cache": True})
-        later = _rows.audit_key(m, (torch.randn(B, 1, H),), {"use_cache": True})
+        prefill = _rows.audit_key(m, (torch.randn(B, T, H),), {"use_cache": True}, B)
+        decode = _rows.audit_key(m, (torch.randn(B, 1, H),), {"use_cache": True}, B)
+        later = _rows.audit_key(m, (torch.randn(B, 1, H),), {"use_cache": True}, B)
         self.assertNotEqual(prefill, decode)
         self.assertEqual(decode, later)
         self.assertNotEqual(decode, _rows.audit_key(m, (torch.randn(B, 1, H),),
-                                                     {"use_cache": False}))
+                                                     {"use_cache": False}, B))
+        # The row count is no part of a kind; whether a tensor's first
+        # dimension is the rows, 1 or another size is (the split cuts,
+        # shares or refuses it).
+        self.assertEqual(decode, _rows.audit_key(m, (torch.randn(2 * B, 1, H),),
+                                                  {"use_cache": True}, 2 * B))
+        mask = [_rows.audit_key(m, (torch.randn(B, 1, H),), {"mask": torch.ones(rows, 5)}, B)
+                for rows in (B, 1, B + 1)]
+        self.assertEqual(len(set(mask)), 3)
         m.eval()
         self.assertNotEqual(later, _rows.audit_key(m, (torch.randn(B, 1, H),),
-                                                    {"use_cache": True}))
+                                                    {"use_cache": True}, B))
         # A Hugging Face model builds a cache when a call leaves use_cache
         # to its config: the config's flag is part of the kind.
         m.config = type("Config", (), {"use_cache": False})()
-        no_cache = _rows.audit_key(m, (torch.randn(B, T, H),), {})
+        no_cache = _rows.audit_key(m, (torch.randn(B, T, H),), {}, B)
         m.config.use_cache = True
-        self.assertNotEqual(no_cache, _rows.audit_key(m, (torch.randn(B, T, H),), {}))
+        self.assertNotEqual(no_cache, _rows.audit_key(m, (torch.randn(B, T, H),), {}, B))
 
 
 if __name__ == "__main__":

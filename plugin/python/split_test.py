@@ -586,19 +586,20 @@ class NativeKeysTest(unittest.TestCase):
     def test_audit_keys_are_equal(self):
         m = torch.nn.Linear(2, 2)
         args, kwargs = self.values()
-        native, python = self.both(lambda: _rows.audit_key(m, args, kwargs))
+        native, python = self.both(lambda: _rows.audit_key(m, args, kwargs, 4))
         self.assertEqual(native, python)
         self.assertEqual(hash(native), hash(python))
         self.assertEqual([type(v) for v in native], [type(v) for v in python])
         # Each value alone, so that no difference hides behind another.
         for k, v in enumerate(args + tuple(kwargs.values())):
-            native, python = self.both(lambda: _rows.audit_key(m, (v,), {"v": [v]}))
-            self.assertEqual(native, python, k)
+            for batch in (4, 1, 3):  # a first dimension of the rows, 1, or another
+                native, python = self.both(lambda: _rows.audit_key(m, (v,), {"v": [v]}, batch))
+                self.assertEqual(native, python, (k, batch))
         # A decode step and a prefill differ; two decode steps do not.
-        step = self.both(lambda: _rows.audit_key(m, (torch.randn(4, 1, 8),), {}))
+        step = self.both(lambda: _rows.audit_key(m, (torch.randn(4, 1, 8),), {}, 4))
         self.assertEqual(step[0], step[1])
-        self.assertNotEqual(step[0], _rows.audit_key(m, (torch.randn(4, 6, 8),), {}))
-        self.assertEqual(step[0], _rows.audit_key(m, (torch.randn(2, 1, 8),), {}))
+        self.assertNotEqual(step[0], _rows.audit_key(m, (torch.randn(4, 6, 8),), {}, 4))
+        self.assertEqual(step[0], _rows.audit_key(m, (torch.randn(2, 1, 8),), {}, 2))
 
     @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
     def test_audit_keys_of_caches_are_equal(self):
@@ -608,14 +609,14 @@ class NativeKeysTest(unittest.TestCase):
         cache = DynamicCache()
         cache.update(torch.randn(4, 2, 3, 5), torch.randn(4, 2, 3, 5), 0)
         native, python = self.both(lambda: _rows.audit_key(m, (torch.ones(4, 2),),
-                                                           {"past_key_values": cache}))
+                                                           {"past_key_values": cache}, 4))
         self.assertEqual(native, python)
 
     def test_a_value_holding_itself_raises_alike(self):
         m = torch.nn.Linear(2, 2)
         loop = [torch.ones(2)]
         loop.append(loop)
-        native, python = self.both(lambda: _rows.audit_key(m, (loop,), {}))
+        native, python = self.both(lambda: _rows.audit_key(m, (loop,), {}, 4))
         self.assertEqual(native[0], RecursionError)
         self.assertEqual(python[0], RecursionError)
         native, python = self.both(lambda: _graphs.flatten_inputs((loop,), {}, 4))

@@ -34,22 +34,25 @@ py::object DeviceOf(const at::Tensor& t) {
 
 }  // namespace
 
-void CallKeys::AuditWalk(py::list& key, py::handle value, py::handle fallback) const {
+void CallKeys::AuditWalk(py::list& key, py::handle value, int64_t batch,
+                         py::handle fallback) const {
   const RecursionGuard guard(" while keying a call's arguments");
   PyObject* v = value.ptr();
   // The order of _rows._walk_into.
   if (THPVariable_Check(v)) {
     const at::Tensor* t = PlainTensor(value);
     if (t == nullptr) {
-      fallback(key, value);
+      fallback(key, value, batch);
       return;
     }
-    // (dtype, device type, dimensions, which dimensions past the rows are 1)
+    // (dtype, device type, dimensions, which dimensions past the rows are 1,
+    // whether the first is the rows, 1 or another size: _rows._ROWS, ...)
     const int64_t dims = t->dim();
     py::tuple ones(dims > 0 ? dims - 1 : 0);
     for (int64_t d = 1; d < dims; ++d) ones[d - 1] = py::bool_(t->size(d) == 1);
+    const int rows = dims == 0 ? 0 : t->size(0) == batch ? 1 : t->size(0) == 1 ? 2 : 0;
     key.append(py::make_tuple(DtypeOf(*t), c10::DeviceTypeName(t->device().type(), true), dims,
-                              std::move(ones)));
+                              std::move(ones), rows));
     return;
   }
   if (v == Py_None || PyBool_Check(v) || PyUnicode_Check(v)) {
@@ -71,7 +74,7 @@ void CallKeys::AuditWalk(py::list& key, py::handle value, py::handle fallback) c
     const py::tuple items = PyTuple_CheckExact(v) ? py::reinterpret_borrow<py::tuple>(value)
                                                   : py::tuple(py::reinterpret_borrow<py::object>(value));
     key.append(py::make_tuple(py::type::of(value), items.size()));
-    for (py::handle item : items) AuditWalk(key, item, fallback);
+    for (py::handle item : items) AuditWalk(key, item, batch, fallback);
     return;
   }
   if (PyDict_CheckExact(v)) {
@@ -79,17 +82,17 @@ void CallKeys::AuditWalk(py::list& key, py::handle value, py::handle fallback) c
     for (py::handle item : items) {
       const py::tuple kv = py::reinterpret_borrow<py::tuple>(item);
       key.append(kv[0]);
-      AuditWalk(key, kv[1], fallback);
+      AuditWalk(key, kv[1], batch, fallback);
     }
     return;
   }
-  fallback(key, value);
+  fallback(key, value, batch);
 }
 
-py::tuple CallKeys::AuditKey(py::list key, py::handle args, py::handle kwargs,
+py::tuple CallKeys::AuditKey(py::list key, py::handle args, py::handle kwargs, int64_t batch,
                              py::handle fallback) const {
-  AuditWalk(key, args, fallback);
-  AuditWalk(key, kwargs, fallback);
+  AuditWalk(key, args, batch, fallback);
+  AuditWalk(key, kwargs, batch, fallback);
   return py::tuple(key);
 }
 

@@ -20,6 +20,8 @@
 
 #include <Python.h>
 
+#include <cstdint>
+
 #include <pybind11/pybind11.h>
 
 #include "plugin/torch/python_walk.h"
@@ -36,10 +38,11 @@ class CallKeys {
 
   // audit_key: `key` (a list holding the call's head: the module's mode,
   // grad, ...) with the walk of `args` and then `kwargs` appended, as a
-  // tuple. What C++ does not take goes to `fallback(key, value)`
-  // (_rows._walk_into), which appends its part.
+  // tuple; a tensor's first dimension is told apart as the call's `batch`
+  // rows, 1, or another size. What C++ does not take goes to
+  // `fallback(key, value, batch)` (_rows._walk_into), which appends its part.
   pybind11::tuple AuditKey(pybind11::list key, pybind11::handle args, pybind11::handle kwargs,
-                           pybind11::handle fallback) const;
+                           int64_t batch, pybind11::handle fallback) const;
 
   // flatten_inputs: walks the arguments into `flattening` (a
   // _graphs._Flattening: its `parts` and `leaves` lists, `batch`, `Leaf`
@@ -49,7 +52,8 @@ class CallKeys {
  private:
   struct Flattening;
 
-  void AuditWalk(pybind11::list& key, pybind11::handle value, pybind11::handle fallback) const;
+  void AuditWalk(pybind11::list& key, pybind11::handle value, int64_t batch,
+                 pybind11::handle fallback) const;
   void FlattenWalk(Flattening& f, const ValuePath& path, pybind11::handle value) const;
 
   pybind11::tuple immutable_types_;

@@ -64,7 +64,7 @@ PYBIND11_MODULE(_dynaflow_replay, m) {
   py::class_<dynaflow::CallKeys>(m, "CallKeys")
       .def(py::init<py::tuple, py::tuple>(), py::arg("immutable_types"), py::arg("kept_types"))
       .def("audit_key", &dynaflow::CallKeys::AuditKey, py::arg("key"), py::arg("args"),
-           py::arg("kwargs"), py::arg("fallback"))
+           py::arg("kwargs"), py::arg("batch"), py::arg("fallback"))
       .def("flatten", &dynaflow::CallKeys::Flatten, py::arg("flattening"), py::arg("args"),
            py::arg("kwargs"));
 

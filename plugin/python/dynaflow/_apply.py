@@ -1284,7 +1284,7 @@ class _PlannedForward:
         key = None  # a call that cannot be keyed is refused as a kind of its own
         try:
             try:
-                key = audit_key(self.module, args, kwargs)
+                key = audit_key(self.module, args, kwargs, batch)
             except RecursionError:
                 raise Refusal(f"{self.path}: an argument is nested too deep to split, or holds "
                               f"itself") from None

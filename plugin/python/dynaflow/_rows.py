@@ -119,14 +119,17 @@ def _guard_caller():
     return (frame.f_globals.get("__name__", ""), frame.f_code.co_name) if frame else ("", "")
 
 
-def audit_key(module, args, kwargs):
+def audit_key(module, args, kwargs, batch):
     """What a call's operators may depend on besides its values: the
     module's mode, grad, inference mode and autocast, and the structure of
     its arguments (types, flags, tensors' dtypes, devices, ranks and which of
     their dimensions past the rows are 1: a prefill and a decode step of a
     decoder differ, two decode steps do not), and its config's use_cache (a
     Hugging Face model builds a cache when a call does not say). Calls with
-    the same key take the path the audited one took. The arguments are
+    the same key take the path the audited one took: so that a split takes
+    its tensors alike too (cut into rows, shared, or refused), the key says
+    whether each one's first dimension is the call's `batch` rows, 1, or
+    another size (the row count itself is no part of it). The arguments are
     walked in C++ where the replay module is loaded (plugin/torch/
     call_keys.h, the same key), else by _walk_into."""
     import torch
@@ -136,18 +139,20 @@ def audit_key(module, args, kwargs):
            getattr(getattr(module, "config", None), "use_cache", None)]
     native = native_keys()
     if native is not None:
-        return native.audit_key(key, args, kwargs, _walk_into)
-    _walk_into(key, args)
-    _walk_into(key, kwargs)
+        return native.audit_key(key, args, kwargs, batch, _walk_into)
+    _walk_into(key, args, batch)
+    _walk_into(key, kwargs, batch)
     return tuple(key)
 
 
-def _walk_into(key, v):
+def _walk_into(key, v, batch):
     """audit_key's walk of value `v`, appended to the list `key`."""
     import torch
 
     if isinstance(v, torch.Tensor):
-        key.append((v.dtype, v.device.type, v.dim(), tuple(s == 1 for s in v.shape[1:])))
+        first = v.shape[0] if v.dim() else None
+        rows = _ROWS if first == batch else _ONE_ROW if first == 1 else _OTHER_ROWS
+        key.append((v.dtype, v.device.type, v.dim(), tuple(s == 1 for s in v.shape[1:]), rows))
     elif v is None or isinstance(v, (bool, str) + _kept_types()):
         key.append(v)
     elif isinstance(v, (int, float)):
@@ -155,19 +160,23 @@ def _walk_into(key, v):
     elif isinstance(v, (tuple, list)):
         key.append((type(v), len(v)))
         for x in v:
-            _walk_into(key, x)
+            _walk_into(key, x, batch)
     elif isinstance(v, dict):
         for k, x in v.items():
             key.append(k)
-            _walk_into(key, x)
+            _walk_into(key, x, batch)
     elif (adapter := state_adapter(v)) is not None:
         key.append((type(v), adapter.audit_key(v)))
     elif dataclasses.is_dataclass(v) and not isinstance(v, type):
         for f in dataclasses.fields(v):
             key.append(f.name)
-            _walk_into(key, getattr(v, f.name))
+            _walk_into(key, getattr(v, f.name), batch)
     else:
         key.append(type(v))
+
+
+# What a tensor's first dimension is in audit_key (call_keys.h's values).
+_OTHER_ROWS, _ROWS, _ONE_ROW = 0, 1, 2
 
 
 @functools.cache
