@@ -332,11 +332,13 @@ class HfApplyTest(unittest.TestCase):
         r = run(BIN, "apply", "--verify", "--strict", layers, "--", PY, MODELS, "--family",
                 "llama", "--out", out, "--warmup", *DEVICE)
         self.assertEqual(r.returncode, 0, r.stderr)
-        # A layer sees 6 kinds of call: the stack makes a DynamicCache when it
-        # gets none, so its forward and the first steps of the loop and of
-        # generate() are one kind; prefill and decode with a static cache, and
-        # with a padding mask.
-        self.assertIn(f"dynaflow apply: {2 * LAYER_CALLS - 2 * 6} planned and {2 * 6} "
+        # A layer sees 8 kinds of call: model(ids) and the loop's first step
+        # are one (the stack makes a DynamicCache when it gets none), the
+        # loop's decode steps another, both with rotary tables shared by the
+        # rows (positions of 1 x tokens); generate()'s prefill and decode,
+        # with tables per row (its positions are rows x tokens); prefill and
+        # decode with a static cache, and with a padding mask.
+        self.assertIn(f"dynaflow apply: {2 * LAYER_CALLS - 2 * 8} planned and {2 * 8} "
                       f"original calls of 2 modules", r.stderr)
         self.assertNotIn("staggered", r.stderr)
         compare(self, self.base_for("llama"), out)

@@ -1876,9 +1876,9 @@ class AgreementTest(unittest.TestCase):
             self.assertRegex(got[rank]["said"][2], r"^ReducingNet\.layers\.1: .*extra.* has first "
                                                    r"dimension 3, not the batch \(8\) or 1")
         self.assertNotIn("raised", got[0])
-        self.assertRegex(got[1]["raised"], r"^dynaflow apply: ReducingNet\.layers\.1\.inner: forward "
-                                           r"hook .*; the other ranks of its process group split "
-                                           r"its calls of this kind")
+        self.assertRegex(got[1]["raised"], r"^dynaflow apply: ReducingNet\.layers\.1\.inner: "
+                                           r"forward hook .*; the other ranks of its process "
+                                           r"group split its calls of this kind")
 
     def test_a_refusal_reaches_ranks_through_a_chain_of_groups(self):
         # Rank 1 shares no group with rank 2: one all-reduce per group left

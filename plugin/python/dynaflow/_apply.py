@@ -1335,9 +1335,9 @@ class _PlannedForward:
                                                          split.parts, key))
                 if out is EAGER and (a.executor is None or self.audited.get(key)):
                     # The capture's merge refused the plan (the modules are
-                    # restored), or its kind (_refuse). Nothing of the call ran on the device, and
-                    # its warm-up showed it changes no state of its modules:
-                    # it runs once, the original way.
+                    # restored), or its kind (_refuse). Nothing of the call
+                    # ran on the device, and its warm-up showed it changes no
+                    # state of its modules: it runs once, the original way.
                     if self.audited.get(key):
                         a.report.unsplit_call(self.audited[key])
                     else:
