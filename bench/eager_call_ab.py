@@ -12,8 +12,8 @@ alternating:
   4. the keys of a call (plugin/torch/call_keys.h against _rows._walk_into
      and _graphs._Flattening): audit_key + flatten_inputs on the decoder
      layer's arguments, and a planned call of such a layer replayed from a
-     graph by a backend that only copies (CopyOnlyGraphs: the host's work per
-     replayed call, without the graph launch a GPU adds).
+     graph by a backend that only copies (graph_call_cost.NullGraphs: the
+     host's work per replayed call, without the graph launch a GPU adds).
 
     DYNAFLOW_REPLAY_EXT=build/plugin/torch/_dynaflow_replay.so \\
       .venv/bin/python bench/eager_call_ab.py build/plugin/apply/libdynaflow_apply.so
@@ -32,6 +32,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import apply_overhead  # noqa: E402
+import graph_call_cost  # noqa: E402
 from dynaflow import _apply, _graphs, _rows, _split  # noqa: E402
 
 RUNS = 7
@@ -76,28 +77,6 @@ def keys_us(args, kwargs):
         _rows.audit_key(m, args, kwargs, 8)
         _graphs.flatten_inputs(args, kwargs, 8)
     return (time.perf_counter() - t) / SPLIT_CALLS * 1e6
-
-
-class CopyOnlyGraphs:
-    """A graph backend whose graph is the captured call's output alone: a
-    replay copies the inputs in and the outputs out, and launches nothing."""
-
-    @staticmethod
-    def accepts(_t):
-        return True
-
-    @staticmethod
-    def in_capture():
-        return False
-
-    @staticmethod
-    def capture(fn, _device):
-        return None, fn()
-
-    @staticmethod
-    def replay(_graph, copy_in, copy_out):
-        copy_in()
-        return copy_out()
 
 
 class ReplayedNet(torch.nn.Module):
@@ -158,7 +137,7 @@ def main():
     replay_plan = apply_overhead.plan(2, False)
     replay_plan["partition_rules"][0]["modules"] = ["ReplayedNet.blocks.*"]
     replayed = _apply.apply(ReplayedNet(), replay_plan, runtime_lib=lib)
-    replayed._dynaflow_applier.graph_backend = CopyOnlyGraphs()
+    replayed._dynaflow_applier.graph_backend = graph_call_cost.NullGraphs()
     models[REPLAYED] = replayed
     keyer = _rows.native_keys()
     x = torch.randn(8, 8)

@@ -1829,13 +1829,28 @@ def _refusals_at_collective_units(rank, port, queue):
         dist.destroy_process_group()
 
 
+def _ranks(fn, world):
+    """{rank: what it put on the queue}: fn(rank, port, queue) run by `world`
+    gloo ranks, spawned."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(fn, args=(port, queue), nprocs=world)
+    return dict(queue.get() for _ in range(world))
+
+
 @unittest.skipUnless(HAS_TORCH, "needs torch")
 class AgreementTest(unittest.TestCase):
     def test_ranks_refuse_a_collective_unit_alike_and_split_the_rest(self):
         # Rank 1 refuses layers.0's first call before anything runs (its
-        # hook would run once per micro-batch): it runs
-        # it under an audit that notes its all_reduce and agrees with rank 0
-        # (which audited it) on the refusal, so both run that kind unsplit;
+        # hook would run once per micro-batch): it runs it under an audit
+        # that notes its all_reduce and agrees with rank 0 (which audited
+        # it) on the refusal, so both run that kind unsplit;
         # layers.1 splits on both. Rank 0's hook refuses two new kinds of
         # layers.1 on both ranks (before, the first made every later kind
         # on rank 0 skip the agreement rank 1 made: gloo aborted), and the
@@ -1844,16 +1859,7 @@ class AgreementTest(unittest.TestCase):
         # the key told its first dimension apart, both raised). A later call
         # of the kind they split that rank 1 alone cannot split (its hook)
         # raises: run whole, its one all_reduce would meet rank 0's two.
-        import socket
-
-        import torch.multiprocessing as mp
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        queue = mp.get_context("spawn").SimpleQueue()
-        mp.spawn(_refusals_at_collective_units, args=(port, queue), nprocs=2)
-        got = dict(queue.get() for _ in range(2))
+        got = _ranks(_refusals_at_collective_units, 2)
         for rank in (0, 1):
             self.assertEqual(got[rank]["layers.0 as unsplit"], [True, True], rank)
             self.assertTrue(got[rank]["layers.1 as unsplit"], rank)
@@ -1884,16 +1890,7 @@ class AgreementTest(unittest.TestCase):
         # Rank 1 shares no group with rank 2: one all-reduce per group left
         # it splitting while rank 0 refused, and their group's next
         # collectives no longer paired.
-        import socket
-
-        import torch.multiprocessing as mp
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        queue = mp.get_context("spawn").SimpleQueue()
-        mp.spawn(_agree_in_chained_groups, args=(port, queue), nprocs=3)
-        agreed = dict(queue.get() for _ in range(3))
+        agreed = _ranks(_agree_in_chained_groups, 3)
         self.assertEqual(agreed, {0: _apply._REFUSE, 1: _apply._REFUSE, 2: _apply._REFUSE})
 
 
