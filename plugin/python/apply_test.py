@@ -1846,6 +1846,7 @@ def _ranks(fn, world):
 
 @unittest.skipUnless(HAS_TORCH, "needs torch")
 class AgreementTest(unittest.TestCase):
+    @unittest.skipUnless(RUNTIME, "needs the built runtime library")
     def test_ranks_refuse_a_collective_unit_alike_and_split_the_rest(self):
         # Rank 1 refuses layers.0's first call before anything runs (its
         # hook would run once per micro-batch): it runs it under an audit
