@@ -383,7 +383,8 @@ void AddApplyCommand(CLI::App& app, int* exit_code) {
       "not fit the program is refused with one line and the program runs unmodified; in a "
       "torch.distributed program a call refused at run time ends the plan only for its kind of "
       "calls of that module on that rank, and the ranks of a module's collectives agree on it "
-      "at its first call of each kind. The exit code is CMD's.\nIn code: import dynaflow; model = dynaflow.apply(model, \"plan.json\").");
+      "at its first call of each kind. The exit code is CMD's.\nIn code: import dynaflow; "
+      "model = dynaflow.apply(model, \"plan.json\").");
   cmd->add_option("PLAN", args->plan, "plan.json from `dynaflow advise --plan`")->required();
   cmd->footer(
       "Example: advise a traced run, then serve with the plan, checking its outputs:\n"

@@ -14,15 +14,6 @@ namespace dynaflow {
 
 namespace {
 
-// The tensor C++ reads as Python would, or null: an exact Tensor or
-// Parameter, strided and not nested.
-const at::Tensor* PlainTensor(py::handle value) {
-  if (!THPVariable_CheckExact(value.ptr())) return nullptr;
-  const at::Tensor& t = THPVariable_Unpack(value.ptr());
-  if (t.layout() != at::kStrided || t.is_nested()) return nullptr;
-  return &t;
-}
-
 py::object DtypeOf(const at::Tensor& t) {
   return py::reinterpret_borrow<py::object>(
       reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())));
@@ -70,16 +61,13 @@ void CallKeys::AuditWalk(py::list& key, py::handle value, int64_t batch,
     return;
   }
   if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
-    // A list may be changed by the Python a fallback runs: walk a copy.
-    const py::tuple items = PyTuple_CheckExact(v) ? py::reinterpret_borrow<py::tuple>(value)
-                                                  : py::tuple(py::reinterpret_borrow<py::object>(value));
+    const py::tuple items = SequenceItems(value);
     key.append(py::make_tuple(py::type::of(value), items.size()));
     for (py::handle item : items) AuditWalk(key, item, batch, fallback);
     return;
   }
   if (PyDict_CheckExact(v)) {
-    const py::list items = py::reinterpret_borrow<py::dict>(value).attr("items")();
-    for (py::handle item : items) {
+    for (py::handle item : DictItems(value)) {
       const py::tuple kv = py::reinterpret_borrow<py::tuple>(item);
       key.append(kv[0]);
       AuditWalk(key, kv[1], batch, fallback);
@@ -130,8 +118,7 @@ void CallKeys::FlattenWalk(Flattening& f, const ValuePath& path, py::handle valu
     return;
   }
   if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
-    const py::tuple items = PyTuple_CheckExact(v) ? py::reinterpret_borrow<py::tuple>(value)
-                                                  : py::tuple(py::reinterpret_borrow<py::object>(value));
+    const py::tuple items = SequenceItems(value);
     f.parts.append(py::make_tuple(py::type::of(value), items.size()));
     for (Py_ssize_t k = 0; k < static_cast<Py_ssize_t>(items.size()); ++k) {
       const ValuePath child{&path, nullptr, nullptr, k};
@@ -140,9 +127,9 @@ void CallKeys::FlattenWalk(Flattening& f, const ValuePath& path, py::handle valu
     return;
   }
   if (PyDict_CheckExact(v)) {
-    const py::dict dict = py::reinterpret_borrow<py::dict>(value);
-    const py::list items = dict.attr("items")();
-    f.parts.append(py::make_tuple(py::type::of(value), py::tuple(dict)));
+    const py::list items = DictItems(value);
+    const py::tuple keys(py::reinterpret_borrow<py::object>(value));
+    f.parts.append(py::make_tuple(py::type::of(value), keys));
     for (py::handle item : items) {
       const py::tuple kv = py::reinterpret_borrow<py::tuple>(item);
       const ValuePath child{&path, nullptr, kv[0].ptr()};
@@ -164,8 +151,7 @@ void CallKeys::Flatten(py::handle flattening, py::tuple args, py::dict kwargs) c
     const std::string name = "argument " + std::to_string(k);
     FlattenWalk(f, ValuePath{nullptr, &name}, args[k]);
   }
-  const py::list items = kwargs.attr("items")();
-  for (py::handle item : items) {
+  for (py::handle item : DictItems(kwargs)) {
     const py::tuple kv = py::reinterpret_borrow<py::tuple>(item);
     const std::string name = "argument " + py::str(kv[0]).cast<std::string>();
     FlattenWalk(f, ValuePath{nullptr, &name}, kv[1]);

@@ -39,8 +39,9 @@ std::vector<py::object> CallSplitter::Parts(const Call& call, const Path& path,
 
 std::vector<py::object> CallSplitter::TensorParts(const Call& call, const Path& path,
                                                   py::handle value) const {
-  const at::Tensor& t = THPVariable_Unpack(value.ptr());
-  if (t.layout() != at::kStrided || t.is_nested()) return Fallback(call, path, value);
+  const at::Tensor* plain = PlainTensor(value);
+  if (plain == nullptr) return Fallback(call, path, value);
+  const at::Tensor& t = *plain;
   // Only an argument's own name can end in "position_ids" or be a shared
   // name: a nested one ends in "]".
   bool shared_name = false;
@@ -61,7 +62,8 @@ std::vector<py::object> CallSplitter::TensorParts(const Call& call, const Path& 
   if (per_row) {
     for (size_t i = 0; i < call.n(); ++i) {
       const auto [begin, count] = call.rows[i];
-      py::object view = py::reinterpret_steal<py::object>(THPVariable_Wrap(t.narrow(0, begin, count)));
+      py::object view =
+          py::reinterpret_steal<py::object>(THPVariable_Wrap(t.narrow(0, begin, count)));
       if (!view) throw py::error_already_set();
       call.row_views[py::int_(reinterpret_cast<uintptr_t>(view.ptr()))] =
           py::make_tuple(value, static_cast<int64_t>(i));
@@ -81,9 +83,7 @@ std::vector<py::object> CallSplitter::TensorParts(const Call& call, const Path& 
 
 std::vector<py::object> CallSplitter::SequenceParts(const Call& call, const Path& path,
                                                     py::handle value, bool tuple) const {
-  // A list may be changed by the Python a fallback runs: walk a copy.
-  const py::tuple items = tuple ? py::reinterpret_borrow<py::tuple>(value)
-                                : py::tuple(py::reinterpret_borrow<py::object>(value));
+  const py::tuple items = SequenceItems(value);
   const Py_ssize_t size = items.size();
   std::vector<std::vector<py::object>> item_parts;
   item_parts.reserve(size);
@@ -109,7 +109,7 @@ std::vector<py::object> CallSplitter::SequenceParts(const Call& call, const Path
 
 std::vector<py::object> CallSplitter::DictParts(const Call& call, const Path& path,
                                                 py::handle value) const {
-  const py::list items = py::reinterpret_borrow<py::dict>(value).attr("items")();
+  const py::list items = DictItems(value);
   std::vector<std::pair<py::object, std::vector<py::object>>> item_parts;
   item_parts.reserve(items.size());
   for (py::handle item : items) {
@@ -163,7 +163,7 @@ py::tuple CallSplitter::Split(py::handle splitter, const std::vector<std::string
     const Path top{nullptr, &names[k]};
     arg_parts.push_back(Parts(call, top, args[k]));
   }
-  const py::list kwarg_items = kwargs.attr("items")();
+  const py::list kwarg_items = DictItems(kwargs);
   std::vector<std::pair<py::object, std::vector<py::object>>> kwarg_parts;
   kwarg_parts.reserve(kwarg_items.size());
   for (py::handle item : kwarg_items) {

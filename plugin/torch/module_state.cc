@@ -7,6 +7,8 @@
 
 #include <torch/csrc/autograd/python_variable.h>
 
+#include "plugin/torch/python_walk.h"
+
 namespace py = pybind11;
 
 namespace dynaflow {
@@ -32,16 +34,6 @@ std::vector<py::object> Items(py::handle iterable) {
   std::vector<py::object> items;
   for (py::handle item : iterable) items.push_back(py::reinterpret_borrow<py::object>(item));
   return items;
-}
-
-// A dict's (key, value) tuples, as a list: nothing the walk then runs can
-// change what it iterates. A subclass's in its own order (an OrderedDict
-// moved to its end keeps its storage's order).
-py::list DictItems(py::handle dict) {
-  if (!PyDict_CheckExact(dict.ptr())) return py::list(dict.attr("items")());
-  PyObject* items = PyDict_Items(dict.ptr());
-  if (items == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::list>(items);
 }
 
 // dict.get(key): a borrowed value, or nullptr.
@@ -230,8 +222,8 @@ std::string ModuleState::Check() const {
                              : kind == "parameter" ? m.module.attr("_parameters")
                                                    : m.module.attr("__dict__");
     if (Get(table, t.name) != t.tensor.ptr()) {
-      return kind + " " + Where(t.owner, t.name) + " is shared by the micro-batches and was replaced: the split result would "
-                     "be wrong";
+      return kind + " " + Where(t.owner, t.name) +
+             " is shared by the micro-batches and was replaced: the split result would be wrong";
     }
     const bool modified = t.versioned
                               ? THPVariable_Unpack(t.tensor.ptr())._version() != t.version

@@ -1,12 +1,15 @@
 // What the C++ walks of a planned call's Python values share (call_split.h,
-// call_keys.h): where a value sits in the call, named as the Python walks
-// name it; Python's recursion limit; and which values pass as they are.
+// call_keys.h, module_state.h): where a value sits in the call, named as the
+// Python walks name it; Python's recursion limit; which values pass as they
+// are; which tensors C++ reads as Python would; and containers' items read
+// once, so that nothing the walk then runs can change what it iterates.
 #pragma once
 
 #include <Python.h>
 
 #include <string>
 
+#include <ATen/core/Tensor.h>
 #include <pybind11/pybind11.h>
 
 namespace dynaflow {
@@ -38,5 +41,18 @@ class RecursionGuard {
 // _split._is_immutable: None, Ellipsis, an int, float, complex, str or bytes
 // (bool is an int), or an instance of `immutable_types` (a tuple of types).
 bool IsImmutable(pybind11::handle value, pybind11::handle immutable_types);
+
+// The tensor of `value` when C++ reads it as Python would, else null: an
+// exact torch.Tensor or nn.Parameter (a subclass may answer in Python),
+// strided and not nested.
+const at::Tensor* PlainTensor(pybind11::handle value);
+
+// An exact tuple's or list's items: the tuple itself, a list's copied (the
+// Python a fallback runs may change the list).
+pybind11::tuple SequenceItems(pybind11::handle sequence);
+
+// A dict's (key, value) tuples, as a list; a subclass's in its own order (an
+// OrderedDict moved to its end keeps its storage's order).
+pybind11::list DictItems(pybind11::handle dict);
 
 }  // namespace dynaflow

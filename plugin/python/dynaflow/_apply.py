@@ -1375,13 +1375,10 @@ class _PlannedForward:
             for t in adapter.row_tensors(original):
                 audit.tag_rows(t)
         handles = audit.watch(self.module)
-        _ON_THREAD.auditing = True
         rng, context = _rng_states(), ContextState(contextvars.copy_context())
         try:
-            with watching(audit):
-                out = self.original(*args, **kwargs)
+            out = self._original_under(audit, args, kwargs)
         finally:
-            _ON_THREAD.auditing = False
             for h in handles:
                 h.remove()
         self.groups[key] = audit.groups
@@ -1420,6 +1417,16 @@ class _PlannedForward:
         if why:
             self._refuse(key, f"{self.path}: {why}")
         return out
+
+    def _original_under(self, audit, args, kwargs):
+        """The original forward, run once under `audit`; the units it calls
+        run as it calls them (_ON_THREAD.auditing)."""
+        _ON_THREAD.auditing = True
+        try:
+            with watching(audit):
+                return self.original(*args, **kwargs)
+        finally:
+            _ON_THREAD.auditing = False
 
     def _refuse(self, key, message, outcome=_UNMODIFIED):
         """Refuses the plan at a call of kind `key`. In a torch.distributed
@@ -1465,12 +1472,7 @@ class _PlannedForward:
         _let_collectives_finish_at_exit()
         audit = make_audit(0)
         audit.fail(message)  # it only notes the collectives
-        _ON_THREAD.auditing = True
-        try:
-            with watching(audit):
-                out = self.original(*args, **kwargs)
-        finally:
-            _ON_THREAD.auditing = False
+        out = self._original_under(audit, args, kwargs)
         if key is not None:
             self.groups[key] = audit.groups
         _agreed(audit.groups, _REFUSE)
