@@ -6,14 +6,18 @@ alternating:
      layer gets (hidden states, a (cos, sin) tuple, a mask, cache_position,
      with and without a DynamicCache of 2 layers), and on one tensor;
   2. the unit's module state taken and checked (CallSplit.share_buffers and
-     check_shared_unmodified) on a 32-layer transformers Llama (421 modules);
+     check_shared_unmodified), and the unit's modules checked
+     (_split.check_module against call_guards.h's UnitWalk), on a 32-layer
+     transformers Llama (421 modules);
   3. the whole planned call split in 2 (bench/apply_overhead.py's Net and
      HfLikeNet, and its 418-module Deep stack), through the runtime;
   4. the keys of a call (plugin/torch/call_keys.h against _rows._walk_into
      and _graphs._Flattening): audit_key + flatten_inputs on the decoder
      layer's arguments, and a planned call of such a layer replayed from a
      graph by a backend that only copies (graph_call_cost.NullGraphs: the
-     host's work per replayed call, without the graph launch a GPU adds).
+     host's work per replayed call, without the graph launch a GPU adds),
+     with torch's global settings read for its key (_graphs._global_modes
+     against call_guards.h's GlobalModes).
 
     DYNAFLOW_REPLAY_EXT=build/plugin/torch/_dynaflow_replay.so \\
       .venv/bin/python bench/eager_call_ab.py build/plugin/apply/libdynaflow_apply.so
@@ -42,6 +46,7 @@ STATE_CALLS = 50  # of the 421-module state, and of the Deep stack
 
 
 STATE = "Llama 421 modules: state taken + checked"
+CHECKED = "Llama 421 modules: check_module"
 KEYS = "audit_key + flatten_inputs"
 REPLAYED = "decoder layer, replayed"
 
@@ -112,6 +117,13 @@ def module_state_us(modules):
     return (time.perf_counter() - t) / STATE_CALLS * 1e6
 
 
+def check_module_us(model):
+    t = time.perf_counter()
+    for _ in range(STATE_CALLS):
+        _split.check_module("LlamaModel", model)
+    return (time.perf_counter() - t) / STATE_CALLS * 1e6
+
+
 def main():
     torch.set_num_threads(1)
     lib = sys.argv[1]
@@ -120,6 +132,7 @@ def main():
         sys.exit("no replay module: set DYNAFLOW_REPLAY_EXT to build/plugin/torch/_dynaflow_replay.so")
     state = _split._native_module_state()
     variants = {"C++": (lambda: native, lambda: state), "Python": (lambda: None, lambda: None)}
+    walk, modes = _split._native_unit_walk(), _graphs._native_global_modes()
     llama = llama_modules()
     walks = {"decoder layer, no cache": decoder_layer_arguments(False),
              "decoder layer + DynamicCache": decoder_layer_arguments(True),
@@ -145,9 +158,14 @@ def main():
     with torch.inference_mode():
         for _ in range(RUNS):
             for variant, (walker, checker) in variants.items():
-                keys = keyer if variant == "C++" else None
+                cpp = variant == "C++"
+                keys = keyer if cpp else None
                 with mock.patch.object(_split, "_native_splitter", walker), \
                         mock.patch.object(_split, "_native_module_state", checker), \
+                        mock.patch.object(_split, "_native_unit_walk",
+                                          lambda c=cpp: walk if c else None), \
+                        mock.patch.object(_graphs, "_native_global_modes",
+                                          lambda c=cpp: modes if c else None), \
                         mock.patch.object(_rows, "native_keys", lambda: keys), \
                         mock.patch.object(_graphs, "native_keys", lambda: keys):
                     samples.setdefault((KEYS, variant), []).append(
@@ -156,6 +174,8 @@ def main():
                         samples.setdefault((name, variant), []).append(
                             split_and_merge_us(args, kwargs))
                     samples.setdefault((STATE, variant), []).append(module_state_us(llama))
+                    samples.setdefault((CHECKED, variant), []).append(
+                        check_module_us(llama[0][1]))
                     for name, model in models.items():
                         calls = STATE_CALLS if name.startswith("Deep") else MODEL_CALLS
                         samples.setdefault((name, variant), []).append(
@@ -166,7 +186,7 @@ def main():
     replays = replayed._dynaflow_applier.report.graph_replays
     if replays == 0:
         sys.exit(f"{REPLAYED}: no call was replayed")
-    for name in list(walks) + [STATE, KEYS] + list(models):
+    for name in list(walks) + [STATE, CHECKED, KEYS] + list(models):
         c, p = statistics.median(samples[(name, "C++")]), statistics.median(samples[(name, "Python")])
         print(f"  {name:30s} C++ {c:8.1f}  Python {p:8.1f}  Python / C++ {p / c:.2f}x")
 

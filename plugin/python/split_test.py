@@ -871,6 +871,176 @@ def _views(s):
 
 
 @unittest.skipUnless(HAS_TORCH, "needs torch")
+@unittest.skipUnless(HAS_TORCH and REPLAY, "needs torch and the replay module "
+                                           "(DYNAFLOW_REPLAY_EXT_BUILT)")
+class NativeGuardsTest(unittest.TestCase):
+    """check_module's walk and the graph key's global modes in C++
+    (plugin/torch/call_guards.h) against Python's: the same modules listed,
+    the same refusals; keys that tell apart the same settings."""
+
+    def both(self, fn):
+        """(native, python): fn()'s result, or its exception's type and message."""
+        self.assertIsNotNone(_split._native_unit_walk())
+        got = []
+        for walk in (_split._native_unit_walk(), None):
+            with unittest.mock.patch.object(_split, "_native_unit_walk", lambda w=walk: w):
+                try:
+                    got.append(fn())
+                except Exception as e:  # noqa: BLE001 - compared
+                    got.append((type(e), str(e)))
+        return got
+
+    def units(self):
+        """Units whose walks differ in each way named_modules can."""
+        from torch import nn
+
+        shared = nn.Linear(2, 2)
+        twice = nn.Sequential(shared, nn.ReLU(), shared, nn.Sequential(shared))
+        holes = nn.Sequential(nn.Linear(2, 2))
+        holes.register_module("gap", None)
+        holes.add_module("after", nn.ModuleDict({"a": nn.Tanh(), "b": nn.ModuleList([nn.GELU()])}))
+        hooked = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU(), nn.Linear(2, 2)))
+        hooked[1][1].register_forward_pre_hook(lambda m, a: None)
+        hooked.register_forward_hook(lambda m, a, o: None)  # the unit's own: not looked at
+        units = {"twice": twice, "holes": holes, "hooked": hooked,
+                 "batch norm": nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)),
+                 "lazy": nn.Sequential(nn.LazyLinear(3)),
+                 "seq first": nn.TransformerEncoderLayer(4, 2),
+                 "lstm": nn.Sequential(nn.LSTM(4, 4, batch_first=True)),
+                 "instance norm": nn.InstanceNorm1d(4, track_running_stats=True),
+                 "backward": nn.Sequential(nn.Linear(2, 2))}
+        units["backward"][0].register_full_backward_hook(lambda m, gi, go: None)
+        if HAS_TRANSFORMERS:
+            import transformers as tf
+
+            config = tf.LlamaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=2,
+                                    num_attention_heads=2, intermediate_size=32)
+            llama = tf.LlamaForCausalLM(config)
+            llama.activation_checkpointing_enable()  # a hook known to act per row
+            units["llama"] = llama
+        return units
+
+    def test_walks_list_the_same_modules_and_refuse_alike(self):
+        walk = _split._native_unit_walk()
+        for name, unit in self.units().items():
+            walked = walk.walk(unit)
+            self.assertIsNotNone(walked, name)
+            pairs, flagged = walked
+            expected = list(unit.named_modules())
+            self.assertEqual([n for n, _ in pairs], [n for n, _ in expected], name)
+            self.assertTrue(all(a is b for (_, a), (_, b) in zip(pairs, expected)), name)
+            native, python = self.both(lambda u=unit: _split.check_module("U", u))
+            if isinstance(python, list):
+                self.assertEqual([n for n, _ in native], [n for n, _ in python], name)
+            else:
+                self.assertEqual(native, python, name)
+        # What each unit flags: only what could refuse.
+        flagged = {}
+        for name, unit in self.units().items():
+            pairs, indices = walk.walk(unit)
+            flagged[name] = [pairs[i][0] for i in indices]
+        self.assertEqual(flagged["twice"], [])
+        self.assertEqual(flagged["holes"], [])
+        self.assertEqual(flagged["hooked"], ["1.1"])
+        self.assertEqual(flagged["batch norm"], ["1"])
+        self.assertEqual(flagged["lazy"], ["0"])
+        self.assertEqual(flagged["seq first"], ["self_attn"])
+        self.assertEqual(flagged["lstm"], ["0"])
+        self.assertEqual(flagged["instance norm"], [""])
+        self.assertEqual(flagged["backward"], ["0"])
+        if HAS_TRANSFORMERS:
+            self.assertEqual(flagged["llama"], ["model.embed_tokens"])
+
+    def test_what_named_modules_might_list_otherwise_is_left_to_python(self):
+        from torch import nn
+
+        class OwnWalk(nn.Sequential):
+            def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+                yield prefix, self
+
+        class ByValue(nn.Linear):
+            def __eq__(self, other):
+                return isinstance(other, ByValue)
+
+            __hash__ = None
+
+        walk = _split._native_unit_walk()
+        odd = nn.Sequential(nn.Linear(2, 2))
+        odd._modules["x"] = 3  # not a module: named_modules raises
+        for unit in (OwnWalk(nn.ReLU()), nn.Sequential(nn.ReLU(), OwnWalk()),
+                     nn.Sequential(ByValue(2, 2)), odd):
+            self.assertIsNone(walk.walk(unit), unit)
+            native, python = self.both(lambda u=unit: _split.check_module("U", u))
+            if isinstance(python, list):
+                self.assertEqual([n for n, _ in native], [n for n, _ in python])
+            else:
+                self.assertEqual(native, python)
+        self.assertEqual([n for n, _ in _split.check_module("U", OwnWalk(nn.ReLU()))], [""])
+
+    def test_a_module_holding_itself_raises_recursion_error(self):
+        from torch import nn
+
+        deep = nn.Sequential()
+        inner = deep
+        for _ in range(sys.getrecursionlimit() + 10):
+            inner.add_module("n", nn.Sequential())
+            inner = inner.n
+        native, python = self.both(lambda: _split.check_module("U", deep))
+        self.assertEqual(native[0], RecursionError)
+        self.assertEqual(python[0], RecursionError)
+
+    def test_global_modes_tell_apart_the_settings_python_does(self):
+        native = _graphs._native_global_modes()
+        self.assertIsNotNone(native)
+        python = _graphs._global_modes
+        without_native = unittest.mock.patch.object(_graphs, "_native_global_modes", lambda: None)
+        with without_native:
+            base = (native(), python())
+        self.assertEqual(_graphs._global_modes(), base[0])
+        b = torch.backends
+        settings = [
+            lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+            lambda: torch.autocast("cpu", dtype=torch.float16),
+            lambda: _setting(torch.set_autocast_cache_enabled, torch.is_autocast_cache_enabled(),
+                             False),
+            lambda: _setting(torch.set_default_dtype, torch.get_default_dtype(), torch.float64),
+            lambda: _setting(torch.set_float32_matmul_precision,
+                             torch.get_float32_matmul_precision(), "medium"),
+            lambda: _setting(lambda v: setattr(b.cuda.matmul, "allow_tf32", v),
+                             b.cuda.matmul.allow_tf32, not b.cuda.matmul.allow_tf32),
+            lambda: _setting(lambda v: setattr(b.cudnn, "allow_tf32", v), b.cudnn.allow_tf32,
+                             not b.cudnn.allow_tf32),
+            lambda: _setting(b.cuda.enable_flash_sdp, b.cuda.flash_sdp_enabled(), False),
+            lambda: _setting(b.cuda.enable_mem_efficient_sdp, b.cuda.mem_efficient_sdp_enabled(),
+                             False),
+            lambda: _setting(b.cuda.enable_math_sdp, b.cuda.math_sdp_enabled(), False),
+            lambda: _setting(b.cuda.enable_cudnn_sdp, b.cuda.cudnn_sdp_enabled(), False),
+            lambda: _setting(torch.use_deterministic_algorithms,
+                             torch.are_deterministic_algorithms_enabled(), True),
+        ]
+        seen = {base[0]}
+        for k, setting in enumerate(settings):
+            with setting():
+                with without_native:
+                    changed = python()
+                now = native()
+            self.assertNotEqual(changed, base[1], k)  # the Python key tells it apart
+            self.assertNotIn(now, seen, k)  # and so does C++'s, from every other
+            seen.add(now)
+            self.assertEqual(native(), base[0], k)  # put back
+        with without_native:
+            self.assertEqual(python(), base[1])
+
+
+@contextlib.contextmanager
+def _setting(set_value, old, new):
+    set_value(new)
+    try:
+        yield
+    finally:
+        set_value(old)
+
+
 class ModuleTest(unittest.TestCase):
     def test_batch_norm_with_batch_statistics_refuses(self):
         from torch import nn

@@ -5,8 +5,10 @@
 // CallSplitter, the walk of an eager planned call's arguments into its
 // micro-batches' (_split.py); CallKeys, the walks that key a planned call
 // (_rows.audit_key, _graphs.flatten_inputs); ModuleState, what such a call must leave
-// unchanged in its modules (_split.py); and CallerState, the caller's torch state
-// carried into each micro-batch.
+// unchanged in its modules (_split.py); UnitWalk and global_modes, what it
+// checks of its unit's modules and of torch's settings (_split.check_module,
+// _graphs._global_modes); and CallerState, the caller's torch state carried
+// into each micro-batch.
 //
 // pybind11 with torch's type casters (torch/csrc/utils/pybind.h): a list of
 // tensors crosses as std::vector<at::Tensor> without copying any data. A C++
@@ -15,6 +17,7 @@
 #include <ATen/ThreadLocalState.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "plugin/torch/call_guards.h"
 #include "plugin/torch/call_keys.h"
 #include "plugin/torch/call_split.h"
 #include "plugin/torch/module_snapshot.h"
@@ -67,6 +70,11 @@ PYBIND11_MODULE(_dynaflow_replay, m) {
            py::arg("kwargs"), py::arg("batch"), py::arg("fallback"))
       .def("flatten", &dynaflow::CallKeys::Flatten, py::arg("flattening"), py::arg("args"),
            py::arg("kwargs"));
+
+  py::class_<dynaflow::UnitWalk>(m, "UnitWalk")
+      .def(py::init<py::object, py::tuple>(), py::arg("module_type"), py::arg("flagged_types"))
+      .def("walk", &dynaflow::UnitWalk::Walk, py::arg("unit"));
+  m.def("global_modes", &dynaflow::GlobalModes);
 
   py::class_<dynaflow::ModuleState>(m, "ModuleState")
       .def(py::init<const py::sequence&, py::frozenset, py::object>(), py::arg("modules"),

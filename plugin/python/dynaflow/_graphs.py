@@ -73,6 +73,7 @@ CUDA, apply says so in one line)."""
 import collections
 import contextlib
 import dataclasses
+import functools
 import importlib.machinery
 import importlib.util
 import os
@@ -80,8 +81,8 @@ import threading
 
 from ._rows import native_keys
 from ._split import (_CONTAINER_TYPES, _SCALAR_TYPES, _as_bytes, _capture_underway, _first_line,
-                     _is_immutable,
-                     _module_tables, _sequence_builder, state_adapter, watching)
+                     _is_immutable, _module_tables, _replay_module, _sequence_builder,
+                     state_adapter, watching)
 
 # Graphs one unit keeps (one per padded shape and kind): beyond, new shapes
 # run eagerly. A decode server padded to powers of two needs about
@@ -825,9 +826,14 @@ class UnitGraphs:
 def _global_modes():
     """What torch's global settings make a call's kernels do, beside its
     arguments: autocast's dtypes, the default dtype, float32 matmul
-    precision and TF32, the attention backends allowed, determinism."""
+    precision and TF32, the attention backends allowed, determinism. Read
+    in C++ where the replay module is loaded (plugin/torch/call_guards.h:
+    GlobalModes, another value equal under the same settings)."""
     import torch
 
+    native = _native_global_modes()
+    if native is not None:
+        return native()
     b = torch.backends
     return (tuple((d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
                   if torch.is_autocast_enabled(d)), torch.is_autocast_cache_enabled(),
@@ -835,6 +841,14 @@ def _global_modes():
             b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cuda.flash_sdp_enabled(),
             b.cuda.mem_efficient_sdp_enabled(), b.cuda.math_sdp_enabled(),
             b.cuda.cudnn_sdp_enabled(), torch.are_deterministic_algorithms_enabled())
+
+
+@functools.cache
+def _native_global_modes():
+    """GlobalModes (plugin/torch/call_guards.h), or None without the replay
+    module."""
+    module = _replay_module()
+    return None if module is None else module.global_modes
 
 
 def torch_modes():

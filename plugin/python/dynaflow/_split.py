@@ -547,7 +547,10 @@ def check_module(module_path, module):
     (`_check_buffers_checkable`); Unsplittable for this call only, while a
     lazy module has not inferred its parameters or a caller outside the unit
     collects its outputs. One walk over the submodules, on every call: hooks
-    come and go. Returns the (path, module) pairs it walked, for
+    come and go. In C++ where the replay module is loaded (plugin/torch/
+    call_guards.h: UnitWalk lists the modules and those that could refuse,
+    which alone are looked at here), except under a capture, which looks at
+    every module's buffers. Returns the (path, module) pairs it walked, for
     CallSplit.share_buffers."""
     from torch.nn.modules import module as nn_module
 
@@ -558,10 +561,15 @@ def check_module(module_path, module):
                     ("backward pre-", nn_module._global_backward_pre_hooks),
                     ("backward ", nn_module._global_backward_hooks)]
     _check_hooks(f"{module_path} (a global module hook)", global_hooks, collecting)
-    row_mixing = _row_mixing_types()
-    lazy = _lazy_module_type()
-    modules = list(module.named_modules())
-    for name, m in modules:
+    walk = None if capturing else _native_unit_walk()
+    walked = None if walk is None else walk.walk(module)
+    if walked is None:
+        modules = looked_at = list(module.named_modules())
+    else:
+        modules, flagged = walked
+        looked_at = [modules[i] for i in flagged]
+    lazy, row_mixing = _lazy_module_type(), _row_mixing_types()
+    for name, m in looked_at:
         if isinstance(m, lazy) and m.has_uninitialized_params():
             raise Unsplittable(f"{_path(module_path, name)}: {type(m).__name__} infers its "
                                f"parameters on its first call")
@@ -577,6 +585,18 @@ def check_module(module_path, module):
                                                    ("backward pre-", m._backward_pre_hooks),
                                                    ("backward ", m._backward_hooks)], collecting)
     return modules
+
+
+@functools.cache
+def _native_unit_walk():
+    """check_module's walk in C++ (plugin/torch/call_guards.h), or None
+    without the replay module."""
+    module = _replay_module()
+    if module is None:
+        return None
+    from torch import nn
+
+    return module.UnitWalk(nn.Module, (_lazy_module_type(), *_row_mixing_types()))
 
 
 def _path(unit_path, name):

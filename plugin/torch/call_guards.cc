@@ -1,0 +1,129 @@
+#include "plugin/torch/call_guards.h"
+
+#include <unordered_set>
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/DefaultDtype.h>
+
+#include "plugin/torch/python_walk.h"
+
+namespace py = pybind11;
+
+namespace dynaflow {
+
+namespace {
+
+// Whether `module`'s hook dict `name` is a dict holding a hook, or cannot
+// be read as one (check_module then raises what Python raises).
+bool HasHooks(PyObject* module, PyObject* name) {
+  PyObject* hooks = PyObject_GetAttr(module, name);
+  if (hooks == nullptr) {
+    PyErr_Clear();
+    return true;
+  }
+  const bool has = !PyDict_Check(hooks) || PyDict_GET_SIZE(hooks) != 0;
+  Py_DECREF(hooks);
+  return has;
+}
+
+// An interned name: looked up by its cached hash, compared by identity.
+// Built from a C string on every lookup, a name is hashed anew each time:
+// that alone made the walk slower than named_modules in Python.
+py::object Interned(const char* name) {
+  return py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name));
+}
+
+}  // namespace
+
+UnitWalk::UnitWalk(py::object module_type, py::tuple flagged_types)
+    : module_type_(std::move(module_type)),
+      named_modules_(module_type_.attr("named_modules")),
+      flagged_types_(std::move(flagged_types)),
+      named_modules_name_(Interned("named_modules")),
+      modules_name_(Interned("_modules")),
+      hook_names_{Interned("_forward_pre_hooks"), Interned("_forward_hooks"),
+                  Interned("_backward_pre_hooks"), Interned("_backward_hooks")},
+      dot_(Interned(".")) {}
+
+py::object UnitWalk::Walk(py::handle unit) const {
+  py::list pairs;
+  py::list flagged;
+  std::unordered_set<PyObject*> seen;  // alive: `pairs` holds each
+  if (!WalkInto(unit, py::str(""), pairs, flagged, seen)) return py::none();
+  return py::make_tuple(std::move(pairs), std::move(flagged));
+}
+
+bool UnitWalk::WalkInto(py::handle module, py::handle name, py::list& pairs, py::list& flagged,
+                        std::unordered_set<PyObject*>& seen) const {
+  const RecursionGuard guard(" while walking a unit's modules");
+  PyObject* m = module.ptr();
+  // named_modules' memo is a set: identity, unless the type hashes otherwise.
+  if (Py_TYPE(m)->tp_hash != PyBaseObject_Type.tp_hash) return false;
+  const py::object own = py::reinterpret_steal<py::object>(
+      PyObject_GetAttr(reinterpret_cast<PyObject*>(Py_TYPE(m)), named_modules_name_.ptr()));
+  if (!own || !own.is(named_modules_)) {
+    PyErr_Clear();
+    return false;
+  }
+  if (!seen.insert(m).second) return true;
+  const bool unit = PyUnicode_GET_LENGTH(name.ptr()) == 0;
+  if (Flagged(m, unit)) flagged.append(py::int_(py::len(pairs)));
+  pairs.append(py::make_tuple(name, module));
+  const py::object children = py::reinterpret_steal<py::object>(
+      PyObject_GetAttr(m, modules_name_.ptr()));
+  if (!children || !PyDict_CheckExact(children.ptr())) {
+    PyErr_Clear();
+    return false;
+  }
+  const py::list items = DictItems(children);
+  for (const py::handle item : items) {
+    const py::handle child = PyTuple_GET_ITEM(item.ptr(), 1);
+    if (child.is_none()) continue;
+    const int is_module = PyObject_IsInstance(child.ptr(), module_type_.ptr());
+    if (is_module < 0) throw py::error_already_set();
+    const py::handle key = PyTuple_GET_ITEM(item.ptr(), 0);
+    if (is_module == 0 || !PyUnicode_Check(key.ptr())) return false;
+    // named_modules' prefix + ('.' if prefix else '') + name
+    py::object path = py::reinterpret_borrow<py::object>(key);
+    if (!unit) {
+      const py::object dotted = py::reinterpret_steal<py::object>(
+          PyUnicode_Concat(name.ptr(), dot_.ptr()));
+      if (!dotted) throw py::error_already_set();
+      path = py::reinterpret_steal<py::object>(PyUnicode_Concat(dotted.ptr(), key.ptr()));
+      if (!path) throw py::error_already_set();
+    }
+    if (!WalkInto(child, path, pairs, flagged, seen)) return false;
+  }
+  return true;
+}
+
+bool UnitWalk::Flagged(PyObject* module, bool unit) const {
+  const int is = PyObject_IsInstance(module, flagged_types_.ptr());
+  if (is < 0) throw py::error_already_set();
+  if (is == 1) return true;
+  // The unit's own hooks run once, around the whole planned call.
+  if (unit) return false;
+  for (const py::object& hooks : hook_names_) {
+    if (HasHooks(module, hooks.ptr())) return true;
+  }
+  return false;
+}
+
+py::tuple GlobalModes() {
+  const auto autocast = [](at::DeviceType device) {
+    return at::autocast::is_autocast_enabled(device)
+               ? static_cast<int>(at::autocast::get_autocast_dtype(device))
+               : -1;
+  };
+  at::Context& c = at::globalContext();
+  return py::make_tuple(autocast(at::kCPU), autocast(at::kCUDA),
+                        at::autocast::is_autocast_cache_enabled(),
+                        static_cast<int>(c10::get_default_dtype_as_scalartype()),
+                        static_cast<int>(c.float32MatmulPrecision()), c.allowTF32CuBLAS(),
+                        c.allowTF32CuDNN(), c.userEnabledFlashSDP(), c.userEnabledMemEfficientSDP(),
+                        c.userEnabledMathSDP(), c.userEnabledCuDNNSDP(),
+                        c.deterministicAlgorithms());
+}
+
+}  // namespace dynaflow
