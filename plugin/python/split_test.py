@@ -964,30 +964,101 @@ class NativeGuardsTest(unittest.TestCase):
 
             __hash__ = None
 
+        class OwnAttributes(nn.Sequential):
+            def __getattribute__(self, name):  # may answer _modules its own way
+                return super().__getattribute__(name)
+
+        class Key(str):
+            pass
+
+        class NoClass:
+            @property
+            def __class__(self):
+                raise ValueError("no class")
+
+        def hooked():
+            m = nn.Linear(2, 2)
+            m.register_forward_hook(lambda m, a, o: None)
+            return m
+
         walk = _split._native_unit_walk()
         odd = nn.Sequential(nn.Linear(2, 2))
         odd._modules["x"] = 3  # not a module: named_modules raises
+        no_class = nn.Sequential(nn.Linear(2, 2))
+        no_class._modules["x"] = NoClass()
+        keyed = nn.Sequential()
+        keyed._modules[Key("a")] = nn.Linear(2, 2)
+        # A named_modules set on the instance, listing one more (hooked) module.
+        listed = nn.Sequential(nn.Linear(2, 2))
+        extra, inner = hooked(), listed[0]
+
+        def listing(memo=None, prefix="", remove_duplicate=True):
+            yield from nn.Module.named_modules(inner, memo, prefix, remove_duplicate)
+            yield prefix + ".extra", extra
+
+        inner.named_modules = listing
         for unit in (OwnWalk(nn.ReLU()), nn.Sequential(nn.ReLU(), OwnWalk()),
-                     nn.Sequential(ByValue(2, 2)), odd):
+                     nn.Sequential(ByValue(2, 2)), odd, no_class, keyed, listed,
+                     nn.Sequential(OwnAttributes(hooked()))):
             self.assertIsNone(walk.walk(unit), unit)
             native, python = self.both(lambda u=unit: _split.check_module("U", u))
             if isinstance(python, list):
-                self.assertEqual([n for n, _ in native], [n for n, _ in python])
+                self.assertEqual([(n, type(n)) for n, _ in native],
+                                 [(n, type(n)) for n, _ in python])
             else:
                 self.assertEqual(native, python)
         self.assertEqual([n for n, _ in _split.check_module("U", OwnWalk(nn.ReLU()))], [""])
+        with self.assertRaisesRegex(_split.Refusal, r"^U\.0\.extra: forward hook"):
+            _split.check_module("U", listed)
+
+    def test_no_code_of_the_model_runs_in_the_walk(self):
+        from torch import nn
+
+        class Odd(nn.Linear):
+            @property
+            def __class__(self):
+                raise ValueError("no class")
+
+        hooked = nn.Linear(2, 2)
+        hooked.register_forward_hook(lambda m, a, o: None)
+        unit = nn.Sequential(hooked, Odd(2, 2))
+        self.assertEqual(_split._native_unit_walk().walk(unit)[1], [1, 2])  # left to Python
+        native, python = self.both(lambda: _split.check_module("U", unit))
+        self.assertEqual(native, python)
+        self.assertEqual(native[0], _split.Refusal)
+        # A child named "" (set around add_module, which refuses the name) is
+        # not the unit: its hooks refuse.
+        unit = nn.Sequential(nn.ReLU())
+        unit._modules[""] = hooked
+        native, python = self.both(lambda: _split.check_module("U", unit))
+        self.assertEqual(native, python)
+        self.assertEqual(native[0], _split.Refusal)
 
     def test_a_module_holding_itself_raises_recursion_error(self):
         from torch import nn
 
-        deep = nn.Sequential()
-        inner = deep
-        for _ in range(sys.getrecursionlimit() + 10):
-            inner.add_module("n", nn.Sequential())
-            inner = inner.n
+        def chain(depth):
+            top = inner = nn.Sequential()
+            for _ in range(depth):
+                inner.add_module("n", nn.Sequential())
+                inner = inner.n
+            return top
+
+        deep = chain(sys.getrecursionlimit() + 10)
         native, python = self.both(lambda: _split.check_module("U", deep))
         self.assertEqual(native[0], RecursionError)
         self.assertEqual(python[0], RecursionError)
+        # Where Python's walk first raises, C++'s does too; and it walks what
+        # Python walks but the deepest level.
+        low, high = 1, sys.getrecursionlimit() + 10
+        while low + 1 < high:
+            middle = (low + high) // 2
+            python = self.both(lambda d=middle: _split.check_module("U", chain(d)))[1]
+            low, high = (middle, high) if isinstance(python, list) else (low, middle)
+        for depth, fits in ((low - 1, True), (high, False)):
+            native, python = self.both(lambda d=depth: _split.check_module("U", chain(d)))
+            self.assertEqual(isinstance(native, list), fits, depth)
+            self.assertEqual(isinstance(python, list), fits, depth)
 
     def test_global_modes_tell_apart_the_settings_python_does(self):
         native = _graphs._native_global_modes()
@@ -1017,6 +1088,19 @@ class NativeGuardsTest(unittest.TestCase):
             lambda: _setting(b.cuda.enable_cudnn_sdp, b.cuda.cudnn_sdp_enabled(), False),
             lambda: _setting(torch.use_deterministic_algorithms,
                              torch.are_deterministic_algorithms_enabled(), True),
+            lambda: _setting(lambda v: torch.use_deterministic_algorithms(v, warn_only=v),
+                             torch.are_deterministic_algorithms_enabled(), True),
+            lambda: _setting(lambda v: setattr(b.cuda.matmul,
+                                               "allow_fp16_reduced_precision_reduction", v),
+                             b.cuda.matmul.allow_fp16_reduced_precision_reduction,
+                             not b.cuda.matmul.allow_fp16_reduced_precision_reduction),
+            lambda: _setting(lambda v: setattr(b.cuda.matmul,
+                                               "allow_bf16_reduced_precision_reduction", v),
+                             b.cuda.matmul.allow_bf16_reduced_precision_reduction,
+                             not b.cuda.matmul.allow_bf16_reduced_precision_reduction),
+            lambda: _setting(lambda v: setattr(b.cuda.matmul, "allow_fp16_accumulation", v),
+                             b.cuda.matmul.allow_fp16_accumulation,
+                             not b.cuda.matmul.allow_fp16_accumulation),
         ]
         seen = {base[0]}
         for k, setting in enumerate(settings):

@@ -824,9 +824,11 @@ class UnitGraphs:
 
 
 def _global_modes():
-    """What torch's global settings make a call's kernels do, beside its
-    arguments: autocast's dtypes, the default dtype, float32 matmul
-    precision and TF32, the attention backends allowed, determinism. Read
+    """What torch's global settings make a call's CUDA kernels do, beside
+    its arguments: autocast's dtypes, the default dtype, float32 matmul
+    precision and TF32, cuBLAS's reduced-precision reductions and fp16
+    accumulation, the attention backends allowed, determinism (and whether
+    it only warns, which a replay, running no operator, would not). Read
     in C++ where the replay module is loaded (plugin/torch/call_guards.h:
     GlobalModes, another value equal under the same settings)."""
     import torch
@@ -838,9 +840,13 @@ def _global_modes():
     return (tuple((d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
                   if torch.is_autocast_enabled(d)), torch.is_autocast_cache_enabled(),
             torch.get_default_dtype(), torch.get_float32_matmul_precision(),
-            b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cuda.flash_sdp_enabled(),
+            b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32,
+            b.cuda.matmul.allow_fp16_reduced_precision_reduction,
+            b.cuda.matmul.allow_bf16_reduced_precision_reduction,
+            b.cuda.matmul.allow_fp16_accumulation, b.cuda.flash_sdp_enabled(),
             b.cuda.mem_efficient_sdp_enabled(), b.cuda.math_sdp_enabled(),
-            b.cuda.cudnn_sdp_enabled(), torch.are_deterministic_algorithms_enabled())
+            b.cuda.cudnn_sdp_enabled(), torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled())
 
 
 @functools.cache

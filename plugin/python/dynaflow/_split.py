@@ -578,7 +578,7 @@ def check_module(module_path, module):
         if capturing:
             _check_buffers_checkable(_path(module_path, name), m)
         # The unit's own hooks run once, around the whole planned call.
-        if name and (m._forward_pre_hooks or m._forward_hooks or m._backward_pre_hooks
+        if m is not module and (m._forward_pre_hooks or m._forward_hooks or m._backward_pre_hooks
                      or m._backward_hooks):
             _check_hooks(_path(module_path, name), [("forward pre-", m._forward_pre_hooks),
                                                    ("forward ", m._forward_hooks),
