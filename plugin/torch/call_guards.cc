@@ -28,13 +28,6 @@ bool HasHooks(PyObject* module, PyObject* name) {
   return has;
 }
 
-// An interned name: looked up by its cached hash, compared by identity.
-// Built from a C string on every lookup, a name is hashed anew each time:
-// that alone made the walk slower than named_modules in Python.
-py::object Interned(const char* name) {
-  return py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name));
-}
-
 }  // namespace
 
 UnitWalk::UnitWalk(py::object module_type, py::tuple flagged_types)

@@ -14,6 +14,19 @@ namespace py = pybind11;
 namespace dynaflow {
 namespace {
 
+// The attribute names read of every module, interned once (never freed: a
+// static's destructor would run after the interpreter is gone).
+struct Names {
+  py::object dict = Interned("__dict__");
+  py::object buffers = Interned("_buffers");
+  py::object parameters = Interned("_parameters");
+};
+
+const Names& AttributeNames() {
+  static const Names* const names = new Names();
+  return *names;
+}
+
 // _split._MODIFIED.
 constexpr const char* kModified =
     "is shared by the micro-batches and was modified in place: the split result would be wrong";
@@ -82,14 +95,15 @@ ModuleState::ModuleState(const py::sequence& modules, py::frozenset tables, py::
   for (py::handle pair : modules) {
     const py::tuple path_module = py::reinterpret_borrow<py::tuple>(pair);
     Module m{path_module[0], path_module[1], attributes_.size(), 0};
-    const py::object attributes = m.module.attr("__dict__");
+    const Names& n = AttributeNames();
+    const py::object attributes = Attr(m.module, n.dict);
     std::vector<py::object> tensor_names;
     Take(attributes, &attributes_, &tensor_names);
     m.end = attributes_.size();
     const size_t owner = modules_.size();
     modules_.push_back(std::move(m));
-    const py::dict tables_of[] = {modules_.back().module.attr("_buffers"),
-                                  modules_.back().module.attr("_parameters")};
+    const py::dict tables_of[] = {Attr(modules_.back().module, n.buffers),
+                                  Attr(modules_.back().module, n.parameters)};
     py::dict tensor_attributes;
     for (const py::object& name : tensor_names) tensor_attributes[name] = attributes[name];
     const std::pair<const char*, const py::dict*> kinds[] = {
@@ -218,9 +232,10 @@ std::string ModuleState::Check() const {
   for (const Tensor& t : tensors_) {
     const Module& m = modules_[t.owner];
     const std::string kind = t.kind;
-    const py::object table = kind == "buffer"      ? m.module.attr("_buffers")
-                             : kind == "parameter" ? m.module.attr("_parameters")
-                                                   : m.module.attr("__dict__");
+    const Names& n = AttributeNames();
+    const py::object table = Attr(m.module, kind == "buffer"      ? n.buffers
+                                            : kind == "parameter" ? n.parameters
+                                                                  : n.dict);
     if (Get(table, t.name) != t.tensor.ptr()) {
       return kind + " " + Where(t.owner, t.name) +
              " is shared by the micro-batches and was replaced: the split result would be wrong";
@@ -232,7 +247,7 @@ std::string ModuleState::Check() const {
   }
   for (size_t i = 0; i < modules_.size(); ++i) {
     const Module& m = modules_[i];
-    const py::object attributes = m.module.attr("__dict__");
+    const py::object attributes = Attr(m.module, AttributeNames().dict);
     if (TakenAlike(m, attributes.ptr())) continue;
     std::vector<Attribute> after;
     Take(attributes, &after, nullptr);

@@ -43,4 +43,16 @@ py::list DictItems(py::handle dict) {
   return py::reinterpret_steal<py::list>(items);
 }
 
+py::object Interned(const char* name) {
+  PyObject* s = PyUnicode_InternFromString(name);
+  if (s == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(s);
+}
+
+py::object Attr(py::handle value, const py::object& name) {
+  PyObject* a = PyObject_GetAttr(value.ptr(), name.ptr());
+  if (a == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(a);
+}
+
 }  // namespace dynaflow

@@ -55,4 +55,13 @@ pybind11::tuple SequenceItems(pybind11::handle sequence);
 // OrderedDict moved to its end keeps its storage's order).
 pybind11::list DictItems(pybind11::handle dict);
 
+// An interned str: an attribute name looked up by its cached hash and found
+// by identity. A name built from a C string on every lookup (pybind11's
+// attr("name")) is hashed anew each time: on a 421-module unit that alone
+// made a walk slower than the same walk in Python.
+pybind11::object Interned(const char* name);
+
+// getattr(value, name), pybind11::error_already_set where it raises.
+pybind11::object Attr(pybind11::handle value, const pybind11::object& name);
+
 }  // namespace dynaflow
