@@ -1265,6 +1265,36 @@ class CacheTest(unittest.TestCase):
 
     HEADS, DIM = 2, 4
 
+    @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
+    def test_shallow_copies_are_copy_copys(self):
+        import copy
+
+        from transformers import cache_utils as cu
+
+        cache = cu.DynamicCache()
+        cache.update(*self.kv(4, 3, 0), 0)
+        values = [cache, cache.layers[0], cu.DynamicLayer(), cu.StaticLayer(8),
+                  cu.EncoderDecoderCache(cu.DynamicCache(), cu.DynamicCache())]
+        for value in values:
+            self.assertTrue(_split._copied_by_dict(type(value)), type(value))
+            got, expected = _split._shallow_copy(value), copy.copy(value)
+            self.assertIs(type(got), type(expected))
+            self.assertIsNot(got, value)
+            self.assertEqual(vars(got).keys(), vars(expected).keys())
+            for name, v in vars(expected).items():
+                self.assertIs(vars(got)[name], v, name)
+
+        class Own(cu.DynamicLayer):
+            def __copy__(self):
+                return "own"
+
+        class Slotted(cu.DynamicLayer):
+            __slots__ = ("x",)
+
+        self.assertFalse(_split._copied_by_dict(Own))
+        self.assertFalse(_split._copied_by_dict(Slotted))
+        self.assertEqual(_split._shallow_copy(Own()), "own")
+
     def kv(self, batch, length, seed):
         g = torch.Generator().manual_seed(seed)
         shape = (batch, self.HEADS, length, self.DIM)

@@ -1090,6 +1090,33 @@ def _tensor_leaves(value, where, skip):
 # --- state adapters -----------------------------------------------------------
 
 
+def _shallow_copy(value):
+    """copy.copy(value), in a fifth of its time where the copy is the
+    object's __dict__ (`_copied_by_dict`): an adapter copies every layer of a
+    cache per micro-batch, on every call (32 layers: 64 copies)."""
+    cls = type(value)
+    if not _copied_by_dict(cls):
+        return copy.copy(value)
+    out = cls.__new__(cls)  # as copyreg.__newobj__
+    out.__dict__.update(value.__dict__)
+    return out
+
+
+@functools.cache
+def _copied_by_dict(cls):
+    """Whether copy.copy of an instance of `cls` makes a `cls.__new__(cls)`
+    and updates its __dict__ with the instance's: no class in its MRO but
+    object (and abc.ABC's empty __slots__) defines how it is copied,
+    reduced or pickled, or slots."""
+    import abc
+
+    own = ("__copy__", "__reduce_ex__", "__reduce__", "__getstate__", "__setstate__",
+           "__getnewargs__", "__getnewargs_ex__", "__slots__")
+    return not any(name in vars(c) for c in cls.__mro__ if c not in (object, abc.ABC)
+                   for name in own)
+
+
+
 class _CacheAdapter:
     """Hugging Face `transformers.cache_utils` caches made of per-layer objects
     (DynamicCache, StaticCache and what `generate()` builds from them). A
@@ -1140,7 +1167,7 @@ class _CacheAdapter:
                      for layer in cache.layers)
 
     def view(self, cache, begin, count):
-        v = copy.copy(cache)
+        v = _shallow_copy(cache)
         v.layers = [self.layer_adapters[type(layer)].view(layer, begin, count)
                     for layer in cache.layers]
         return v
@@ -1170,7 +1197,7 @@ class _CacheAdapter:
             why = self.refusal(c, None)
             if why:
                 raise MergeError(f"{where}: {type(c).__qualname__} {why}")
-        out = copy.copy(caches[0])
+        out = _shallow_copy(caches[0])
         out.layers = [self.layer_adapters[type(layers[0])].concat(layers, where)
                       for layers in zip(*(c.layers for c in caches))]
         return out
@@ -1233,7 +1260,7 @@ class _EncoderDecoderCacheAdapter:
             + (tuple(sorted(cache.is_updated.items())),)
 
     def view(self, cache, begin, count):
-        v = copy.copy(cache)
+        v = _shallow_copy(cache)
         for name, part in self._parts(cache):
             setattr(v, name, self.caches[type(part)].view(part, begin, count))
         v.is_updated = dict(cache.is_updated)
@@ -1269,7 +1296,7 @@ class _EncoderDecoderCacheAdapter:
             why = self.refusal(c, None)
             if why:
                 raise MergeError(f"{where}: {type(c).__qualname__} {why}")
-        out = copy.copy(caches[0])
+        out = _shallow_copy(caches[0])
         for name, part in self._parts(caches[0]):
             setattr(out, name, self.caches[type(part)].concat(
                 [getattr(c, name) for c in caches], f"{where}: {name}"))
@@ -1308,7 +1335,7 @@ class _DynamicLayerAdapter:
         return "grows its keys and values by concatenation on every call"
 
     def view(self, layer, begin, count):
-        v = copy.copy(layer)
+        v = _shallow_copy(layer)
         if layer.is_initialized and layer.keys is not None and layer.keys.numel():
             v.keys = layer.keys.narrow(0, begin, count)
             v.values = layer.values.narrow(0, begin, count)
@@ -1317,7 +1344,7 @@ class _DynamicLayerAdapter:
     def concat(self, layers, where):
         import torch
 
-        out = copy.copy(layers[0])
+        out = _shallow_copy(layers[0])
         if not any(v.is_initialized for v in layers):
             return out
         if not all(v.is_initialized for v in layers):
@@ -1403,7 +1430,7 @@ class _StaticLayerAdapter:
                                         ("cumulative_length", layer.cumulative_length)]
 
     def view(self, layer, begin, count):
-        v = copy.copy(layer)
+        v = _shallow_copy(layer)
         v.cumulative_length = layer.cumulative_length.clone()
         if layer.is_initialized:
             v.keys = layer.keys.narrow(0, begin, count)
@@ -1414,7 +1441,7 @@ class _StaticLayerAdapter:
     def concat(self, layers, where):
         import torch
 
-        out = copy.copy(layers[0])
+        out = _shallow_copy(layers[0])
         if not any(v.is_initialized for v in layers):
             return out
         lengths = {int(v.cumulative_length) for v in layers}
