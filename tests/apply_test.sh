@@ -4,8 +4,9 @@
 # unmodified program with --verify (same tokens as the original run), plans
 # refused for an unknown module or another device with and without --strict,
 # a verify failure caught, and bad plans or commands; torch.distributed over
-# gloo in two processes (tensor parallel, and DDP training of a tiny Hugging
-# Face Llama when transformers is installed).
+# gloo in two processes (tensor parallel written by hand and with torch's
+# DTensor parallelism, and DDP training of a tiny Hugging Face Llama when
+# transformers is installed).
 #
 # Needs DYNAFLOW_BIN and DYNAFLOW_SOURCE_DIR (ctest sets both) and
 # DYNAFLOW_PYTHON, a Python with torch (the checkout's .venv by default);
@@ -213,6 +214,32 @@ check "tensor parallel, gather-scatter: same outputs" has "$work/out" \
 check "tensor parallel, gather-scatter: both ranks planned" has "$work/err" \
   "18 planned and 6 original calls of 3 modules in 2 processes"
 check "tensor parallel, gather-scatter: verify line" grep -qE '^verify: .* \(18 calls\)' "$work/out"
+# The same layers sharded by torch's own tensor parallelism (DTensor weights,
+# ColwiseParallel and RowwiseParallel hooks): nothing dynaflow can prove. As
+# units, the layers are refused for the hooks inside them, and the Linear
+# modules for their DTensor arguments, each in one line on both ranks, before
+# anything runs split; the outputs are the unmodified run's (the same as the
+# hand-written layers').
+"${tp[@]}" --dtensor >"$work/tp_dt_base.out" 2>&1
+check "DTensor layers: the hand-written layers' outputs" cmp -s "$work/tp_dt_base.out" \
+  "$work/tp_base.out"
+expect_code "apply tensor parallel, DTensor layers" 0 timeout 300 "$bin" apply \
+  "$work/tp_layers.json" -- "${tp[@]}" --dtensor
+check "DTensor layers: same outputs" has "$work/out" "$(cat "$work/tp_dt_base.out")"
+refusals=$(grep -c "plan refused: TPModel.layers.0.up: forward pre-hook distribute_module" \
+  "$work/err")
+check "DTensor layers: the sharding hooks refused on both ranks ($refusals)" test "$refusals" -eq 2
+check "DTensor layers: nothing split" has "$work/err" \
+  "0 planned and 24 original calls of 3 modules in 2 processes"
+edit_plan "$work/tp.json" "$work/tp_linear.json" \
+  'units(p, ["TPModel.layers.*.up", "TPModel.layers.*.down"])'
+expect_code "apply tensor parallel, DTensor Linear units" 0 timeout 300 "$bin" apply \
+  "$work/tp_linear.json" -- "${tp[@]}" --dtensor
+check "DTensor Linear units: same outputs" has "$work/out" "$(cat "$work/tp_dt_base.out")"
+refusals=$(grep -c "plan refused: TPModel.layers.0.down: its batch argument of type DTensor is a tensor subclass" "$work/err")
+check "DTensor Linear units: refused on both ranks ($refusals)" test "$refusals" -eq 2
+check "DTensor Linear units: nothing split" has "$work/err" \
+  "0 planned and 48 original calls of 6 modules in 2 processes"
 # Each layer divided by the batch's rows over both ranks, an all_reduce of a
 # number made in Python: the first call's comparison differs on both ranks
 # (whose collectives it issues in the same order), so both refuse the plan

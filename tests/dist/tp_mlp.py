@@ -5,7 +5,7 @@ For dynaflow apply's tests: the micro-batches of a split layer each issue the
 layer's all_reduce, and the ranks must pair them up in the same order.
 
     python tp_mlp.py [--steps N] [--batch-scaled] [--rank1-batch-number]
-                     [--rank1-gain-number] [--gather-scatter]
+                     [--rank1-gain-number] [--gather-scatter] [--dtensor]
 
 --batch-scaled divides each layer's output by the batch's rows over all
 ranks, summed by an all_reduce of the local row count made in Python: split,
@@ -28,6 +28,12 @@ rank 0 split them).
 (each rank sums its half of the features) and a list all_gather (the halves
 put together again), the same sum as the all_reduce, as sequence- and
 tensor-parallel layers write it.
+
+--dtensor builds the same layers as nn.Linear modules and shards them with
+torch's own tensor parallelism (torch.distributed.tensor.parallel:
+ColwiseParallel up, RowwiseParallel down, on a CPU device mesh): DTensor
+weights, and hooks that turn each projection's input and output into DTensors
+and back, whose RowwiseParallel output is the same all_reduce.
 
 Prints, from rank 0, the output's checksum and a few values at full precision,
 so two runs (unmodified and under `dynaflow apply`) can be compared.
@@ -76,6 +82,29 @@ class TPBlock(nn.Module):
         return x + partial
 
 
+class DTensorBlock(nn.Module):
+    """TPBlock's layer written for torch's tensor parallelism: the full
+    weights, sharded by parallelize_module (`shard`)."""
+
+    def __init__(self, generator):
+        super().__init__()
+        self.up = nn.Linear(WIDTH, HIDDEN, bias=False)
+        self.down = nn.Linear(HIDDEN, WIDTH, bias=False)
+        with torch.no_grad():
+            self.up.weight.copy_(torch.randn(HIDDEN, WIDTH, generator=generator) / WIDTH ** 0.5)
+            self.down.weight.copy_(torch.randn(WIDTH, HIDDEN, generator=generator) /
+                                   HIDDEN ** 0.5)
+
+    def shard(self, mesh):
+        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                       parallelize_module)
+
+        parallelize_module(self, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
 class Gain(nn.Module):
     """The input scaled per feature (by ones: the outputs stay those of the
     layers alone), on every rank alike, with no collective."""
@@ -90,10 +119,19 @@ class Gain(nn.Module):
 
 
 class TPModel(nn.Module):
-    def __init__(self, rank, batch_scaled, rank_quirk, gain_quirk=False, gather_scatter=False):
+    def __init__(self, rank, batch_scaled, rank_quirk, gain_quirk=False, gather_scatter=False,
+                 dtensor=False):
         super().__init__()
         g = torch.Generator().manual_seed(0)
         self.gain = Gain(rank, gain_quirk)
+        if dtensor:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self.layers = nn.ModuleList(DTensorBlock(g) for _ in range(LAYERS))
+            mesh = init_device_mesh("cpu", (WORLD,))
+            for layer in self.layers:
+                layer.shard(mesh)
+            return
         self.layers = nn.ModuleList(TPBlock(rank, g, batch_scaled, rank_quirk, gather_scatter)
                                     for _ in range(LAYERS))
 
@@ -104,11 +142,11 @@ class TPModel(nn.Module):
         return x
 
 
-def run(rank, port, steps, batch_scaled, rank_quirk, gain_quirk, gather_scatter):
+def run(rank, port, steps, batch_scaled, rank_quirk, gain_quirk, gather_scatter, dtensor):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
-    model = TPModel(rank, batch_scaled, rank_quirk, gain_quirk, gather_scatter)
+    model = TPModel(rank, batch_scaled, rank_quirk, gain_quirk, gather_scatter, dtensor)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for step in range(steps):
@@ -132,6 +170,7 @@ if __name__ == "__main__":
     ap.add_argument("--rank1-batch-number", action="store_true")
     ap.add_argument("--rank1-gain-number", action="store_true")
     ap.add_argument("--gather-scatter", action="store_true")
+    ap.add_argument("--dtensor", action="store_true")
     args = ap.parse_args()
     mp.spawn(run, args=(free_port(), args.steps, args.batch_scaled, args.rank1_batch_number,
-                        args.rank1_gain_number, args.gather_scatter), nprocs=WORLD)
+                        args.rank1_gain_number, args.gather_scatter, args.dtensor), nprocs=WORLD)
