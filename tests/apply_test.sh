@@ -236,7 +236,9 @@ edit_plan "$work/tp.json" "$work/tp_linear.json" \
 expect_code "apply tensor parallel, DTensor Linear units" 0 timeout 300 "$bin" apply \
   "$work/tp_linear.json" -- "${tp[@]}" --dtensor
 check "DTensor Linear units: same outputs" has "$work/out" "$(cat "$work/tp_dt_base.out")"
-refusals=$(grep -c "plan refused: TPModel.layers.0.down: its batch argument of type DTensor is a tensor subclass" "$work/err")
+refusals=$(grep -c \
+  "plan refused: TPModel.layers.0.down: its batch argument of type DTensor is a tensor subclass" \
+  "$work/err")
 check "DTensor Linear units: refused on both ranks ($refusals)" test "$refusals" -eq 2
 check "DTensor Linear units: nothing split" has "$work/err" \
   "0 planned and 48 original calls of 6 modules in 2 processes"

@@ -74,8 +74,9 @@ bool UnitWalk::ReadAsPythonWould(PyObject* m) const {
     PyErr_Clear();
     return false;
   }
-  return PyMethod_Check(bound.ptr()) && PyMethod_GET_FUNCTION(bound.ptr()) == named_modules_.ptr() &&
-         PyMethod_GET_SELF(bound.ptr()) == m;
+  PyObject* b = bound.ptr();
+  return PyMethod_Check(b) && PyMethod_GET_FUNCTION(b) == named_modules_.ptr() &&
+         PyMethod_GET_SELF(b) == m;
 }
 
 bool UnitWalk::WalkInto(py::handle module, py::handle name, int depth, py::list& pairs,
