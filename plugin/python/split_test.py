@@ -908,7 +908,9 @@ class NativeGuardsTest(unittest.TestCase):
                  "seq first": nn.TransformerEncoderLayer(4, 2),
                  "lstm": nn.Sequential(nn.LSTM(4, 4, batch_first=True)),
                  "instance norm": nn.InstanceNorm1d(4, track_running_stats=True),
-                 "backward": nn.Sequential(nn.Linear(2, 2))}
+                 "backward": nn.Sequential(nn.Linear(2, 2)),
+                 # torch.compile's wrapper holds the module as _orig_mod.
+                 "compiled": torch.compile(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))}
         units["backward"][0].register_full_backward_hook(lambda m, gi, go: None)
         if HAS_TRANSFORMERS:
             import transformers as tf
@@ -948,6 +950,7 @@ class NativeGuardsTest(unittest.TestCase):
         self.assertEqual(flagged["lstm"], ["0"])
         self.assertEqual(flagged["instance norm"], [""])
         self.assertEqual(flagged["backward"], ["0"])
+        self.assertEqual(flagged["compiled"], ["_orig_mod.1"])
         if HAS_TRANSFORMERS:
             self.assertEqual(flagged["llama"], ["model.embed_tokens"])
 
@@ -997,7 +1000,8 @@ class NativeGuardsTest(unittest.TestCase):
             yield prefix + ".extra", extra
 
         inner.named_modules = listing
-        for unit in (OwnWalk(nn.ReLU()), nn.Sequential(nn.ReLU(), OwnWalk()),
+        scripted = torch.jit.script(nn.Sequential(nn.Linear(2, 2)))  # its _modules: not a dict
+        for unit in (scripted, OwnWalk(nn.ReLU()), nn.Sequential(nn.ReLU(), OwnWalk()),
                      nn.Sequential(ByValue(2, 2)), odd, no_class, keyed, listed,
                      nn.Sequential(OwnAttributes(hooked()))):
             self.assertIsNone(walk.walk(unit), unit)
