@@ -542,6 +542,23 @@ class NativeSplitTest(SameValues, unittest.TestCase):
         self.assertEqual(len(s.states), 1)
 
 
+def _native_and_python(fn, natives):
+    """[fn() with the replay module's walks, fn() with each (module, getter)
+    of `natives` patched to return None, as without the module]: each a
+    result, or its exception's type and message."""
+    got = []
+    for native in (True, False):
+        with contextlib.ExitStack() as stack:
+            if not native:
+                for module, getter in natives:
+                    stack.enter_context(unittest.mock.patch.object(module, getter, lambda: None))
+            try:
+                got.append(fn())
+            except Exception as e:  # noqa: BLE001 - compared
+                got.append((type(e), str(e)))
+    return got
+
+
 @unittest.skipUnless(HAS_TORCH and REPLAY, "needs torch and the replay module "
                                            "(DYNAFLOW_REPLAY_EXT_BUILT)")
 class NativeKeysTest(unittest.TestCase):
@@ -553,18 +570,7 @@ class NativeKeysTest(unittest.TestCase):
     def both(self, fn):
         """(native, python): fn()'s result, or its exception's type and message."""
         self.assertIsNotNone(_rows.native_keys())
-        got = []
-        for native in (True, False):
-            with contextlib.ExitStack() as stack:
-                if not native:
-                    for module in (_rows, _graphs):
-                        stack.enter_context(unittest.mock.patch.object(module, "native_keys",
-                                                                       lambda: None))
-                try:
-                    got.append(fn())
-                except Exception as e:  # noqa: BLE001 - compared
-                    got.append((type(e), str(e)))
-        return got
+        return _native_and_python(fn, [(_rows, "native_keys"), (_graphs, "native_keys")])
 
     def values(self):
         x, one = torch.arange(12.0).reshape(4, 3), torch.ones(1, 3)
@@ -881,14 +887,7 @@ class NativeGuardsTest(unittest.TestCase):
     def both(self, fn):
         """(native, python): fn()'s result, or its exception's type and message."""
         self.assertIsNotNone(_split._native_unit_walk())
-        got = []
-        for walk in (_split._native_unit_walk(), None):
-            with unittest.mock.patch.object(_split, "_native_unit_walk", lambda w=walk: w):
-                try:
-                    got.append(fn())
-                except Exception as e:  # noqa: BLE001 - compared
-                    got.append((type(e), str(e)))
-        return got
+        return _native_and_python(fn, [(_split, "_native_unit_walk")])
 
     def units(self):
         """Units whose walks differ in each way named_modules can."""

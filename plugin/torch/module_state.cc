@@ -92,10 +92,10 @@ ModuleState::ModuleState(const py::sequence& modules, py::frozenset tables, py::
   static PyObject* const ordered_dict =
       py::object(py::module_::import("collections").attr("OrderedDict")).release().ptr();
   ordered_dict_ = ordered_dict;
+  const Names& n = AttributeNames();
   for (py::handle pair : modules) {
     const py::tuple path_module = py::reinterpret_borrow<py::tuple>(pair);
     Module m{path_module[0], path_module[1], attributes_.size(), 0};
-    const Names& n = AttributeNames();
     const py::object attributes = Attr(m.module, n.dict);
     std::vector<py::object> tensor_names;
     Take(attributes, &attributes_, &tensor_names);
@@ -229,10 +229,10 @@ std::string ModuleState::FirstChange(size_t module, const std::vector<Attribute>
 }
 
 std::string ModuleState::Check() const {
+  const Names& n = AttributeNames();
   for (const Tensor& t : tensors_) {
     const Module& m = modules_[t.owner];
     const std::string kind = t.kind;
-    const Names& n = AttributeNames();
     const py::object table = Attr(m.module, kind == "buffer"      ? n.buffers
                                             : kind == "parameter" ? n.parameters
                                                                   : n.dict);
@@ -247,7 +247,7 @@ std::string ModuleState::Check() const {
   }
   for (size_t i = 0; i < modules_.size(); ++i) {
     const Module& m = modules_[i];
-    const py::object attributes = Attr(m.module, AttributeNames().dict);
+    const py::object attributes = Attr(m.module, n.dict);
     if (TakenAlike(m, attributes.ptr())) continue;
     std::vector<Attribute> after;
     Take(attributes, &after, nullptr);

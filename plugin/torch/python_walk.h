@@ -1,8 +1,9 @@
 // What the C++ walks of a planned call's Python values share (call_split.h,
 // call_keys.h, module_state.h): where a value sits in the call, named as the
 // Python walks name it; Python's recursion limit; which values pass as they
-// are; which tensors C++ reads as Python would; and containers' items read
-// once, so that nothing the walk then runs can change what it iterates.
+// are; which tensors C++ reads as Python would; containers' items read
+// once, so that nothing the walk then runs can change what it iterates; and
+// attributes read by interned names.
 #pragma once
 
 #include <Python.h>

@@ -1116,7 +1116,6 @@ def _copied_by_dict(cls):
                    for name in own)
 
 
-
 class _CacheAdapter:
     """Hugging Face `transformers.cache_utils` caches made of per-layer objects
     (DynamicCache, StaticCache and what `generate()` builds from them). A
