@@ -36,8 +36,15 @@ expect_code() {
   fi
 }
 
-# has FILE TEXT: FILE contains TEXT (fixed string).
-has() { grep -qF -- "$2" "$1"; }
+# has FILE TEXT: FILE contains every line of TEXT (fixed strings). Line by
+# line because grep -F takes a many-line pattern as alternatives, any of
+# which would do.
+has() {
+  local line
+  while IFS= read -r line; do
+    grep -qF -- "$line" "$1" || return 1
+  done <<<"$2"
+}
 
 # finish: the summary line and the script's exit code.
 finish() {
