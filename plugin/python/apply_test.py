@@ -63,6 +63,12 @@ if HAS_TORCH:
         def forward(self, *args, **kwargs):
             return self.layers[0](*args, **kwargs)
 
+    class Positioned(nn.Module):
+        """No tensors of its own: its calls run where their arguments are."""
+
+        def forward(self, x, start):
+            return x * 2 + start
+
     class NegateLinear(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
@@ -1393,6 +1399,41 @@ class ApplyTest(unittest.TestCase):
         with self.assertRaisesRegex(_apply.PlanMismatch, "NVIDIA H200.*cpu"):
             _apply.apply(self.net, plan(["Net.blocks.*"], device="NVIDIA H200"),
                          runtime_lib=RUNTIME)
+
+    def test_the_models_device_is_its_parameters_else_its_buffers(self):
+        # A model of buffers alone (on the GPU, its executor streams) was
+        # taken for a CPU model; one without tensors is told per call.
+        class Buffered(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("scale", torch.ones(16, device="meta"))
+
+        self.assertEqual(_apply.model_device(self.net), torch.device("cpu"))
+        self.assertEqual(_apply.model_device(Holder(Buffered())), torch.device("meta"))
+        self.assertIsNone(_apply.model_device(Holder(Positioned())))
+        with self.assertRaisesRegex(_apply.PlanMismatch, "NVIDIA H200.*meta"):
+            _apply.apply(Holder(Buffered()), plan(["Holder.layers.*"], device="NVIDIA H200"),
+                         runtime_lib=RUNTIME)
+        # Without tensors the device is unknown: the calls' arguments say.
+        _apply.apply(Holder(Positioned()), plan(["Holder.layers.*"], device="NVIDIA H200"),
+                     runtime_lib=RUNTIME)
+
+    def test_a_call_on_another_device_than_the_executors_runs_unsplit(self):
+        # A model without tensors, applied with a CPU executor, called on
+        # another device: its micro-batches would not be issued for that
+        # device (on CUDA: the default stream, beside the caller's).
+        net = planned_holder(Positioned())
+        x = torch.randn(4, 3)
+        self.audit(net, x, 1, units=1)
+        torch.testing.assert_close(net(x, 1), x * 2 + 1, rtol=0, atol=0)
+        report = net._dynaflow_applier.report
+        self.assertEqual(report.planned_calls, 1)
+        out = net(x.to("meta"), 1)
+        self.assertEqual((out.device.type, out.shape), ("meta", (4, 3)))
+        self.assertEqual(report.planned_calls, 1)
+        self.assertEqual(report.unsplit["Holder.layers.0: its arguments are on meta, the plan's "
+                                        "executor was made for cpu (the device of the model's "
+                                        "parameters or buffers at apply)"], 1)
 
     def test_an_output_reduced_over_the_rows_is_refused_at_the_first_call(self):
         # x.sum() adds every row: the audit of the first call refuses the

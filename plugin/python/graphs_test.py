@@ -645,10 +645,14 @@ class GraphsTest(unittest.TestCase):
 
     def test_calls_whose_keys_never_repeat_stop_warming_up(self):
         class Positioned(nn.Module):
-            def forward(self, x, start):
-                return x * 2 + start
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("two", torch.tensor(2.0))  # puts the model on DEVICE
 
-        net = Holder(Positioned())
+            def forward(self, x, start):
+                return x * self.two + start
+
+        net = Holder(Positioned()).to(DEVICE)
         report = graphed(net, plan(["Holder.layers.*"]))
         x = torch.randn(4, 3, device=DEVICE)
         with torch.no_grad():

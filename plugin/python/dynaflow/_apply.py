@@ -267,15 +267,26 @@ def resolve_units(model, plan):
     return found
 
 
+def model_device(model):
+    """The device of the model's first parameter, or of its first buffer
+    where it has none (a model of buffers alone is on a device too); None
+    for a model that holds no tensor, whose calls run where their
+    arguments are (each planned call checks its own: _PlannedForward)."""
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        return tensor.device
+    return None
+
+
 def check_device(model, plan):
     """Raises PlanMismatch when the plan was made on another device."""
     import torch
 
     name = (plan.get("device") or {}).get("name") or ""
-    if not name:
-        return  # a plan from a run without GPU activity holds for any device
-    param = next(model.parameters(), None)
-    device = param.device if param is not None else torch.device("cpu")
+    device = model_device(model)
+    if not name or device is None:
+        # A plan from a run without GPU activity holds for any device; a
+        # model without tensors is checked call by call.
+        return
     if device.type != "cuda":
         raise PlanMismatch(f"the plan is for {name}, the model runs on {device.type}")
     running = torch.cuda.get_device_name(device)
@@ -1272,6 +1283,14 @@ class _PlannedForward:
         if index < 0 or x.shape[0] < a.splits_of[index]:
             a.report.original_call()
             return self.original(*args, **kwargs)
+        if x.device.type != a.device_type:
+            # The executor issues for the model's device (its streams and
+            # events): micro-batches of a CUDA call on CPU threads would
+            # run on the default stream, beside the caller's.
+            a.report.unsplit_call(f"{self.path}: its arguments are on {x.device.type}, the "
+                                  f"plan's executor was made for {a.device_type} (the device "
+                                  f"of the model's parameters or buffers at apply)")
+            return self.original(*args, **kwargs)
         if a.splits_of[index] == OVERLAP:
             return self._overlapped(args, kwargs)
         batch = x.shape[0]
@@ -2100,6 +2119,11 @@ class Applier:
         self.forwards = []
         self.refused_kinds = set()  # refuse_kind's messages, said once each
 
+    @property
+    def device_type(self):
+        """Where the executor issues the micro-batches: "cuda" or "cpu"."""
+        return "cuda" if self.cuda else "cpu"
+
     def attach(self, model, strict=False):
         check_strategies(self.plan)
         check_device(model, self.plan)
@@ -2107,8 +2131,8 @@ class Applier:
         units = resolve_units(model, self.plan)
         if not units or not self.splits_of:
             return self
-        param = next(model.parameters(), None)
-        self.cuda = param is not None and param.device.type == "cuda"
+        device = model_device(model)
+        self.cuda = device is not None and device.type == "cuda"
         try:
             self.caller_state = _native()[0].CallerState
         except NoGraph as e:
