@@ -1432,8 +1432,24 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual((out.device.type, out.shape), ("meta", (4, 3)))
         self.assertEqual(report.planned_calls, 1)
         self.assertEqual(report.unsplit["Holder.layers.0: its arguments are on meta, the plan's "
-                                        "executor was made for cpu (the device of the model's "
+                                        "executor issues on cpu (the device of the model's "
                                         "parameters or buffers at apply)"], 1)
+
+    def test_a_cuda_call_runs_split_only_on_the_executors_device_made_current(self):
+        # The executor's streams are made on the device current at apply;
+        # on another one its kernels would go to that device's default
+        # stream, unordered with the caller's.
+        cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
+        self.assertEqual(_apply.device_refusal(cuda1, cuda1, 1), "")
+        self.assertEqual(_apply.device_refusal(torch.device("cpu"), torch.device("cpu"), None), "")
+        self.assertEqual(_apply.device_refusal(cuda1, cuda0, 0),
+                         "its arguments are on cuda:1, the plan's executor issues on cuda:0 (the "
+                         "device of the model's parameters or buffers at apply)")
+        self.assertEqual(_apply.device_refusal(cuda0, cuda0, 1),
+                         "the current CUDA device is 1, the plan's executor issues on cuda:0, "
+                         "where the model is")
+        self.assertIn("on cpu, the plan's executor issues on cuda:0",
+                      _apply.device_refusal(torch.device("cpu"), cuda0, 0))
 
     def test_an_output_reduced_over_the_rows_is_refused_at_the_first_call(self):
         # x.sum() adds every row: the audit of the first call refuses the

@@ -277,6 +277,29 @@ def model_device(model):
     return None
 
 
+def device_refusal(call, executor, current):
+    """Why a call whose batch argument is on device `call` cannot run on an
+    executor that issues on `executor` (a torch.device: cpu, or cuda:N), with CUDA
+    device index `current` current on the caller's thread; or "". The
+    micro-batches run on the executor's streams and wait for the caller's
+    current stream: a call on another device (a model of no tensors, or one
+    moved since apply) would run its kernels on that device's default
+    stream, unordered with the caller's work."""
+    if call != executor:
+        return (f"its arguments are on {call}, the plan's executor issues on {executor} (the "
+                f"device of the model's parameters or buffers at apply)")
+    if current is not None and current != executor.index:
+        return (f"the current CUDA device is {current}, the plan's executor issues on "
+                f"{executor}, where the model is")
+    return ""
+
+
+def _current_cuda_index():
+    import torch
+
+    return torch.cuda.current_device()
+
+
 def check_device(model, plan):
     """Raises PlanMismatch when the plan was made on another device."""
     import torch
@@ -1283,13 +1306,9 @@ class _PlannedForward:
         if index < 0 or x.shape[0] < a.splits_of[index]:
             a.report.original_call()
             return self.original(*args, **kwargs)
-        if x.device.type != a.device_type:
-            # The executor issues for the model's device (its streams and
-            # events): micro-batches of a CUDA call on CPU threads would
-            # run on the default stream, beside the caller's.
-            a.report.unsplit_call(f"{self.path}: its arguments are on {x.device.type}, the "
-                                  f"plan's executor was made for {a.device_type} (the device "
-                                  f"of the model's parameters or buffers at apply)")
+        why = device_refusal(x.device, a.device, _current_cuda_index() if a.cuda else None)
+        if why:
+            a.report.unsplit_call(f"{self.path}: {why}")
             return self.original(*args, **kwargs)
         if a.splits_of[index] == OVERLAP:
             return self._overlapped(args, kwargs)
@@ -2106,6 +2125,7 @@ class Applier:
             raise
         self.phased = any(self.policies)  # some tiling names a phase
         self.cuda = False
+        self.device = None  # where the executor issues, a torch.device (attach)
         self.executor = None
         self.host_executor = None  # CPU threads of regions on CUDA
         self.collective_cuts = None  # torch.distributed wrapped for dual-batch regions
@@ -2119,11 +2139,6 @@ class Applier:
         self.forwards = []
         self.refused_kinds = set()  # refuse_kind's messages, said once each
 
-    @property
-    def device_type(self):
-        """Where the executor issues the micro-batches: "cuda" or "cpu"."""
-        return "cuda" if self.cuda else "cpu"
-
     def attach(self, model, strict=False):
         check_strategies(self.plan)
         check_device(model, self.plan)
@@ -2131,8 +2146,13 @@ class Applier:
         units = resolve_units(model, self.plan)
         if not units or not self.splits_of:
             return self
+        import torch
+
         device = model_device(model)
         self.cuda = device is not None and device.type == "cuda"
+        # On CUDA the executor's streams are made on the current device.
+        self.device = torch.device("cuda", _current_cuda_index()) if self.cuda else \
+            torch.device("cpu")
         try:
             self.caller_state = _native()[0].CallerState
         except NoGraph as e:
