@@ -23,7 +23,7 @@ positions, and split. A training step splits where the model has no
 dropout (Llama) and is refused where it has (GPT-2). The encoder-decoders T5 and BART split
 their encoder and, with their EncoderDecoderCache, their decoder. tests/hf/hf_sweep.py splits
 12 families in ways the rest does not: batches that do not divide evenly, 3 and 4 micro-batches,
-bfloat16, and the stack as one unit, as layers and as a staggered region.
+bfloat16, and the stack as one unit, as layers, as a staggered region, or the whole model.
 
 Env (ctest sets them): DYNAFLOW_BIN, DYNAFLOW_SOURCE_DIR, DYNAFLOW_PYTHON (a
 Python with torch and transformers), DYNAFLOW_APPLY_LIB_BUILT and, for CUDA graphs in
@@ -567,11 +567,11 @@ class HfApplyTest(unittest.TestCase):
 
     @unittest.skipUnless(RUNTIME, "needs the built runtime library")
     def test_uneven_batches_more_splits_and_bfloat16_match_the_unmodified_run(self):
-        # tests/hf/hf_sweep.py: 14 cases over 12 families, in process.
+        # tests/hf/hf_sweep.py: 16 cases over 12 families, in process.
         r = run(PY, os.path.join(SRC, "tests", "hf", "hf_sweep.py"), *DEVICE,
                 env=self.in_process_env())
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr[-2000:])
-        self.assertIn("14 of 14 cases split and matched", r.stdout)
+        self.assertIn("16 of 16 cases split and matched", r.stdout)
 
     def test_encoder_decoder_models_split_their_encoder_and_their_decoder(self):
         # The forced plan splits the encoder (T5's was refused: its stack

@@ -5,6 +5,7 @@ on the CPU backend, compared with the original forwards."""
 import contextlib
 import contextvars
 import importlib.util
+import inspect
 import io
 import os
 import re
@@ -1399,6 +1400,21 @@ class ApplyTest(unittest.TestCase):
         with self.assertRaisesRegex(_apply.PlanMismatch, "NVIDIA H200.*cpu"):
             _apply.apply(self.net, plan(["Net.blocks.*"], device="NVIDIA H200"),
                          runtime_lib=RUNTIME)
+
+    def test_an_applied_forward_keeps_the_original_parameters(self):
+        # Callers read them: transformers' generate() passes position_ids
+        # (made from the padding mask) only to a forward that takes them,
+        # so with (*args, **kwargs) GPT-2 generated other tokens.
+        class Layer(nn.Module):
+            def forward(self, x, position_ids=None, *, scale=1.0):
+                return x * scale
+
+        net = planned_holder(Layer())
+        self.assertEqual(str(inspect.signature(net.layers[0].forward)),
+                         "(x, position_ids=None, *, scale=1.0)")
+        net._dynaflow_applier.detach()
+        self.assertEqual(str(inspect.signature(net.layers[0].forward)),
+                         "(x, position_ids=None, *, scale=1.0)")
 
     def test_the_models_device_is_its_parameters_else_its_buffers(self):
         # A model of buffers alone (on the GPU, its executor streams) was

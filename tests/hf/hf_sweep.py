@@ -1,7 +1,7 @@
 """Tiny Hugging Face models (tests/hf/hf_models.py) split in ways the rest of
 tests/hf_apply_test.py does not: batches that do not divide evenly, 3 and 4
 micro-batches, bfloat16, and each family's stack as one unit, as its layers,
-and as a staggered region cut at its layers' children. Each case applies a
+as a staggered region cut at its layers' children, or the whole model. Each case applies a
 forced plan in process (dynaflow.apply) and runs one usage pattern twice: the
 first run audits each kind of call (run the original way), the second must
 split and give the unmodified model's tokens and logits within the dtype's
@@ -61,6 +61,10 @@ CASES = [
     ("gpt_neox", 5, 2, "staggered", F32, "static_cache", 17),
     ("opt", 7, 3, "stack", F32, "generate", 12),
     ("bloom", 5, 2, "staggered", BF16, "beam_search", 12),
+    # The whole model as the unit: generate() reads which arguments its
+    # forward takes (GPT-2's position_ids, made from the padding mask).
+    ("gpt2", 5, 2, "model", F32, "left_padding", 12),
+    ("llama", 6, 3, "model", BF16, "next_turn", 12),
 ]
 TOLERANCE = {F32: dict(rtol=1e-4, atol=1e-5), BF16: dict(rtol=2e-2, atol=2e-2)}
 
@@ -70,8 +74,8 @@ def plan(family, splits, unit):
     stack, layers, children = STACKS[family]
     split = {"min_tokens": 0, "max_tokens": None, "strategy": "nanobatch_overlap",
              "splits": splits, "rules": ["split"], "streams": [{"id": 0, "role": "compute"}]}
-    rules = [{"name": "split", "role": "split", "operators": [],
-              "modules": [f"{stack}.{layers}.*"] if unit == "layers" else [stack]}]
+    modules = {"layers": f"{stack}.{layers}.*", "model": stack.split(".")[0]}.get(unit, stack)
+    rules = [{"name": "split", "role": "split", "operators": [], "modules": [modules]}]
     if unit == "staggered":  # the tiny models have 2 layers
         split["rules"].append("stage")
         split["segments"] = 2 * len(children)

@@ -1266,6 +1266,11 @@ class _PlannedForward:
         import torch
 
         self.installed = torch.compiler.disable(self)
+        if self.signature is not None:
+            # The original's parameters, for callers that read them
+            # (transformers' generate() checks its keyword arguments
+            # against them, its Trainer drops dataset columns by them).
+            self.installed.__signature__ = self.signature
         module.forward = self.installed
 
     def restore(self):
