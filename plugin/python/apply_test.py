@@ -3,6 +3,7 @@ the real runtime library (libdynaflow_apply.so, env DYNAFLOW_APPLY_LIB_BUILT)
 on the CPU backend, compared with the original forwards."""
 
 import contextlib
+import copy
 import contextvars
 import importlib.util
 import inspect
@@ -1415,6 +1416,33 @@ class ApplyTest(unittest.TestCase):
         net._dynaflow_applier.detach()
         self.assertEqual(str(inspect.signature(net.layers[0].forward)),
                          "(x, position_ids=None, *, scale=1.0)")
+
+    def test_a_copy_of_an_applied_model_is_a_model_of_its_own_unplanned(self):
+        # copy.deepcopy (a reference or EMA model) and pickle (torch.save of
+        # the whole model): a unit's copy shared the planned forward, and ran
+        # the original's weights; the model's copy raised on the applier.
+        x = torch.randn(6, 5, 16)
+        _apply.apply(self.net, plan(["Net.blocks.*"]), runtime_lib=RUNTIME)
+        want = self.audit(self.net, x)
+        report = self.net._dynaflow_applier.report
+        buffer = io.BytesIO()
+        torch.save(self.net, buffer)
+        buffer.seek(0)
+        for twin in (copy.deepcopy(self.net), torch.load(buffer, weights_only=False)):
+            self.assertIsNone(twin._dynaflow_applier)
+            torch.testing.assert_close(twin(x), want, rtol=0, atol=0)
+            with torch.no_grad():
+                for p in twin.parameters():
+                    p.zero_()
+            self.assertEqual(twin(x).abs().max().item(), 0.0)  # its own weights
+        block = copy.deepcopy(self.net.blocks[0])
+        with torch.no_grad():
+            for p in block.parameters():
+                p.zero_()
+        torch.testing.assert_close(block(x), x, rtol=0, atol=0)  # x + 0: its own weights
+        self.assertEqual(report.planned_calls, 0)  # no copy ran the plan
+        torch.testing.assert_close(self.net(x), want, rtol=1e-5, atol=1e-6)
+        self.assertEqual(report.planned_calls, 3)
 
     def test_the_models_device_is_its_parameters_else_its_buffers(self):
         # A model of buffers alone (on the GPU, its executor streams) was

@@ -66,6 +66,7 @@ import functools
 import inspect
 import itertools
 import json
+import operator
 import os
 import sys
 import threading
@@ -1224,6 +1225,40 @@ _DREW_RANDOM = ("the call drew random numbers, which the first call of its kind 
                 "each micro-batch drew its own, so the result differs from the unsplit call's")
 
 
+class _InstalledForward:
+    """A unit's forward while the plan is applied (module.forward): calls
+    its _PlannedForward. To what reads or copies it, it is the original:
+    it shows the original's parameters (transformers' generate() passes
+    position_ids only to a forward that takes them, its Trainer drops the
+    dataset columns a forward does not take), and a copy of the module
+    (copy.deepcopy, pickle: torch.save of a whole model) gets the original
+    forward, so the copy is a module of its own, unplanned; sharing this
+    object, it ran the original module's weights."""
+
+    def __init__(self, planned):
+        import torch
+
+        # Under torch.compile the planned call is a graph break: the split,
+        # the runtime's threads and streams, and the merge run as they do
+        # eagerly, never traced into a graph that would bake in one call's
+        # split (the compiled parts around it stay compiled).
+        self._call = torch.compiler.disable(planned)
+        self._planned = planned
+        if planned.signature is not None:
+            self.__signature__ = planned.signature
+
+    def __call__(self, *args, **kwargs):
+        return self._call(*args, **kwargs)
+
+    def __reduce_ex__(self, _protocol):
+        replaced = self._planned.replaced
+        if replaced is not None:  # the instance's own forward, copied as it is
+            return operator.itemgetter(0), ((replaced,),)
+        # The copy's class forward: copy and pickle make the module before
+        # its attributes, so the lookup finds no instance forward yet.
+        return getattr, (self._planned.module, "forward")
+
+
 class _PlannedForward:
     """Replaces one module's forward: the plan's schedule for the call's bucket.
 
@@ -1259,18 +1294,7 @@ class _PlannedForward:
         self.aliases = {}
         self.uncompared = set()  # why audited calls were not compared split (said once each)
         self.graphs = None   # _graphs.UnitGraphs, made at the first call with a graph backend
-        # Under torch.compile the planned call is a graph break: the split,
-        # the runtime's threads and streams, and the merge run as they do
-        # eagerly, never traced into a graph that would bake in one call's
-        # split (the compiled parts around it stay compiled).
-        import torch
-
-        self.installed = torch.compiler.disable(self)
-        if self.signature is not None:
-            # The original's parameters, for callers that read them
-            # (transformers' generate() checks its keyword arguments
-            # against them, its Trainer drops dataset columns by them).
-            self.installed.__signature__ = self.signature
+        self.installed = _InstalledForward(self)
         module.forward = self.installed
 
     def restore(self):
@@ -2143,6 +2167,10 @@ class Applier:
         self.no_caller_state = ""
         self.forwards = []
         self.refused_kinds = set()  # refuse_kind's messages, said once each
+
+    def __reduce_ex__(self, _protocol):
+        """A copy of the model (model._dynaflow_applier) is not planned: None."""
+        return type(None), ()
 
     def attach(self, model, strict=False):
         check_strategies(self.plan)
