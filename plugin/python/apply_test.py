@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import unittest
+import warnings
 from contextlib import redirect_stderr
 from unittest import mock
 
@@ -1441,6 +1442,34 @@ class ApplyTest(unittest.TestCase):
                 p.zero_()
         torch.testing.assert_close(block(x), x, rtol=0, atol=0)  # x + 0: its own weights
         self.assertEqual(report.planned_calls, 0)  # no copy ran the plan
+        torch.testing.assert_close(self.net(x), want, rtol=1e-5, atol=1e-6)
+        self.assertEqual(report.planned_calls, 3)
+
+    def test_a_traced_call_records_the_original_operators_and_the_plan_stays(self):
+        # A tracer records only its own thread's operators, with one call's
+        # row counts: torch.jit.trace raised in the split (its row count is
+        # a traced tensor), make_fx's graph lacked the micro-batches' work,
+        # and export's fake tensors refused the plan for the real calls.
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        x = torch.randn(6, 5, 16)
+        want = self.net(x)
+        _apply.apply(self.net, plan(["Net.blocks.*"]), runtime_lib=RUNTIME)
+        self.audit(self.net, x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracers' own warnings
+            graphs = {"jit": torch.jit.trace(self.net, x, check_trace=False),
+                      "make_fx": make_fx(self.net)(x),
+                      "export": torch.export.export(self.net, (x,)).module()}
+        for how, graph in graphs.items():
+            with self.subTest(how):
+                torch.testing.assert_close(graph(x), want, rtol=1e-5, atol=1e-6)
+        report = self.net._dynaflow_applier.report
+        self.assertEqual(report.refused, "")
+        for why in ("torch.jit.trace records it", "a tracer records it on fake tensors",
+                    "torch.export records it"):
+            self.assertEqual(report.unsplit[f"Net.blocks.0: {why}, the original way"], 1)
+        self.assertEqual(report.planned_calls, 0)
         torch.testing.assert_close(self.net(x), want, rtol=1e-5, atol=1e-6)
         self.assertEqual(report.planned_calls, 3)
 

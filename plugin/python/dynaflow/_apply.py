@@ -295,6 +295,28 @@ def device_refusal(call, executor, current):
     return ""
 
 
+def traced(x):
+    """Why a call is recorded by a tracer rather than run, or "":
+    torch.jit.trace, torch.export, or fake tensors (make_fx, a compiler's
+    shape propagation), whose recorded graph must hold the original
+    operators (a split would record one call's row counts, and jit.trace
+    cannot even count its rows). Such a call runs the original way and
+    refuses nothing: the program's real calls are planned as before."""
+    import torch
+
+    if torch.jit.is_tracing():
+        return "torch.jit.trace records it, the original way"
+    if torch.compiler.is_exporting():
+        return "torch.export records it, the original way"
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    keys = torch._C._TorchDispatchModeKey
+    if isinstance(x, FakeTensor) or torch._C._get_dispatch_mode(keys.FAKE) is not None or \
+            torch._C._get_dispatch_mode(keys.PROXY) is not None:
+        return "a tracer records it on fake tensors, the original way"
+    return ""
+
+
 def _current_cuda_index():
     import torch
 
@@ -1325,6 +1347,10 @@ class _PlannedForward:
                 a.report.original_call()
             return self.original(*args, **kwargs)
         x = first_tensor(args, kwargs)
+        why = traced(x)
+        if why:  # nothing runs: the tracer records the original operators
+            a.report.unsplit_call(f"{self.path}: {why}")
+            return self.original(*args, **kwargs)
         why = kind_refusal(x) if x is not None else ""
         if why:  # its tokens cannot even be counted (a nested tensor's sizes)
             return self._refused_call(
