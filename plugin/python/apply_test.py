@@ -1473,6 +1473,28 @@ class ApplyTest(unittest.TestCase):
         torch.testing.assert_close(self.net(x), want, rtol=1e-5, atol=1e-6)
         self.assertEqual(report.planned_calls, 3)
 
+    def test_the_model_as_its_own_unit_exports_and_copies_as_a_model(self):
+        # The installed forward is a method of the module, as the original:
+        # torch.export reads its __code__, copies bind their own module.
+        x = torch.randn(6, 5, 16)
+        want = self.net(x)
+        _apply.apply(self.net, plan(["Net"]), runtime_lib=RUNTIME)
+        self.audit(self.net, x, units=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            exported = torch.export.export(self.net, (x,)).module()
+        torch.testing.assert_close(exported(x), want, rtol=1e-5, atol=1e-6)
+        twin = copy.deepcopy(self.net)
+        self.assertIs(twin.forward.__self__, twin)
+        with torch.no_grad():
+            twin.head.bias.fill_(1.0)
+            twin.head.weight.zero_()
+        self.assertTrue(torch.equal(twin(x), torch.ones(6, 5, 4)))
+        report = self.net._dynaflow_applier.report
+        self.assertEqual(report.planned_calls, 0)
+        torch.testing.assert_close(self.net(x), want, rtol=1e-5, atol=1e-6)
+        self.assertEqual((report.planned_calls, report.refused), (1, ""))
+
     def test_the_models_device_is_its_parameters_else_its_buffers(self):
         # A model of buffers alone (on the GPU, its executor streams) was
         # taken for a CPU model; one without tensors is told per call.

@@ -66,11 +66,12 @@ import functools
 import inspect
 import itertools
 import json
-import operator
 import os
 import sys
 import threading
 import time
+import types
+import weakref
 
 from ._graphs import (EAGER, CudaGraphs, NoGraph, UnitGraphs, _first_line, _native, rebuild,
                       torch_modes, unwatched)
@@ -1247,38 +1248,38 @@ _DREW_RANDOM = ("the call drew random numbers, which the first call of its kind 
                 "each micro-batch drew its own, so the result differs from the unsplit call's")
 
 
-class _InstalledForward:
-    """A unit's forward while the plan is applied (module.forward): calls
-    its _PlannedForward. To what reads or copies it, it is the original:
-    it shows the original's parameters (transformers' generate() passes
-    position_ids only to a forward that takes them, its Trainer drops the
-    dataset columns a forward does not take), and a copy of the module
-    (copy.deepcopy, pickle: torch.save of a whole model) gets the original
-    forward, so the copy is a module of its own, unplanned; sharing this
-    object, it ran the original module's weights."""
+def _installed_forward(planned):
+    """A unit's forward while the plan is applied (module.forward): a method
+    of the module that calls `planned`. To what reads or copies it, it is
+    a forward like the original: it shows the original's parameters
+    (transformers' generate() passes position_ids only to a forward that
+    takes them, its Trainer drops the dataset columns a forward does not
+    take) and has a method's attributes (torch.export reads __code__); a
+    copy of the module (copy.deepcopy binds the copy, pickle looks the
+    copy's forward up) runs its class's forward, unplanned: sharing the
+    planned call, it ran the original module's weights. It holds `planned`
+    weakly, so a copy keeps nothing of the original alive."""
+    import torch
 
-    def __init__(self, planned):
-        import torch
+    planned_ref = weakref.ref(planned)
 
-        # Under torch.compile the planned call is a graph break: the split,
-        # the runtime's threads and streams, and the merge run as they do
-        # eagerly, never traced into a graph that would bake in one call's
-        # split (the compiled parts around it stay compiled).
-        self._call = torch.compiler.disable(planned)
-        self._planned = planned
-        if planned.signature is not None:
-            self.__signature__ = planned.signature
+    def forward(module, *args, **kwargs):
+        planned = planned_ref()
+        if planned is None or module is not planned.module:  # a copy's
+            return type(module).forward(module, *args, **kwargs)
+        return planned(*args, **kwargs)
 
-    def __call__(self, *args, **kwargs):
-        return self._call(*args, **kwargs)
-
-    def __reduce_ex__(self, _protocol):
-        replaced = self._planned.replaced
-        if replaced is not None:  # the instance's own forward, copied as it is
-            return operator.itemgetter(0), ((replaced,),)
-        # The copy's class forward: copy and pickle make the module before
-        # its attributes, so the lookup finds no instance forward yet.
-        return getattr, (self._planned.module, "forward")
+    forward.__name__ = "forward"
+    forward.__qualname__ = f"{type(planned.module).__qualname__}.forward"
+    if planned.signature is not None:
+        this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+        forward.__signature__ = planned.signature.replace(
+            parameters=[this, *planned.signature.parameters.values()])
+    # Under torch.compile the planned call is a graph break: the split,
+    # the runtime's threads and streams, and the merge run as they do
+    # eagerly, never traced into a graph that would bake in one call's
+    # split (the compiled parts around it stay compiled).
+    return types.MethodType(torch.compiler.disable(forward), planned.module)
 
 
 class _PlannedForward:
@@ -1316,7 +1317,7 @@ class _PlannedForward:
         self.aliases = {}
         self.uncompared = set()  # why audited calls were not compared split (said once each)
         self.graphs = None   # _graphs.UnitGraphs, made at the first call with a graph backend
-        self.installed = _InstalledForward(self)
+        self.installed = _installed_forward(self)
         module.forward = self.installed
 
     def restore(self):
