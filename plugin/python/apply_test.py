@@ -1261,16 +1261,27 @@ class ApplyTest(unittest.TestCase):
         # A gradient of 1.3 off before: the transform did not reach the workers.
         torch.testing.assert_close(torch.func.grad(lambda y: net(y).square().sum())(x),
                                    expected)
-        packed = []
         x = x.clone().requires_grad_(True)
+        expected = torch.autograd.grad(net(x).square().sum(), x)[0]
+        self.assertEqual(report.planned_calls, 2)
+        # save_on_cpu's hooks move each saved tensor by itself: they hold in
+        # the micro-batches (their saves, 2 of the 4 rows each, went through
+        # no hook before).
+        with mock.patch.object(torch.Tensor, "pin_memory", lambda t: t):  # no GPU here
+            with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                out = net(x)
+        self.assertEqual(report.planned_calls, 3)
+        torch.testing.assert_close(torch.autograd.grad(out.square().sum(), x)[0], expected)
+        # Other hooks may count or match what is saved (a split saves other
+        # shapes, in its threads' order): the call runs unsplit.
+        packed = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t,
                                                       lambda t: t):
             out = net(x)
-        out.sum().backward()
-        self.assertEqual(report.planned_calls, 2)
-        # The micro-batches' saves (2 of the 4 rows each) went through the
-        # hooks; none did before.
-        self.assertIn((2, 3), [tuple(t.shape) for t in packed])
+        self.assertEqual(report.planned_calls, 3)
+        # The unsplit call's saves: the input and weight, tanh's output.
+        self.assertEqual([tuple(t.shape) for t in packed], [(4, 3), (3, 3), (4, 3)])
+        self.assertEqual(len(report.unsplit), 2)  # the audit's, and the hooks'
 
     @unittest.skipUnless(REPLAY, "the replay module is not built (DYNAFLOW_REPLAY_EXT_BUILT)")
     def test_torch_profiler_sees_the_micro_batches_operators(self):
@@ -1292,7 +1303,7 @@ class ApplyTest(unittest.TestCase):
             torch.testing.assert_close(net(x), negated, rtol=0, atol=0)
         with DoubleAddmm():
             torch.testing.assert_close(net(x), doubled, rtol=0, atol=0)
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        with torch.autograd.graph.save_on_cpu():  # hooks the replay module would carry
             net(x)
         torch.func.grad(lambda y: net(y).sum())(x)
         self.assertEqual(applier.report.planned_calls, 0)
@@ -1494,6 +1505,36 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual(report.planned_calls, 0)
         torch.testing.assert_close(self.net(x), want, rtol=1e-5, atol=1e-6)
         self.assertEqual((report.planned_calls, report.refused), (1, ""))
+
+    def test_a_unit_inside_torchs_checkpoint_trains_as_unsplit(self):
+        # torch.utils.checkpoint without reentrancy matches the tensors its
+        # recomputation saves with the forward's, by count and order: split,
+        # its recomputation raised (or, in another order, would have matched
+        # one micro-batch's tensors with the other's).
+        from torch.utils.checkpoint import checkpoint
+
+        class Checkpointed(nn.Module):
+            def __init__(self, layer):
+                super().__init__()
+                self.layers = nn.ModuleList([layer])
+
+            def forward(self, x):
+                return checkpoint(self.layers[0], x, use_reentrant=False)
+
+        torch.manual_seed(0)
+        net = Checkpointed(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)))
+        x = torch.randn(6, 8)
+        expected = torch.autograd.grad(net(x).square().sum(), list(net.parameters()))
+        _apply.apply(net, plan(["Checkpointed.layers.*"]), runtime_lib=RUNTIME)
+        for _ in range(3):
+            got = torch.autograd.grad(net(x).square().sum(), list(net.parameters()))
+            for g, e in zip(got, expected):
+                torch.testing.assert_close(g, e)
+        report = net._dynaflow_applier.report
+        self.assertEqual((report.planned_calls, report.refused), (0, ""))
+        why, = [w for w in report.unsplit if "_checkpoint_hook" in w]
+        self.assertTrue(why.startswith("Checkpointed.layers.0: saved-tensor hooks are active "
+                                       "(torch.utils.checkpoint._checkpoint_hook."), why)
 
     def test_the_models_device_is_its_parameters_else_its_buffers(self):
         # A model of buffers alone (on the GPU, its executor streams) was

@@ -318,6 +318,28 @@ def traced(x):
     return ""
 
 
+def saved_tensor_hooks_refusal():
+    """Why the saved-tensor hooks active on this thread keep a call unsplit,
+    or "". The micro-batches save their own tensors, fewer rows each, in
+    an order their threads choose: a hook that counts or matches the saved
+    tensors (torch.utils.checkpoint's, without reentrancy: its recomputation
+    raised, or matched a micro-batch's tensors to the other's) cannot be
+    proved to hold. torch.autograd.graph.save_on_cpu's, which moves each
+    tensor by itself, can."""
+    import torch
+
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    if hooks is None:
+        return ""
+    pack = hooks[0]
+    if getattr(pack, "__module__", "") == "torch.autograd.graph" and \
+            getattr(pack, "__qualname__", "").startswith("save_on_cpu."):
+        return ""
+    name = f"{getattr(pack, '__module__', '')}.{getattr(pack, '__qualname__', '')}".strip(".")
+    return (f"saved-tensor hooks are active ({_cut(name) or type(pack).__name__}), which would "
+            f"see the micro-batches' saved tensors, of other shapes and in another order")
+
+
 def _current_cuda_index():
     import torch
 
@@ -1366,8 +1388,12 @@ class _PlannedForward:
         if why:
             a.report.unsplit_call(f"{self.path}: {why}")
             return self.original(*args, **kwargs)
-        if a.splits_of[index] == OVERLAP:
+        if a.splits_of[index] == OVERLAP:  # unsplit: its saves are the original's
             return self._overlapped(args, kwargs)
+        why = saved_tensor_hooks_refusal()
+        if why:
+            a.report.unsplit_call(f"{self.path}: {why}")
+            return self.original(*args, **kwargs)
         batch = x.shape[0]
         if a.caller_state is None:
             why = torch_modes()
