@@ -309,13 +309,18 @@ def traced(x):
         return "torch.jit.trace records it, the original way"
     if torch.compiler.is_exporting():
         return "torch.export records it, the original way"
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    keys = torch._C._TorchDispatchModeKey
-    if isinstance(x, FakeTensor) or torch._C._get_dispatch_mode(keys.FAKE) is not None or \
+    fake, keys = _fake_tensor_type(), torch._C._TorchDispatchModeKey
+    if isinstance(x, fake) or torch._C._get_dispatch_mode(keys.FAKE) is not None or \
             torch._C._get_dispatch_mode(keys.PROXY) is not None:
         return "a tracer records it on fake tensors, the original way"
     return ""
+
+
+@functools.cache
+def _fake_tensor_type():
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return FakeTensor
 
 
 def saved_tensor_hooks_refusal():
