@@ -2,6 +2,7 @@
 the real runtime library (libdynaflow_apply.so, env DYNAFLOW_APPLY_LIB_BUILT)
 on the CPU backend, compared with the original forwards."""
 
+import ast
 import contextlib
 import copy
 import contextvars
@@ -1535,6 +1536,44 @@ class ApplyTest(unittest.TestCase):
         why, = [w for w in report.unsplit if "_checkpoint_hook" in w]
         self.assertTrue(why.startswith("Checkpointed.layers.0: saved-tensor hooks are active "
                                        "(torch.utils.checkpoint._checkpoint_hook."), why)
+
+    def test_a_forked_child_runs_the_model_unplanned_and_exits(self):
+        # A server that warms its model up and then forks its workers: the
+        # runtime's threads stay in the parent, and a child's planned call
+        # waited for them forever (as did its exit, joining them).
+        x = torch.randn(6, 5, 16)
+        want = self.net(x)
+        _apply.apply(self.net, plan(["Net.blocks.*"]), runtime_lib=RUNTIME)
+        self.audit(self.net, x)
+        self.net(x)
+        report = self.net._dynaflow_applier.report
+        self.assertEqual(report.planned_calls, 3)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its answer on the pipe, then the exit's detach
+            torch.set_num_threads(1)  # OpenMP's pool, once used, is not the child's
+            try:
+                same = torch.equal(self.net(x), want)
+                counts = (report.planned_calls, report.original_calls, len(report.unsplit))
+                self.net._dynaflow_applier.detach()
+                os.write(write, repr((same, counts, list(report.unsplit))).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        deadline = time.monotonic() + 30
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                self.fail("the forked child hung")
+            time.sleep(0.05)
+        with os.fdopen(read) as f:
+            same, counts, reasons = ast.literal_eval(f.read())
+        self.assertTrue(same)
+        self.assertEqual(counts, (0, 3, 3))  # its own calls only, the units' each once
+        self.assertEqual(reasons[0], f"Net.blocks.0: {_apply._FORKED}")
+        torch.testing.assert_close(self.net(x), want, rtol=1e-5, atol=1e-6)
+        self.assertEqual(report.planned_calls, 6)  # the parent's plan goes on
 
     def test_the_models_device_is_its_parameters_else_its_buffers(self):
         # A model of buffers alone (on the GPU, its executor streams) was

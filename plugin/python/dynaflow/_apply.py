@@ -758,6 +758,13 @@ class Report:
         self.graph_replays = 0
         self.graph_eager_calls = {}
 
+    def forked(self):
+        """In a process forked from this one: its counts start at zero (the
+        parent reports its own calls); the plan, units and refusal stay."""
+        kept = self.plan, self.units, self.refused
+        self.__init__()
+        self.plan, self.units, self.refused = kept
+
     # Counted under the lock: planned calls run on the program's threads
     # concurrently, and `+=` on an attribute is not atomic.
     def planned_call(self):
@@ -1268,6 +1275,8 @@ _KIND_RAISES = "this call raises (its micro-batches ran), and its calls of this 
 _KIND_OUTCOMES = (_KIND_UNMODIFIED, _KIND_RAISES)
 # Split, each micro-batch draws its own random numbers (dropout's masks, say),
 # in another order and count than the unsplit call: its result would differ.
+_FORKED = ("this process was forked from the one that applied the plan, whose runtime threads "
+           "it does not have")
 _DRAWS_RANDOM = ("the call draws random numbers (dropout in training, say): split, each "
                  "micro-batch would draw its own, so the result could not equal the unsplit "
                  "call's")
@@ -1373,6 +1382,9 @@ class _PlannedForward:
             # the audited call's split comparison are not the program's.
             if getattr(_ON_THREAD, "in_plan", False) is not _COMPARING:
                 a.report.original_call()
+            return self.original(*args, **kwargs)
+        if a.forked:
+            a.report.unsplit_call(f"{self.path}: {_FORKED}")
             return self.original(*args, **kwargs)
         x = first_tensor(args, kwargs)
         why = traced(x)
@@ -2225,6 +2237,7 @@ class Applier:
         self.no_caller_state = ""
         self.forwards = []
         self.refused_kinds = set()  # refuse_kind's messages, said once each
+        self.forked = False  # this process was forked from the one that attached (_forked)
 
     def __reduce_ex__(self, _protocol):
         """A copy of the model (model._dynaflow_applier) is not planned: None."""
@@ -2286,9 +2299,21 @@ class Applier:
                 forward.regions[splits] = _Region(self.runtime, path, kind, stages[(path, splits)],
                                                   n, splits, self.cuda)
         self.report.units = [p for p, _ in units]
+        _ATTACHED_APPLIERS.add(self)
         if _distributed():
             _let_collectives_finish_at_exit()
         return self
+
+    def _forked(self):
+        """In a child forked after attach: the executors' threads are the
+        parent's, so a call waiting for them would wait forever, and their
+        join at exit too; the handles are dropped (never freed here), the
+        locks made anew (another thread may have held them at the fork),
+        and every later call runs the original way (_PlannedForward)."""
+        self.forked = True
+        self.executor = self.host_executor = None
+        self.lock, self.merge_lock = threading.RLock(), threading.Lock()
+        self.report.forked()
 
     def detach(self):
         """Restores every module and frees the runtime's objects."""
@@ -2341,6 +2366,18 @@ class Applier:
             # The first reason stays: the one that ended the plan.
             self.report.refused = self.report.refused or message
         self.on_refuse(message, outcome)
+
+
+# The appliers attached in this process, told when it forks (_forked).
+_ATTACHED_APPLIERS = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for applier in list(_ATTACHED_APPLIERS):
+        applier._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def apply(model, plan, verify=False, runtime_lib=None, strict=False, graphs=True):
