@@ -558,6 +558,15 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual(report.refused, "")
         return out
 
+    def applied(self, units, audited=3):
+        """self.net with a plan that splits `units` applied, its first call
+        audited on a [6, 5, 16] input: (that input, the unplanned output)."""
+        x = torch.randn(6, 5, 16)
+        want = self.net(x)
+        _apply.apply(self.net, plan(units), runtime_lib=RUNTIME)
+        self.audit(self.net, x, units=audited)
+        return x, want
+
     def test_planned_output_equals_the_original(self):
         expected = self.net(self.x)
         _apply.apply(self.net, plan(["Net.blocks.*"], splits=3), verify=True, runtime_lib=RUNTIME)
@@ -1434,9 +1443,7 @@ class ApplyTest(unittest.TestCase):
         # copy.deepcopy (a reference or EMA model) and pickle (torch.save of
         # the whole model): a unit's copy shared the planned forward, and ran
         # the original's weights; the model's copy raised on the applier.
-        x = torch.randn(6, 5, 16)
-        _apply.apply(self.net, plan(["Net.blocks.*"]), runtime_lib=RUNTIME)
-        want = self.audit(self.net, x)
+        x, want = self.applied(["Net.blocks.*"])
         report = self.net._dynaflow_applier.report
         buffer = io.BytesIO()
         torch.save(self.net, buffer)
@@ -1464,10 +1471,7 @@ class ApplyTest(unittest.TestCase):
         # and export's fake tensors refused the plan for the real calls.
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        x = torch.randn(6, 5, 16)
-        want = self.net(x)
-        _apply.apply(self.net, plan(["Net.blocks.*"]), runtime_lib=RUNTIME)
-        self.audit(self.net, x)
+        x, want = self.applied(["Net.blocks.*"])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the tracers' own warnings
             graphs = {"jit": torch.jit.trace(self.net, x, check_trace=False),
@@ -1488,10 +1492,7 @@ class ApplyTest(unittest.TestCase):
     def test_the_model_as_its_own_unit_exports_and_copies_as_a_model(self):
         # The installed forward is a method of the module, as the original:
         # torch.export reads its __code__, copies bind their own module.
-        x = torch.randn(6, 5, 16)
-        want = self.net(x)
-        _apply.apply(self.net, plan(["Net"]), runtime_lib=RUNTIME)
-        self.audit(self.net, x, units=1)
+        x, want = self.applied(["Net"], audited=1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             exported = torch.export.export(self.net, (x,)).module()
@@ -1541,10 +1542,7 @@ class ApplyTest(unittest.TestCase):
         # A server that warms its model up and then forks its workers: the
         # runtime's threads stay in the parent, and a child's planned call
         # waited for them forever (as did its exit, joining them).
-        x = torch.randn(6, 5, 16)
-        want = self.net(x)
-        _apply.apply(self.net, plan(["Net.blocks.*"]), runtime_lib=RUNTIME)
-        self.audit(self.net, x)
+        x, want = self.applied(["Net.blocks.*"])
         self.net(x)
         report = self.net._dynaflow_applier.report
         self.assertEqual(report.planned_calls, 3)
