@@ -5,6 +5,7 @@ on the CPU backend, compared with the original forwards."""
 import ast
 import contextlib
 import copy
+import functools
 import contextvars
 import importlib.util
 import inspect
@@ -56,6 +57,11 @@ if HAS_TORCH:
             for b in self.blocks:
                 x = b(x, scale=0.5, cache=cache)
             return self.head(x)
+
+    def scaled_block_forward(block, x, scale=1.0, cache=None):
+        """A patch of a Block's forward (as libraries assign module.forward),
+        at module level so that pickle saves it."""
+        return Block.forward(block, x, scale=3 * scale, cache=cache)
 
     class Holder(nn.Module):
         """Calls `layer`, the unit a test's plan splits ("Holder.layers.*")."""
@@ -1222,6 +1228,43 @@ class ApplyTest(unittest.TestCase):
         stances.append(eval_frame._stance.stance)
         self.assertEqual(stances, ["force_eager", "force_eager", "default"])
 
+    def test_a_child_forked_while_another_thread_watches_compiles_again(self):
+        # The watching thread is the parent's and never leaves in the child:
+        # its share kept the child's torch.compile'd code eager for good.
+        # The forking thread's own share holds until it leaves.
+        from torch._dynamo import eval_frame
+
+        entered, leave = threading.Event(), threading.Event()
+
+        def watch():
+            with _split.watching(contextlib.nullcontext()):
+                entered.set()
+                leave.wait()
+
+        thread = threading.Thread(target=watch)
+        thread.start()
+        entered.wait()
+        read, write = os.pipe()
+        stances = []
+        with _split.watching(contextlib.nullcontext()):
+            pid = os.fork()
+            if pid == 0:
+                stances.append(eval_frame._stance.stance)
+        if pid == 0:  # the child
+            try:
+                stances.append(eval_frame._stance.stance)
+                os.write(write, repr(stances).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        self.assertEqual(os.waitpid(pid, 0)[1], 0)
+        with os.fdopen(read) as f:
+            self.assertEqual(ast.literal_eval(f.read()), ["force_eager", "default"])
+        self.assertEqual(eval_frame._stance.stance, "force_eager")  # the thread's, here
+        leave.set()
+        thread.join()
+        self.assertEqual(eval_frame._stance.stance, "default")
+
     def test_autocast_holds_in_the_micro_batches(self):
         net, x = nn.Sequential(nn.Linear(3, 3)), torch.randn(4, 3)
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -1463,6 +1506,28 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual(report.planned_calls, 0)  # no copy ran the plan
         torch.testing.assert_close(self.net(x), want, rtol=1e-5, atol=1e-6)
         self.assertEqual(report.planned_calls, 3)
+
+    def test_a_copy_of_a_unit_with_a_forward_of_its_own_keeps_that_forward(self):
+        # A unit whose forward was assigned to the instance before apply: its
+        # pickled copy loaded the installed forward by name, as its class's,
+        # and computed without the patch (a max difference of 4 here).
+        for block in self.net.blocks:
+            block.forward = functools.partial(scaled_block_forward, block)
+        x, want = self.applied(["Net.blocks.*"])
+        buffer = io.BytesIO()
+        torch.save(self.net, buffer)
+        buffer.seek(0)
+        for twin in (torch.load(buffer, weights_only=False), copy.deepcopy(self.net)):
+            torch.testing.assert_close(twin(x), want, rtol=0, atol=0)
+            for block in twin.blocks:
+                self.assertNotIn("__getstate__", block.__dict__)
+                self.assertIs(block.forward.args[0], block)  # bound to the copy
+        self.assertEqual(self.net._dynaflow_applier.report.planned_calls, 0)
+        torch.testing.assert_close(self.net(x), want, rtol=1e-5, atol=1e-6)
+        self.net._dynaflow_applier.detach()
+        for block in self.net.blocks:
+            self.assertIs(block.forward.func, scaled_block_forward)
+            self.assertNotIn("__getstate__", block.__dict__)
 
     def test_a_traced_call_records_the_original_operators_and_the_plan_stays(self):
         # A tracer records only its own thread's operators, with one call's

@@ -78,9 +78,9 @@ from ._graphs import (EAGER, CudaGraphs, NoGraph, UnitGraphs, _first_line, _nati
 from ._rows import audit_key, make_audit
 from ._split import (_UNCHECKABLE, ContextState, MergeError, ModuleState, Refusal, SliceMerge,
                      Unchanged, Unsplittable, _capture_underway, _storage_address,
-                     alias_refusal, check_module, inference_buffers, install_lazy_hooks,
-                     kind_refusal, merge_outputs, output_aliases, output_refusal, split_call,
-                     watching)
+                     alias_refusal, check_module, eager_after_fork_in_child, inference_buffers,
+                     install_lazy_hooks, kind_refusal, merge_outputs, output_aliases,
+                     output_refusal, split_call, watching)
 
 PLAN_SCHEMA = "dynaflow.plan/1"
 SPLIT_STRATEGIES = ("nanobatch_overlap", "dual_batch_overlap")
@@ -309,6 +309,8 @@ def traced(x):
         return "torch.jit.trace records it, the original way"
     if torch.compiler.is_exporting():
         return "torch.export records it, the original way"
+    if type(x) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0:
+        return ""  # no dispatch mode at all, a plain tensor: the usual call, cheaply
     fake, keys = _fake_tensor_type(), torch._C._TorchDispatchModeKey
     if isinstance(x, fake) or torch._C._get_dispatch_mode(keys.FAKE) is not None or \
             torch._C._get_dispatch_mode(keys.PROXY) is not None:
@@ -1284,6 +1286,27 @@ _DREW_RANDOM = ("the call drew random numbers, which the first call of its kind 
                 "each micro-batch drew its own, so the result differs from the unsplit call's")
 
 
+# Where a unit whose instance had its own forward at apply (a patch, a
+# library's hook wrapper) keeps it, for its copies and for references to the
+# installed forward kept past detach; left there after detach.
+_OWN_FORWARD = "_dynaflow_own_forward"
+
+
+def _state_with_own_forward(module):
+    """The __getstate__ of a unit whose instance had a forward of its own,
+    while the plan is applied: its class's state with that forward in place
+    of the installed one. pickle saves a bound method by name, so a pickled
+    copy loaded the installed forward as its class's and lost the patch
+    (a model that scales a unit's output loaded without the scaling);
+    copy.deepcopy reads the same state."""
+    state = type(module).__getstate__(module)
+    if isinstance(state, dict) and _OWN_FORWARD in state:
+        state = dict(state)
+        state.pop("__getstate__", None)
+        state["forward"] = state.pop(_OWN_FORWARD)
+    return state
+
+
 def _installed_forward(planned):
     """A unit's forward while the plan is applied (module.forward): a method
     of the module that calls `planned`. To what reads or copies it, it is
@@ -1292,18 +1315,28 @@ def _installed_forward(planned):
     takes them, its Trainer drops the dataset columns a forward does not
     take) and has a method's attributes (torch.export reads __code__); a
     copy of the module (copy.deepcopy binds the copy, pickle looks the
-    copy's forward up) runs its class's forward, unplanned: sharing the
-    planned call, it ran the original module's weights. It holds `planned`
+    copy's forward up) runs the forward it had before apply, unplanned (its
+    instance's own, through _state_with_own_forward, else its class's):
+    sharing the planned call, it ran the original module's weights. It holds `planned`
     weakly, so a copy keeps nothing of the original alive."""
     import torch
 
     planned_ref = weakref.ref(planned)
+    if planned.replaced is not None:  # copies and pickles carry it, bound to themselves
+        planned.module.__dict__[_OWN_FORWARD] = planned.replaced
+        planned.module.__dict__["__getstate__"] = types.MethodType(_state_with_own_forward,
+                                                                   planned.module)
 
     def forward(module, *args, **kwargs):
         planned = planned_ref()
-        if planned is None or module is not planned.module:  # a copy's
-            return type(module).forward(module, *args, **kwargs)
-        return planned(*args, **kwargs)
+        if planned is not None and not planned.restored and module is planned.module:
+            return planned(*args, **kwargs)
+        # A copy's (deepcopy binds the copy), or a reference kept past
+        # detach: the module's own forward, else its class's.
+        own = module.__dict__.get(_OWN_FORWARD)
+        if own is not None:
+            return own(*args, **kwargs)
+        return type(module).forward(module, *args, **kwargs)
 
     forward.__name__ = "forward"
     forward.__qualname__ = f"{type(planned.module).__qualname__}.forward"
@@ -1353,11 +1386,14 @@ class _PlannedForward:
         self.aliases = {}
         self.uncompared = set()  # why audited calls were not compared split (said once each)
         self.graphs = None   # _graphs.UnitGraphs, made at the first call with a graph backend
+        self.restored = False
         self.installed = _installed_forward(self)
         module.forward = self.installed
 
     def restore(self):
         """Puts the original forward back and frees the schedules."""
+        self.restored = True
+        self.module.__dict__.pop("__getstate__", None)  # _state_with_own_forward, if set
         if self.module.__dict__.get("forward") is self.installed:
             if self.replaced is None:
                 del self.module.forward
@@ -2373,6 +2409,7 @@ _ATTACHED_APPLIERS = weakref.WeakSet()
 
 
 def _after_fork_in_child():
+    eager_after_fork_in_child()
     for applier in list(_ATTACHED_APPLIERS):
         applier._forked()
 

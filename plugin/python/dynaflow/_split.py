@@ -40,7 +40,6 @@ import dataclasses
 import decimal
 import enum
 import functools
-import inspect
 import sys
 import threading
 
@@ -382,7 +381,7 @@ def _made_lazily(var, value):
 # dispatch modes (watching): the stance is the process's, not a thread's, so
 # the first to enter sets it and the last to leave puts the program's back.
 _EAGER_LOCK = threading.Lock()
-_eager = {"users": 0, "stance": None}
+_eager = {"users": 0, "stance": None, "threads": {}}  # threads: ident -> its modes entered
 
 
 @contextlib.contextmanager
@@ -396,18 +395,37 @@ def watching(mode):
     flex_attention gives "Attempted to call function marked as skipped")."""
     import torch
 
+    me = threading.get_ident()
     with _EAGER_LOCK:
         if _eager["users"] == 0:
             _eager["stance"] = torch.compiler.set_stance("force_eager")
         _eager["users"] += 1
+        _eager["threads"][me] = _eager["threads"].get(me, 0) + 1
     try:
         with mode:
             yield mode
     finally:
         with _EAGER_LOCK:
+            _eager["threads"][me] -= 1
+            if not _eager["threads"][me]:
+                del _eager["threads"][me]
             _eager["users"] -= 1
             if _eager["users"] == 0:
                 _eager.pop("stance").__exit__(None, None, None)
+
+
+def eager_after_fork_in_child():
+    """In a child forked while other threads were inside `watching`: those
+    threads are the parent's and never leave here, so their share of the
+    stance is dropped (the child's torch.compile'd code ran eagerly for
+    good), and the lock, which one of them may have held, is made anew."""
+    global _EAGER_LOCK
+    _EAGER_LOCK = threading.Lock()
+    mine = _eager["threads"].get(threading.get_ident(), 0)
+    _eager["threads"] = {threading.get_ident(): mine} if mine else {}
+    if _eager["users"] and not mine:
+        _eager.pop("stance").__exit__(None, None, None)
+    _eager["users"] = mine
 
 
 def _owned(module, kind, name):
