@@ -1192,8 +1192,6 @@ def _row_identity(index, batch, inner):
 
 def _view_tag(a, func, args, kwargs):
     """Where the rows of args[0] are in the view `func` makes of it."""
-    import torch
-
     t = args[0]
     tag = a.tag_of(t)
     if tag is None:
