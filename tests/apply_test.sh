@@ -91,7 +91,7 @@ check "long name not echoed" test "$(wc -c <"$work/err")" -lt 400
 "${decode[@]}" >"$work/base.out" 2>&1
 base=$(grep checksum "$work/base.out")
 expect_code "apply --verify" 0 "$bin" apply --verify "$work/plan.json" -- "${decode[@]}"
-check "same tokens as the original run" has "$work/out" "$base"
+check "same tokens as the original run" has_lines "$work/out" "$base"
 check "verify line" grep -qE '^verify: max_abs_diff=[0-9.e+-]+ max_rel_diff=[0-9.e+-]+ \(6 calls\)' "$work/out"
 check "every stack call after the audited ones planned" has "$work/err" \
   "6 planned and 2 original calls of 1 modules"
@@ -103,7 +103,7 @@ check "every stack call staggered as predicted" has "$work/err" \
 expect_code "advise dual batch" 0 "$bin" advise "$work/run.db" --plan "$work/dbo.json" \
   --force-strategy dual_batch_overlap
 expect_code "apply dual batch" 0 "$bin" apply --verify "$work/dbo.json" -- "${decode[@]}"
-check "dual batch: same tokens" has "$work/out" "$base"
+check "dual batch: same tokens" has_lines "$work/out" "$base"
 
 # Training (examples/train_step.py): forward split, backward through the
 # merged outputs, same losses; --verify's baseline leaves the tensors autograd
@@ -128,14 +128,14 @@ seq = dict(split, strategy="sequential", splits=1, rules=[], max_tokens=8)
 p["buckets"] = [seq, dict(split, min_tokens=8)]'
 expect_code "bucketed" 0 "$bin" apply "$work/bucketed.json" -- "${decode[@]}"
 check "prefill planned, decode original" has "$work/err" "1 planned and 7 original calls"
-check "bucketed: same tokens" has "$work/out" "$base"
+check "bucketed: same tokens" has_lines "$work/out" "$base"
 
 # --- plans that do not fit
 edit_plan "$work/plan.json" "$work/unknown.json" \
   'units(p, ["LlamaForCausalLM.model.blocks.*"])'
 expect_code "unknown module runs unmodified" 0 "$bin" apply "$work/unknown.json" -- "${decode[@]}"
 check "unknown module named" has "$work/err" "plan refused: unknown module LlamaForCausalLM.model.blocks.*"
-check "unmodified run: same tokens" has "$work/out" "$base"
+check "unmodified run: same tokens" has_lines "$work/out" "$base"
 expect_code "unknown module --strict" 2 "$bin" apply --strict "$work/unknown.json" -- "${decode[@]}"
 check "--strict says it exits" has "$work/err" "exiting (--strict)"
 
@@ -366,7 +366,7 @@ expect_code "batch norm refused" 0 "$bin" apply "$work/bn.json" -- "$py" "$work/
 check "batch norm named" has "$work/err" \
   "plan refused: Net.blocks.0.1: BatchNorm1d normalises by the statistics of the whole batch"
 check "refusal said once" test "$(grep -c "plan refused" "$work/err")" -eq 1
-check "batch norm: unmodified result" has "$work/out" "$(cat "$work/bn_base.out")"
+check "batch norm: unmodified result" has_lines "$work/out" "$(cat "$work/bn_base.out")"
 expect_code "batch norm --strict" 2 "$bin" apply --strict "$work/bn.json" -- "$py" "$work/bn.py"
 
 # Blocks a plan may not split as is. Center mixes rows in its own code (it
@@ -432,13 +432,13 @@ PY
 expect_code "row mixing refused" 0 "$bin" apply "$work/bn.json" -- "$py" "$work/blocks.py" center
 check "row mixing named" has "$work/err" \
   "plan refused: Net.blocks.0: aten::sub.Tensor combines a value reduced over the rows with the rows (at blocks.py:6 forward)"
-check "row mixing: unmodified result" has "$work/out" "$(cat "$work/mix_base.out")"
+check "row mixing: unmodified result" has_lines "$work/out" "$(cat "$work/mix_base.out")"
 expect_code "row mixing --strict" 2 "$bin" apply --strict "$work/bn.json" -- "$py" \
   "$work/blocks.py" center
 for block in noise mean count; do
   "$py" "$work/blocks.py" $block >"$work/${block}_base.out"
   expect_code "$block refused" 0 "$bin" apply "$work/bn.json" -- "$py" "$work/blocks.py" $block
-  check "$block: unmodified result" has "$work/out" "$(cat "$work/${block}_base.out")"
+  check "$block: unmodified result" has_lines "$work/out" "$(cat "$work/${block}_base.out")"
 done
 check "count named" has "$work/err" \
   "plan refused: Net.blocks.0: aten::mul.Tensor takes the batch size (8) as a number: split, each micro-batch would pass its own row count (at blocks.py:14 forward)"

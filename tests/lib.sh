@@ -38,12 +38,24 @@ expect_code() {
 
 # has FILE TEXT: FILE contains every line of TEXT (fixed strings). Line by
 # line because grep -F takes a many-line pattern as alternatives, any of
-# which would do.
+# which would do. An empty TEXT fails: it is a lost expectation, not one met.
 has() {
-  local line
+  _holds -F "$@"
+}
+
+# has_lines FILE TEXT: every line of TEXT is a whole line of FILE, for
+# comparing a run's output with a base run's (a substring would let a
+# truncated or prefixed number pass).
+has_lines() {
+  _holds -xF "$@"
+}
+
+_holds() {
+  local flags=$1 line
+  [ -n "$3" ] || return 1
   while IFS= read -r line; do
-    grep -qF -- "$line" "$1" || return 1
-  done <<<"$2"
+    grep -q "$flags" -- "$line" "$2" || return 1
+  done <<<"$3"
 }
 
 # finish: the summary line and the script's exit code.
