@@ -1337,6 +1337,37 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual(len(report.unsplit), 2)  # the audit's, and the hooks'
 
     @unittest.skipUnless(REPLAY, "the replay module is not built (DYNAFLOW_REPLAY_EXT_BUILT)")
+    def test_forward_mode_tangents_and_a_vmapped_ensemble_hold_in_the_micro_batches(self):
+        # Forward-mode AD (dual tensors, torch.func.jvp) and a model ensemble
+        # (stack_module_state, functional_call under vmap): the tangents and
+        # the stacked parameters reach each micro-batch, and the merge keeps
+        # the tangents.
+        import torch.autograd.forward_ad as fwAD
+        from torch.func import functional_call, jvp, stack_module_state, vmap
+
+        tangent = torch.randn(6, 5, 16)
+        params, buffers = stack_module_state([self.net, copy.deepcopy(self.net)])
+
+        def ensemble(x):
+            return vmap(lambda p, b: functional_call(self.net, (p, b), (x,)))(params, buffers)
+
+        def tangents(x):
+            with fwAD.dual_level():
+                out = fwAD.unpack_dual(self.net(fwAD.make_dual(x, tangent)))
+                return out.primal.clone(), out.tangent.clone()
+
+        x = torch.randn(6, 5, 16)
+        want = {"dual": tangents(x), "jvp": jvp(self.net, (x,), (tangent,)),
+                "ensemble": ensemble(x)}
+        self.applied(["Net.blocks.*"])
+        report = self.net._dynaflow_applier.report
+        got = {"dual": tangents(x), "jvp": jvp(self.net, (x,), (tangent,)),
+               "ensemble": ensemble(x)}
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        self.assertEqual(report.planned_calls, 9)
+        self.assertEqual(len(report.unsplit), 3)  # the audited calls only
+
+    @unittest.skipUnless(REPLAY, "the replay module is not built (DYNAFLOW_REPLAY_EXT_BUILT)")
     def test_torch_profiler_sees_the_micro_batches_operators(self):
         net, x = Holder(nn.Linear(3, 3)), torch.randn(4, 3)
         _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)
