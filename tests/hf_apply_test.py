@@ -24,6 +24,8 @@ dropout (Llama) and is refused where it has (GPT-2). The encoder-decoders T5 and
 their encoder and, with their EncoderDecoderCache, their decoder. tests/hf/hf_sweep.py splits
 12 families in ways the rest does not: batches that do not divide evenly, 3 and 4 micro-batches,
 bfloat16, and the stack as one unit, as layers, as a staggered region, or the whole model.
+tests/dist/fsdp_llama.py trains Llama under torch's FSDP2 (fully_shard, gloo, 2 ranks): its
+sharded layers split with the same losses and weights, and a stack holding their hooks is refused.
 
 Env (ctest sets them): DYNAFLOW_BIN, DYNAFLOW_SOURCE_DIR, DYNAFLOW_PYTHON (a
 Python with torch and transformers), DYNAFLOW_APPLY_LIB_BUILT and, for CUDA graphs in
@@ -572,6 +574,15 @@ class HfApplyTest(unittest.TestCase):
                 env=self.in_process_env())
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr[-2000:])
         self.assertIn("16 of 16 cases split and matched", r.stdout)
+
+    @unittest.skipUnless(RUNTIME, "needs the built runtime library")
+    def test_fsdp2_sharded_layers_split_and_a_stack_holding_their_hooks_is_refused(self):
+        # tests/dist/fsdp_llama.py: torch's fully_shard over gloo, 2 ranks,
+        # 3 training steps each way.
+        r = run(PY, os.path.join(SRC, "tests", "dist", "fsdp_llama.py"),
+                env=self.in_process_env())
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr[-2000:])
+        self.assertIn("4 of 4 FSDP runs as expected", r.stdout)
 
     def test_encoder_decoder_models_split_their_encoder_and_their_decoder(self):
         # The forced plan splits the encoder (T5's was refused: its stack
