@@ -31,22 +31,28 @@ import hf_models  # noqa: E402
 WORLD, BATCH, SEQ = 2, 4, 12
 
 
-def run(rank, port, steps):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    torch.set_num_threads(1)
-    model = hf_models.build("llama").train()  # its config has no dropout
-    ddp = DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+def sgd_steps(model, rank, steps):
+    """Trains `model` for `steps` SGD steps on the rank's own random batches
+    of token ids (the labels are the ids); the loss of each step."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(10 + rank)
     losses = []
     for _ in range(steps):
         ids = torch.randint(2, hf_models.VOCAB, (BATCH, SEQ), generator=g)
         optimizer.zero_grad()
-        loss = ddp(ids, labels=ids, use_cache=False).loss
+        loss = model(ids, labels=ids, use_cache=False).loss
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+    return losses
+
+
+def run(rank, port, steps):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    torch.set_num_threads(1)
+    model = hf_models.build("llama").train()  # its config has no dropout
+    losses = sgd_steps(DistributedDataParallel(model), rank, steps)
     total = sum(p.double().sum().item() for p in model.parameters())
     if rank == 0:
         print(json.dumps({"losses": losses, "parameters": total}), flush=True)

@@ -33,10 +33,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hf"))
+import ddp_llama  # noqa: E402 - the same training steps as its data-parallel run
 import hf_models  # noqa: E402
 import hf_sweep  # noqa: E402
 
-WORLD, BATCH, SEQ, STEPS = 2, 4, 12, 3
+WORLD, STEPS = 2, 3
 
 
 def fsdp_plan(unit):
@@ -64,17 +65,8 @@ def train(rank, port, unit, results):
     if unit:
         with contextlib.redirect_stderr(said):
             dynaflow.apply(model, fsdp_plan(unit))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(10 + rank)
-    losses = []
-    for _ in range(STEPS):
-        ids = torch.randint(2, hf_models.VOCAB, (BATCH, SEQ), generator=g)
-        optimizer.zero_grad()
-        with contextlib.redirect_stderr(said):
-            loss = model(ids, labels=ids, use_cache=False).loss
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    with contextlib.redirect_stderr(said):
+        losses = ddp_llama.sgd_steps(model, rank, STEPS)
     total = sum(p.full_tensor().double().sum().item() for p in model.parameters())
     report = model._dynaflow_applier.report if unit else None
     results.put({"rank": rank, "losses": losses, "parameters": total,
