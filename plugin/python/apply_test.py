@@ -1559,6 +1559,15 @@ class ApplyTest(unittest.TestCase):
         for block in self.net.blocks:
             self.assertIs(block.forward.func, scaled_block_forward)
             self.assertNotIn("__getstate__", block.__dict__)
+        # An instance __getstate__ of the program's own stays, through apply and detach.
+        net = Net()
+        block = net.blocks[0]
+        block.forward = functools.partial(scaled_block_forward, block)
+        mine = block.__dict__["__getstate__"] = functools.partial(nn.Module.__getstate__, block)
+        _apply.apply(net, plan(["Net.blocks.*"]), runtime_lib=RUNTIME)
+        self.assertIs(block.__dict__["__getstate__"], mine)
+        net._dynaflow_applier.detach()
+        self.assertIs(block.__dict__["__getstate__"], mine)
 
     def test_a_traced_call_records_the_original_operators_and_the_plan_stays(self):
         # A tracer records only its own thread's operators, with one call's

@@ -1323,9 +1323,10 @@ def _installed_forward(planned):
 
     planned_ref = weakref.ref(planned)
     if planned.replaced is not None:  # copies and pickles carry it, bound to themselves
-        planned.module.__dict__[_OWN_FORWARD] = planned.replaced
-        planned.module.__dict__["__getstate__"] = types.MethodType(_state_with_own_forward,
-                                                                   planned.module)
+        own = planned.module.__dict__
+        own[_OWN_FORWARD] = planned.replaced
+        # (an instance's own __getstate__, which a library may have set, stays)
+        own.setdefault("__getstate__", types.MethodType(_state_with_own_forward, planned.module))
 
     def forward(module, *args, **kwargs):
         planned = planned_ref()
@@ -1393,7 +1394,9 @@ class _PlannedForward:
     def restore(self):
         """Puts the original forward back and frees the schedules."""
         self.restored = True
-        self.module.__dict__.pop("__getstate__", None)  # _state_with_own_forward, if set
+        getstate = self.module.__dict__.get("__getstate__")
+        if getattr(getstate, "__func__", None) is _state_with_own_forward:
+            del self.module.__dict__["__getstate__"]
         if self.module.__dict__.get("forward") is self.installed:
             if self.replaced is None:
                 del self.module.forward
