@@ -381,7 +381,7 @@ def _made_lazily(var, value):
 # dispatch modes (watching): the stance is the process's, not a thread's, so
 # the first to enter sets it and the last to leave puts the program's back.
 _EAGER_LOCK = threading.Lock()
-_eager = {"users": 0, "stance": None, "threads": {}}  # threads: ident -> its modes entered
+_eager = {"threads": {}, "stance": None}  # threads: ident -> its modes entered
 
 
 @contextlib.contextmanager
@@ -395,22 +395,20 @@ def watching(mode):
     flex_attention gives "Attempted to call function marked as skipped")."""
     import torch
 
-    me = threading.get_ident()
+    me, threads = threading.get_ident(), _eager["threads"]
     with _EAGER_LOCK:
-        if _eager["users"] == 0:
+        if not threads:
             _eager["stance"] = torch.compiler.set_stance("force_eager")
-        _eager["users"] += 1
-        _eager["threads"][me] = _eager["threads"].get(me, 0) + 1
+        threads[me] = threads.get(me, 0) + 1
     try:
         with mode:
             yield mode
     finally:
         with _EAGER_LOCK:
-            _eager["threads"][me] -= 1
-            if not _eager["threads"][me]:
-                del _eager["threads"][me]
-            _eager["users"] -= 1
-            if _eager["users"] == 0:
+            threads[me] -= 1
+            if not threads[me]:
+                del threads[me]
+            if not threads:
                 _eager.pop("stance").__exit__(None, None, None)
 
 
@@ -421,11 +419,11 @@ def eager_after_fork_in_child():
     good), and the lock, which one of them may have held, is made anew."""
     global _EAGER_LOCK
     _EAGER_LOCK = threading.Lock()
-    mine = _eager["threads"].get(threading.get_ident(), 0)
-    _eager["threads"] = {threading.get_ident(): mine} if mine else {}
-    if _eager["users"] and not mine:
+    threads, me = _eager["threads"], threading.get_ident()
+    if threads and me not in threads:
         _eager.pop("stance").__exit__(None, None, None)
-    _eager["users"] = mine
+    for ident in [t for t in threads if t != me]:
+        del threads[ident]
 
 
 def _owned(module, kind, name):
