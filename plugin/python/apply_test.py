@@ -1368,6 +1368,47 @@ class ApplyTest(unittest.TestCase):
         self.assertEqual(len(report.unsplit), 3)  # the audited calls only
 
     @unittest.skipUnless(REPLAY, "the replay module is not built (DYNAFLOW_REPLAY_EXT_BUILT)")
+    def test_a_first_call_under_a_transform_runs_unsplit_and_the_kind_is_audited_later(self):
+        # The audit follows neither a torch.func transform's wrapped tensors
+        # nor forward-mode tangents: it refused the whole plan when the
+        # first call of a kind came under one. Such a call now runs the
+        # original way; the first plain call audits the kind, and the
+        # transformed calls split from then on.
+        import torch.autograd.forward_ad as fwAD
+        from torch.func import functional_call, grad, jvp, stack_module_state, vmap
+
+        x, tangent = torch.randn(6, 5, 16), torch.randn(6, 5, 16)
+
+        def dual(net):
+            with fwAD.dual_level():
+                out = fwAD.unpack_dual(net(fwAD.make_dual(x, tangent)))
+                return out.primal.clone(), out.tangent.clone()
+
+        def ensemble(net):
+            params, buffers = stack_module_state([net, copy.deepcopy(net)])
+            return vmap(lambda p, b: functional_call(net, (p, b), (x,)))(params, buffers)
+
+        calls = {"jvp": (lambda net: jvp(net, (x,), (tangent,)), "a torch.func transform"),
+                 "dual": (dual, "a forward-mode AD level"),
+                 "ensemble": (ensemble, "a torch.func transform"),
+                 "grad": (lambda net: grad(lambda y: net(y).sum())(x), "a torch.func transform")}
+        for name, (call, what) in calls.items():
+            with self.subTest(name):
+                torch.manual_seed(0)
+                net = Net()
+                want = call(net)
+                _apply.apply(net, plan(["Net.blocks.*"]), runtime_lib=RUNTIME)
+                report = net._dynaflow_applier.report
+                torch.testing.assert_close(call(net), want, rtol=0, atol=0)
+                self.assertEqual((report.refused, report.planned_calls), ("", 0))
+                self.assertEqual(report.unsplit, {
+                    f"Net.blocks.{k}: {what} is {'open' if name == 'dual' else 'active'}, and "
+                    f"the first call of a kind is audited without one": 1 for k in range(3)})
+                self.audit(net, x)
+                torch.testing.assert_close(call(net), want, rtol=1e-5, atol=1e-6)
+                self.assertEqual((report.refused, report.planned_calls), ("", 3))
+
+    @unittest.skipUnless(REPLAY, "the replay module is not built (DYNAFLOW_REPLAY_EXT_BUILT)")
     def test_torch_profiler_sees_the_micro_batches_operators(self):
         net, x = Holder(nn.Linear(3, 3)), torch.randn(4, 3)
         _apply.apply(net, plan(["Holder.layers.*"]), runtime_lib=RUNTIME)

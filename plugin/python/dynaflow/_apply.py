@@ -347,6 +347,24 @@ def saved_tensor_hooks_refusal():
             f"see the micro-batches' saved tensors, of other shapes and in another order")
 
 
+def unauditable():
+    """Why a call cannot be its kind's audit here, or "". Under a torch.func
+    transform (grad, vjp, jvp, vmap) the operators see wrapped tensors, and
+    under forward-mode AD each one also computes its tangents: the audit
+    (_rows) follows neither, and would refuse the plan for what it cannot
+    see. Such a first call runs the original way, unsplit, and the kind is
+    audited at its first call without them; its later calls under them
+    split as audited (the micro-batches carry the transforms' state)."""
+    import torch
+    from torch.autograd import forward_ad
+
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return "a torch.func transform is active"
+    if forward_ad._current_level >= 0:
+        return "a forward-mode AD level is open"
+    return ""
+
+
 def _current_cuda_index():
     import torch
 
@@ -1488,6 +1506,11 @@ class _PlannedForward:
             a.report.unsplit_call(str(e))
             return self.original(*args, **kwargs)
         if key not in self.audited:
+            why = unauditable()
+            if why:
+                a.report.unsplit_call(f"{self.path}: {why}, and the first call of a kind is "
+                                      f"audited without one")
+                return self.original(*args, **kwargs)
             return self._audited(key, split, args, kwargs, batch, modules)
         split.aliases = self.aliases[key]
         baseline = _Baseline(self.module, self.original, args, kwargs) if a.verify else None
