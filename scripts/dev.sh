@@ -31,9 +31,11 @@ install_deps() {
 # transformers: the apply tests run real Hugging Face models (tiny, built from
 # configs, random weights: nothing is downloaded). jsonschema: plan_schema_test
 # validates plans with it beside dynaflow's own validator. HolisticTraceAnalysis:
-# hta_export_test reads dynaflow's exports with it.
+# hta_export_test reads dynaflow's exports with it. peft and accelerate:
+# tests/hf/wrapped_models.py runs a model under LoRA adapters and accelerate's
+# hooks.
 VENV_PACKAGES=(torch==2.11.0 numpy==2.4.6 transformers==5.23.0 jsonschema==4.26.0
-               HolisticTraceAnalysis==0.5.0 pandas==3.1.1)
+               HolisticTraceAnalysis==0.5.0 pandas==3.1.1 peft==0.22.0 accelerate==1.16.0)
 
 # Creates .venv and installs VENV_PACKAGES when missing; a package-metadata
 # check (no torch import) keeps the second run quick.
@@ -44,7 +46,9 @@ assert m.version("numpy") == "2.4.6"
 assert m.version("transformers") == "5.23.0"
 assert m.version("jsonschema") == "4.26.0"
 assert m.version("HolisticTraceAnalysis") == "0.5.0"
-assert m.version("pandas") == "3.1.1"'
+assert m.version("pandas") == "3.1.1"
+assert m.version("peft") == "0.22.0"
+assert m.version("accelerate") == "1.16.0"'
   .venv/bin/python -c "$check" 2>/dev/null && return 0
   echo "dev.sh: installing ${VENV_PACKAGES[*]} into .venv" >&2
   [ -x .venv/bin/python ] || python3 -m venv .venv

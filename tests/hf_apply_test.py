@@ -26,6 +26,9 @@ their encoder and, with their EncoderDecoderCache, their decoder. tests/hf/hf_sw
 bfloat16, and the stack as one unit, as layers, as a staggered region, or the whole model.
 tests/dist/fsdp_llama.py trains Llama under torch's FSDP2 (fully_shard, gloo, 2 ranks): its
 sharded layers split with the same losses and weights, and a stack holding their hooks is refused.
+tests/hf/wrapped_models.py wraps Llama in PEFT's LoRA adapters and accelerate's hooks: LoRA
+and AlignDevicesHook split with the same outputs; a mixed-adapter batch (PEFT's per-row
+adapters, passed by pre-hooks) and cpu_offload (weights loaded per call) are refused.
 
 Env (ctest sets them): DYNAFLOW_BIN, DYNAFLOW_SOURCE_DIR, DYNAFLOW_PYTHON (a
 Python with torch and transformers), DYNAFLOW_APPLY_LIB_BUILT and, for CUDA graphs in
@@ -583,6 +586,17 @@ class HfApplyTest(unittest.TestCase):
                 env=self.in_process_env())
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr[-2000:])
         self.assertIn("4 of 4 FSDP runs as expected", r.stdout)
+
+    @unittest.skipUnless(RUNTIME, "needs the built runtime library")
+    def test_lora_adapters_and_accelerate_hooks_split_or_are_refused(self):
+        # tests/hf/wrapped_models.py: Llama under PEFT's LoRA (layers, the
+        # whole PeftModel, an adapter switched) and accelerate's
+        # AlignDevicesHook split with the same outputs; a mixed-adapter batch
+        # and cpu_offload are refused before any call runs split.
+        r = run(PY, os.path.join(SRC, "tests", "hf", "wrapped_models.py"),
+                env=self.in_process_env())
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr[-2000:])
+        self.assertIn("6 of 6 cases as expected", r.stdout)
 
     def test_encoder_decoder_models_split_their_encoder_and_their_decoder(self):
         # The forced plan splits the encoder (T5's was refused: its stack
