@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU benchmark of `dynaflow apply`, for the H200 machine lent through the
 # device tool: builds dynaflow there against the machine's torch, then runs
-# scripts/device/apply_bench.py on a Llama-8B-shaped decoder (random weights,
-# bf16): prefill at 256 to 8192 tokens and long-context decode, each as
+# scripts/device/apply_bench.py on a Llama-8B-shaped decoder (transformers'
+# LlamaForCausalLM with 8 layers, random weights, bf16, a static cache; or
+# --model example, examples/llama_decode.py's): prefill at 256 to 8192 tokens
+# and long-context decode, each as
 # baseline eager, baseline in one CUDA graph, and the plan `dynaflow advise`
 # made from a trace of it (captured in one CUDA graph too), with the
 # predicted and measured speedups side by side. Targets (issue "dynaflow
@@ -15,8 +17,9 @@
 # Results in $OUT: summary.txt, summary.json, the plans and traces, build.log.
 # A dry run without a GPU: DEVICE=cpu bash scripts/device/apply_bench.sh (tiny
 # sizes, no CUDA graphs; checks the flow, measures nothing meaningful).
-# Exit code: 0 when every target is met, 1 when one is missed, 2 when the
-# machine lacks something.
+# Exit code: 0 when every target is met (on the CPU: when every plan split
+# with the unmodified outputs), 1 when one is missed, 2 when the machine lacks
+# something.
 set -euo pipefail
 
 script=apply_bench
