@@ -1343,6 +1343,86 @@ class CacheTest(unittest.TestCase):
         cache = self.check_same(DynamicCache)
         self.assertEqual(tuple(cache.layers[0].keys.shape), (4, self.HEADS, 7, self.DIM))
 
+    def two_layer_cache(self, length=3):
+        """A DynamicCache of 2 layers holding `length` positions of 4 rows."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        for layer in range(2):
+            cache.update(*self.kv(4, length, 10 + layer), layer)
+        return cache
+
+    def test_a_dynamic_layer_grows_in_the_tensor_the_merge_keeps(self):
+        # Each micro-batch's update writes its rows of one tensor of the
+        # whole batch, which the merged layer keeps: the cache is copied once
+        # per call, as unsplit, not again by concatenating the micro-batches'.
+        # A layer no micro-batch updated keeps its own tensors.
+        cache, whole = self.two_layer_cache(), self.two_layer_cache()
+        untouched = cache.layers[1].keys, cache.layers[1].values
+        k, v = self.kv(4, 1, 3)
+        s = split((torch.randn(4, 1),), {"past_key_values": cache}, 4, 2)
+        rows = []
+        for i in range(2):
+            begin, count = s.rows(i)
+            view = s.kwargs[i]["past_key_values"]
+            keys, values = view.update(k.narrow(0, begin, count), v.narrow(0, begin, count), 0)
+            rows.append(keys)
+        s.merge_state()
+        whole.update(k, v, 0)
+        merged = cache.layers[0]
+        torch.testing.assert_close(merged.keys, whole.layers[0].keys, rtol=0, atol=0)
+        torch.testing.assert_close(merged.values, whole.layers[0].values, rtol=0, atol=0)
+        self.assertEqual([r._base is merged.keys for r in rows], [True, True])
+        self.assertEqual([r.data_ptr() for r in rows],
+                         [merged.keys.data_ptr(), merged.keys[2].data_ptr()])
+        self.assertIs(cache.layers[1].keys, untouched[0])
+        self.assertIs(cache.layers[1].values, untouched[1])
+
+    def test_a_dynamic_layer_under_autograd_or_of_odd_updates_is_concatenated(self):
+        # Where the micro-batches cannot write into one tensor (autograd
+        # would record in-place writes from several threads on one history;
+        # a micro-batch updates twice), each concatenates as the layer does,
+        # and the merge concatenates theirs: the same values, and gradients.
+        for case in ("autograd", "twice"):
+            with self.subTest(case):
+                cache, whole = self.two_layer_cache(), self.two_layer_cache()
+                k, v = self.kv(4, 1, 3)
+                k.requires_grad_(case == "autograd")
+                s = split((torch.randn(4, 1),), {"past_key_values": cache}, 4, 2)
+                for i in range(2):
+                    begin, count = s.rows(i)
+                    view = s.kwargs[i]["past_key_values"]
+                    view.update(k.narrow(0, begin, count), v.narrow(0, begin, count), 0)
+                    if case == "twice":
+                        view.update(k.narrow(0, begin, count), v.narrow(0, begin, count), 0)
+                s.merge_state()
+                whole.update(k, v, 0)
+                if case == "twice":
+                    whole.update(k, v, 0)
+                merged = cache.layers[0]
+                self.assertIsNone(merged.keys._base)  # a concatenation of its own
+                torch.testing.assert_close(merged.keys, whole.layers[0].keys, rtol=0, atol=0)
+                torch.testing.assert_close(merged.values, whole.layers[0].values, rtol=0, atol=0)
+                if case == "autograd":
+                    merged.keys.sum().backward()
+                    torch.testing.assert_close(k.grad, torch.ones_like(k), rtol=0, atol=0)
+
+    def test_only_a_layer_that_appends_as_dynamic_layer_does_grows_in_place(self):
+        from transformers import cache_utils as cu
+
+        class Windowed(cu.DynamicLayer):  # keeps only its last position
+            def update(self, key_states, value_states, *args, **kwargs):
+                keys, values = super().update(key_states, value_states)
+                self.keys, self.values = keys[..., -1:, :], values[..., -1:, :]
+                return self.keys, self.values
+
+        self.assertTrue(_split._appends_by_concatenation(cu.DynamicLayer))
+        self.assertFalse(_split._appends_by_concatenation(Windowed))
+        layer = Windowed()
+        layer.update(*self.kv(4, 2, 1))
+        views = _split._DynamicLayerAdapter().views(layer, [0, 2, 4])
+        self.assertEqual(["update" in vars(v) for v in views], [False, False])
+
     def test_static_cache(self):
         from transformers import LlamaConfig, StaticCache
 

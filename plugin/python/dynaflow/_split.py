@@ -543,7 +543,7 @@ class _Splitter:
         why = adapter.refusal(value, self.batch)
         if why:
             self.refuse(name, value, why)
-        views = [adapter.view(value, *self.split.rows(i)) for i in range(self.split.parts)]
+        views = adapter.views(value, self.split.bounds)
         self.split.states.append((adapter, value, views))
         return views
 
@@ -1181,11 +1181,16 @@ class _CacheAdapter:
                       getattr(layer, "keys", None) is not None and layer.keys.numel() > 0)
                      for layer in cache.layers)
 
-    def view(self, cache, begin, count):
-        v = _shallow_copy(cache)
-        v.layers = [self.layer_adapters[type(layer)].view(layer, begin, count)
-                    for layer in cache.layers]
-        return v
+    def views(self, cache, bounds):
+        """One shallow copy of `cache` per micro-batch of `bounds`, its layers
+        the layer adapters' views of its rows."""
+        layers = [self.layer_adapters[type(layer)].views(layer, bounds) for layer in cache.layers]
+        out = []
+        for mb in range(len(bounds) - 1):
+            v = _shallow_copy(cache)
+            v.layers = [views[mb] for views in layers]
+            out.append(v)
+        return out
 
     def graph_state(self, cache):
         """(fingerprint, [(name, tensor)]) of a cache whose every update is
@@ -1274,12 +1279,14 @@ class _EncoderDecoderCacheAdapter:
         return tuple(self.caches[type(part)].audit_key(part) for _, part in self._parts(cache)) \
             + (tuple(sorted(cache.is_updated.items())),)
 
-    def view(self, cache, begin, count):
-        v = _shallow_copy(cache)
+    def views(self, cache, bounds):
+        out = [_shallow_copy(cache) for _ in range(len(bounds) - 1)]
         for name, part in self._parts(cache):
-            setattr(v, name, self.caches[type(part)].view(part, begin, count))
-        v.is_updated = dict(cache.is_updated)
-        return v
+            for v, part_view in zip(out, self.caches[type(part)].views(part, bounds)):
+                setattr(v, name, part_view)
+        for v in out:
+            v.is_updated = dict(cache.is_updated)
+        return out
 
     def graph_state(self, cache):
         """As _CacheAdapter.graph_state, once every layer's cross-attention
@@ -1327,13 +1334,148 @@ class _EncoderDecoderCacheAdapter:
         cache.is_updated.update(is_updated)
 
 
+# Serialises the allocation of a grown layer's merged tensors, which the
+# micro-batches' threads race to make (_GrownLayer._rows).
+_GROWN_LOCK = threading.Lock()
+
+
+class _GrownLayer:
+    """One transformers DynamicLayer in one split call: the rows each
+    micro-batch's view started with, and the merged keys and values that the
+    views' updates write their rows of.
+
+    DynamicLayer.update appends by concatenation, into a new tensor on every
+    call. A view's update (where the layer's class appends as
+    _appends_by_concatenation checks) writes that concatenation into its rows of one tensor of the whole
+    batch's size instead, allocated by the first micro-batch to update (on
+    CUDA on the caller's stream, each micro-batch's stream recorded on it, as
+    SliceMerge does for outputs), so the merge takes that tensor as it is:
+    the cache is copied once per call, as the unsplit call copies it, not a
+    second time by concatenating the micro-batches' tensors. An update that
+    cannot write there concatenates as the layer's own (under autograd, whose
+    history in-place writes from several threads would race on; under a CUDA
+    graph capture; micro-batches of other shapes; a second update in the
+    call), and the merge then concatenates."""
+
+    def __init__(self, bounds, stream):
+        self.bounds = bounds
+        self.stream = stream  # CUDA: the caller's, which uses the merged tensors
+        self.whole = {}    # "keys", "values" -> the merged tensor
+        self.given = {}    # (name, micro-batch) -> what its view started with
+        self.written = {}  # (name, micro-batch) -> its rows of `whole`, which it holds
+
+    def update(self, view, mb, key_states, value_states, *_args, **_kwargs):
+        """DynamicLayer.update of micro-batch `mb`'s view."""
+        if not view.is_initialized:
+            view.lazy_initialization(key_states, value_states)
+        view.keys = self._grow("keys", mb, view.keys, key_states)
+        view.values = self._grow("values", mb, view.values, value_states)
+        return view.keys, view.values
+
+    def _grow(self, name, mb, old, new):
+        """`old` and `new` concatenated along the sequence (dimension -2), in
+        `mb`'s rows of the merged tensor where they can be."""
+        import torch
+
+        rows = self._rows(name, mb, old, new)
+        if rows is None:
+            return torch.cat([old, new], dim=-2)
+        held = rows.shape[-2] - new.shape[-2]
+        if held:
+            rows.narrow(-2, 0, held).copy_(old)
+        rows.narrow(-2, held, new.shape[-2]).copy_(new)
+        if rows.is_cuda:  # written on this micro-batch's stream (torch's rule)
+            self.whole[name].record_stream(torch.cuda.current_stream(rows.device))
+        self.written[(name, mb)] = rows
+        return rows
+
+    def _rows(self, name, mb, old, new):
+        """`mb`'s rows of the merged `name`, or None where this update
+        cannot write there."""
+        import torch
+
+        count = self.bounds[mb + 1] - self.bounds[mb]
+        if (name, mb) in self.written or new.dim() < 3 or new.shape[0] != count or \
+                (torch.is_grad_enabled() and (new.requires_grad or old.requires_grad)):
+            return None
+        if old.numel() and (old.dim() != new.dim() or old.shape[:-2] != new.shape[:-2] or
+                            old.shape[-1] != new.shape[-1] or old.dtype != new.dtype or
+                            old.device != new.device):
+            return None  # the concatenation decides (it may raise, as unsplit)
+        if new.is_cuda and (self.stream is None or self.stream.device != new.device or
+                            torch.cuda.is_current_stream_capturing()):
+            return None
+        held = old.shape[-2] if old.numel() else 0
+        shape = (self.bounds[-1],) + tuple(new.shape[1:-2]) + (held + new.shape[-2],
+                                                                new.shape[-1])
+        with _GROWN_LOCK:
+            whole = self.whole.get(name)
+            if whole is None:
+                with torch.cuda.stream(self.stream) if new.is_cuda else contextlib.nullcontext():
+                    whole = self.whole[name] = torch.empty(shape, dtype=new.dtype,
+                                                           device=new.device)
+        if tuple(whole.shape) != shape or whole.dtype != new.dtype:
+            return None
+        return whole.narrow(0, self.bounds[mb], count)
+
+    def untouched(self, views):
+        """Whether no micro-batch updated the layer: the views hold what
+        they were given (an update replaces them)."""
+        return all(getattr(v, name) is self.given[(name, mb)]
+                   for mb, v in enumerate(views) for name in ("keys", "values"))
+
+    def merged(self, name, views):
+        """The views' `name` stacked by rows: the tensor they wrote into, where
+        every one holds its rows of it, else their concatenation."""
+        import torch
+
+        whole = self.whole.get(name)
+        if whole is not None and all(self.written.get((name, mb)) is getattr(v, name)
+                                     for mb, v in enumerate(views)):
+            return whole
+        return torch.cat([getattr(v, name) for v in views], 0)
+
+
+def _caller_stream():
+    """The current CUDA stream of this (the caller's) thread, where CUDA is
+    initialised; None where no CUDA tensor can exist yet."""
+    import torch
+
+    return torch.cuda.current_stream() if torch.cuda.is_initialized() else None
+
+
+@functools.cache
+def _appends_by_concatenation(cls):
+    """Whether `cls.update` (transformers' DynamicLayer's) appends its keys
+    and values along the sequence, as _GrownLayer.update writes them, and
+    keeps nothing but what _DynamicLayerAdapter knows: probed once, on a
+    layer of tiny tensors, so that a transformers version whose layer
+    updates otherwise keeps its own update (and the merge concatenates), as
+    does a probe that fails."""
+    import torch
+
+    try:
+        layer = cls()
+        k = torch.arange(8.0).view(1, 1, 2, 4)
+        layer.update(k, -k)
+        keys, values = layer.update(k + 8, -k - 8)
+        return torch.equal(keys, torch.arange(16.0).view(1, 1, 4, 4)) and \
+            torch.equal(values, -keys) and keys is layer.keys and values is layer.values and \
+            set(vars(layer)) <= _DynamicLayerAdapter.KNOWN
+    except Exception:  # noqa: BLE001 - any failure: the layer's own update
+        return False
+
+
 class _DynamicLayerAdapter:
     """transformers.cache_utils.DynamicLayer: keys and values grow by
     concatenation along the sequence, so a micro-batch's layer starts from
     its rows and the merged layer is the micro-batches' results stacked by
-    row."""
+    row: the tensors their updates wrote into (_GrownLayer)."""
 
     KNOWN = frozenset({"keys", "values", "is_initialized", "dtype", "device"})
+    # Whether the views' updates write into the merged tensors: not where
+    # the layer keeps a window of what it appends.
+    GROWS_IN_PLACE = True
 
     def refusal(self, layer, batch):
         unknown = sorted(set(vars(layer)) - self.KNOWN)
@@ -1349,12 +1491,22 @@ class _DynamicLayerAdapter:
     def graph_state(_layer):
         return "grows its keys and values by concatenation on every call"
 
-    def view(self, layer, begin, count):
-        v = _shallow_copy(layer)
-        if layer.is_initialized and layer.keys is not None and layer.keys.numel():
-            v.keys = layer.keys.narrow(0, begin, count)
-            v.values = layer.values.narrow(0, begin, count)
-        return v
+    def views(self, layer, bounds):
+        grown = _GrownLayer(bounds, _caller_stream())
+        in_place = self.GROWS_IN_PLACE and _appends_by_concatenation(type(layer))
+        out = []
+        for mb in range(len(bounds) - 1):
+            v = _shallow_copy(layer)
+            if layer.is_initialized and layer.keys is not None and layer.keys.numel():
+                v.keys = layer.keys.narrow(0, bounds[mb], bounds[mb + 1] - bounds[mb])
+                v.values = layer.values.narrow(0, bounds[mb], bounds[mb + 1] - bounds[mb])
+            grown.given[("keys", mb)] = getattr(v, "keys", None)
+            grown.given[("values", mb)] = getattr(v, "values", None)
+            if in_place:  # the instance's own, found before the class's
+                v.update = functools.partial(grown.update, v, mb)
+            v._dynaflow_grown = grown
+            out.append(v)
+        return out
 
     def concat(self, layers, where):
         import torch
@@ -1375,11 +1527,14 @@ class _DynamicLayerAdapter:
             return
         if not all(v.is_initialized for v in views):
             raise MergeError("some micro-batches initialised a cache layer and others not")
-        if all(v.keys is layer.keys for v in views):
+        # None: layers the micro-batches' caches grew in the call.
+        grown = getattr(views[0], "_dynaflow_grown", None)
+        if grown is not None and grown.untouched(views):
             return  # nothing appended
         layer.dtype, layer.device = views[0].dtype, views[0].device
-        layer.keys = torch.cat([v.keys for v in views], 0)
-        layer.values = torch.cat([v.values for v in views], 0)
+        for name in ("keys", "values"):
+            setattr(layer, name, grown.merged(name, views) if grown is not None else
+                    torch.cat([getattr(v, name) for v in views], 0))
         layer.is_initialized = True
 
 
@@ -1392,6 +1547,7 @@ class _DynamicSlidingWindowLayerAdapter(_DynamicLayerAdapter):
 
     KNOWN = _DynamicLayerAdapter.KNOWN | {"sliding_window", "cumulative_length",
                                           "_sliding_window_tensor", "record_past"}
+    GROWS_IN_PLACE = False
 
     @staticmethod
     def _length(layers, where):
@@ -1444,14 +1600,17 @@ class _StaticLayerAdapter:
         return (layer.max_cache_len,), [("keys", layer.keys), ("values", layer.values),
                                         ("cumulative_length", layer.cumulative_length)]
 
-    def view(self, layer, begin, count):
-        v = _shallow_copy(layer)
-        v.cumulative_length = layer.cumulative_length.clone()
-        if layer.is_initialized:
-            v.keys = layer.keys.narrow(0, begin, count)
-            v.values = layer.values.narrow(0, begin, count)
-            v.batch_size = count
-        return v
+    def views(self, layer, bounds):
+        out = []
+        for begin, end in zip(bounds, bounds[1:]):
+            v = _shallow_copy(layer)
+            v.cumulative_length = layer.cumulative_length.clone()
+            if layer.is_initialized:
+                v.keys = layer.keys.narrow(0, begin, end - begin)
+                v.values = layer.values.narrow(0, begin, end - begin)
+                v.batch_size = end - begin
+            out.append(v)
+        return out
 
     def concat(self, layers, where):
         import torch
