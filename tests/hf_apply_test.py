@@ -547,6 +547,14 @@ class HfApplyTest(unittest.TestCase):
             env["DYNAFLOW_REPLAY_EXT"] = os.environ["DYNAFLOW_REPLAY_EXT_BUILT"]
         return env
 
+    def in_process_script(self, path, summary, *args):
+        """tests/`path` run with dynaflow's package and runtime: exit 0, and
+        `summary` among the lines it prints."""
+        r = run(PY, os.path.join(SRC, "tests", *path.split("/")), *args,
+                env=self.in_process_env())
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr[-2000:])
+        self.assertIn(summary, r.stdout)
+
     def in_process(self, *extra):
         env = self.in_process_env()
         out = self.path("inproc.pt")
@@ -573,19 +581,13 @@ class HfApplyTest(unittest.TestCase):
     @unittest.skipUnless(RUNTIME, "needs the built runtime library")
     def test_uneven_batches_more_splits_and_bfloat16_match_the_unmodified_run(self):
         # tests/hf/hf_sweep.py: 16 cases over 12 families, in process.
-        r = run(PY, os.path.join(SRC, "tests", "hf", "hf_sweep.py"), *DEVICE,
-                env=self.in_process_env())
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr[-2000:])
-        self.assertIn("16 of 16 cases split and matched", r.stdout)
+        self.in_process_script("hf/hf_sweep.py", "16 of 16 cases split and matched", *DEVICE)
 
     @unittest.skipUnless(RUNTIME, "needs the built runtime library")
     def test_fsdp2_sharded_layers_split_and_a_stack_holding_their_hooks_is_refused(self):
         # tests/dist/fsdp_llama.py: torch's fully_shard over gloo, 2 ranks,
         # 3 training steps each way.
-        r = run(PY, os.path.join(SRC, "tests", "dist", "fsdp_llama.py"),
-                env=self.in_process_env())
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr[-2000:])
-        self.assertIn("4 of 4 FSDP runs as expected", r.stdout)
+        self.in_process_script("dist/fsdp_llama.py", "4 of 4 FSDP runs as expected")
 
     @unittest.skipUnless(RUNTIME, "needs the built runtime library")
     def test_lora_adapters_and_accelerate_hooks_split_or_are_refused(self):
@@ -593,10 +595,7 @@ class HfApplyTest(unittest.TestCase):
         # whole PeftModel, an adapter switched) and accelerate's
         # AlignDevicesHook split with the same outputs; a mixed-adapter batch
         # and cpu_offload are refused before any call runs split.
-        r = run(PY, os.path.join(SRC, "tests", "hf", "wrapped_models.py"),
-                env=self.in_process_env())
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr[-2000:])
-        self.assertIn("6 of 6 cases as expected", r.stdout)
+        self.in_process_script("hf/wrapped_models.py", "6 of 6 cases as expected")
 
     def test_encoder_decoder_models_split_their_encoder_and_their_decoder(self):
         # The forced plan splits the encoder (T5's was refused: its stack

@@ -120,23 +120,30 @@ def run_case(family, batch, splits, unit, dtype, pattern, prompt, device):
     return differs(base, got, dtype) or ""
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cpu")
-    args = ap.parse_args()
+def run_all(cases, run, outcome):
+    """Runs `run(case)` for each (name, case) of `cases`, which returns ""
+    or why the case failed; prints a line per case and "N of M cases
+    `outcome`"; the exit code: 1 if any case failed or raised."""
     failed = 0
-    for case in CASES:
-        family, batch, splits, unit, dtype, pattern, prompt = case
-        name = (f"{family} batch {batch} in {splits} as {unit}, {str(dtype)[6:]}, {pattern}, "
-                f"{prompt} tokens")
+    for name, case in cases.items():
         try:
-            why = run_case(*case, args.device)
+            why = run(case)
         except Exception as e:  # noqa: BLE001 - a case that raises fails, the others go on
             why = f"{type(e).__name__}: {e}"
         failed += bool(why)
         print(f"{'FAIL' if why else 'ok'}: {name}{': ' + why if why else ''}", flush=True)
-    print(f"{len(CASES) - failed} of {len(CASES)} cases split and matched", flush=True)
+    print(f"{len(cases) - failed} of {len(cases)} cases {outcome}", flush=True)
     return 1 if failed else 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    cases = {f"{family} batch {batch} in {splits} as {unit}, {str(dtype)[6:]}, {pattern}, "
+             f"{prompt} tokens": (family, batch, splits, unit, dtype, pattern, prompt)
+             for family, batch, splits, unit, dtype, pattern, prompt in CASES}
+    return run_all(cases, lambda case: run_case(*case, args.device), "split and matched")
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ from dynaflow import _apply
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_models  # noqa: E402 - after the path is set
+import hf_sweep  # noqa: E402
 
-TOLERANCE = dict(rtol=1e-4, atol=1e-5)  # float32, as dynaflow apply --verify
 LAYERS = "LlamaForCausalLM.model.layers.*"
 # PeftModel's own forward wraps the transformers model it holds.
 PEFT_LAYERS = "PeftModel.base_model.model.model.layers.*"
@@ -125,20 +125,6 @@ CASES = {
 }
 
 
-def differs(base, got):
-    """Why `got` is not `base` (tokens equal, logits within tolerance), or ""."""
-    if not torch.equal(base["tokens"], got["tokens"]):
-        return "tokens differ"
-    if len(base["logits"]) != len(got["logits"]):
-        return f"{len(got['logits'])} logits, not {len(base['logits'])}"
-    for k, (b, g) in enumerate(zip(base["logits"], got["logits"])):
-        try:
-            torch.testing.assert_close(g, b, **TOLERANCE)
-        except AssertionError as e:
-            return f"logits {k}: {str(e).splitlines()[-1]}"
-    return ""
-
-
 def run_case(build, unit, usage, refusal):
     """'' when the case went as expected; else why not."""
     with torch.no_grad():
@@ -151,7 +137,7 @@ def run_case(build, unit, usage, refusal):
             report = model._dynaflow_applier.report
             planned = report.planned_calls
             got = usage(model)
-    why = differs(base, got)
+    why = hf_sweep.differs(base, got, torch.float32)
     if why:
         return why
     if refusal:
@@ -166,16 +152,7 @@ def run_case(build, unit, usage, refusal):
 
 
 def main():
-    failed = 0
-    for name, case in CASES.items():
-        try:
-            why = run_case(*case)
-        except Exception as e:  # noqa: BLE001 - a case that raises fails, the others go on
-            why = f"{type(e).__name__}: {e}"
-        failed += bool(why)
-        print(f"{'FAIL' if why else 'ok'}: {name}{': ' + why if why else ''}", flush=True)
-    print(f"{len(CASES) - failed} of {len(CASES)} cases as expected", flush=True)
-    return 1 if failed else 0
+    return hf_sweep.run_all(CASES, lambda case: run_case(*case), "as expected")
 
 
 if __name__ == "__main__":
