@@ -8,12 +8,14 @@ import contextvars
 import dataclasses
 import decimal
 import enum
+import gc
 import importlib.util
 import os
 import re
 import sys
 import unittest
 import unittest.mock
+import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -1352,6 +1354,21 @@ class CacheTest(unittest.TestCase):
             cache.update(*self.kv(4, length, 10 + layer), layer)
         return cache
 
+    def updated_split(self, cache, k, v, twice=False, then=lambda i, keys: keys):
+        """`cache` split in 2, each micro-batch's view updated with its rows
+        of `k` and `v` (twice) and `then(micro-batch, keys it returned)`
+        called, and merged: what each `then` returned."""
+        s = split((torch.randn(4, 1),), {"past_key_values": cache}, 4, 2)
+        returned = []
+        for i in range(2):
+            begin, count = s.rows(i)
+            view = s.kwargs[i]["past_key_values"]
+            for _ in range(2 if twice else 1):
+                keys, _ = view.update(k.narrow(0, begin, count), v.narrow(0, begin, count), 0)
+            returned.append(then(i, keys))
+        s.merge_state()
+        return returned
+
     def test_a_dynamic_layer_grows_in_the_tensor_the_merge_keeps(self):
         # Each micro-batch's update writes its rows of one tensor of the
         # whole batch, which the merged layer keeps: the cache is copied once
@@ -1360,14 +1377,8 @@ class CacheTest(unittest.TestCase):
         cache, whole = self.two_layer_cache(), self.two_layer_cache()
         untouched = cache.layers[1].keys, cache.layers[1].values
         k, v = self.kv(4, 1, 3)
-        s = split((torch.randn(4, 1),), {"past_key_values": cache}, 4, 2)
-        rows = []
-        for i in range(2):
-            begin, count = s.rows(i)
-            view = s.kwargs[i]["past_key_values"]
-            keys, values = view.update(k.narrow(0, begin, count), v.narrow(0, begin, count), 0)
-            rows.append(keys)
-        s.merge_state()
+        with torch.no_grad():
+            rows = self.updated_split(cache, k, v)
         whole.update(k, v, 0)
         merged = cache.layers[0]
         torch.testing.assert_close(merged.keys, whole.layers[0].keys, rtol=0, atol=0)
@@ -1378,24 +1389,37 @@ class CacheTest(unittest.TestCase):
         self.assertIs(cache.layers[1].keys, untouched[0])
         self.assertIs(cache.layers[1].values, untouched[1])
 
-    def test_a_dynamic_layer_under_autograd_or_of_odd_updates_is_concatenated(self):
-        # Where the micro-batches cannot write into one tensor (autograd
-        # would record in-place writes from several threads on one history;
-        # a micro-batch updates twice), each concatenates as the layer does,
-        # and the merge concatenates theirs: the same values, and gradients.
-        for case in ("autograd", "twice"):
+    def test_a_grown_layer_frees_the_tensors_it_replaced_without_the_collector(self):
+        # The views' updates refer to their views weakly: a cycle kept the
+        # layer's previous keys and values alive until the garbage collector
+        # ran (a decode step's whole cache, on a GPU).
+        cache = self.two_layer_cache()
+        old = weakref.ref(cache.layers[0].keys)
+        gc.disable()
+        self.addCleanup(gc.enable)
+        with torch.no_grad():
+            self.updated_split(cache, *self.kv(4, 1, 3))
+        self.assertIsNone(old())
+
+    def test_a_dynamic_layer_with_grad_or_of_odd_updates_is_concatenated(self):
+        # Where the micro-batches cannot write into one tensor, each
+        # concatenates as the layer does, and the merge concatenates theirs:
+        # the same values, and gradients. With grad enabled, what attention
+        # saves for backward would be a view of that tensor, which the other
+        # micro-batch's write would bump the version of (backward raised),
+        # also where only the query requires grad; a micro-batch may update
+        # twice.
+        for case in ("keys require grad", "query requires grad", "twice"):
             with self.subTest(case):
                 cache, whole = self.two_layer_cache(), self.two_layer_cache()
                 k, v = self.kv(4, 1, 3)
-                k.requires_grad_(case == "autograd")
-                s = split((torch.randn(4, 1),), {"past_key_values": cache}, 4, 2)
-                for i in range(2):
-                    begin, count = s.rows(i)
-                    view = s.kwargs[i]["past_key_values"]
-                    view.update(k.narrow(0, begin, count), v.narrow(0, begin, count), 0)
-                    if case == "twice":
-                        view.update(k.narrow(0, begin, count), v.narrow(0, begin, count), 0)
-                s.merge_state()
+                k.requires_grad_(case == "keys require grad")
+                query = torch.randn(4, self.HEADS, 1, self.DIM, requires_grad=True)
+                with torch.set_grad_enabled(case != "twice"):
+                    # Each micro-batch's attention scores, before the next updates.
+                    scores = torch.cat(self.updated_split(
+                        cache, k, v, twice=case == "twice",
+                        then=lambda i, keys: query[2 * i:2 * i + 2] @ keys.transpose(-1, -2)))
                 whole.update(k, v, 0)
                 if case == "twice":
                     whole.update(k, v, 0)
@@ -1403,9 +1427,14 @@ class CacheTest(unittest.TestCase):
                 self.assertIsNone(merged.keys._base)  # a concatenation of its own
                 torch.testing.assert_close(merged.keys, whole.layers[0].keys, rtol=0, atol=0)
                 torch.testing.assert_close(merged.values, whole.layers[0].values, rtol=0, atol=0)
-                if case == "autograd":
+                if case != "twice":
+                    scores.sum().backward()
+                    torch.testing.assert_close(
+                        query.grad, whole.layers[0].keys.detach().sum(-2, keepdim=True),
+                        rtol=1e-5, atol=1e-6)
+                if case == "keys require grad":
                     merged.keys.sum().backward()
-                    torch.testing.assert_close(k.grad, torch.ones_like(k), rtol=0, atol=0)
+                    self.assertEqual(k.grad.shape, k.shape)
 
     def test_only_a_layer_that_appends_as_dynamic_layer_does_grows_in_place(self):
         from transformers import cache_utils as cu
@@ -1416,8 +1445,8 @@ class CacheTest(unittest.TestCase):
                 self.keys, self.values = keys[..., -1:, :], values[..., -1:, :]
                 return self.keys, self.values
 
-        self.assertTrue(_split._appends_by_concatenation(cu.DynamicLayer))
-        self.assertFalse(_split._appends_by_concatenation(Windowed))
+        self.assertTrue(_split._appends_by_concatenation(cu.DynamicLayer, cu.DynamicLayer.update))
+        self.assertFalse(_split._appends_by_concatenation(Windowed, Windowed.update))
         layer = Windowed()
         layer.update(*self.kv(4, 2, 1))
         views = _split._DynamicLayerAdapter().views(layer, [0, 2, 4])

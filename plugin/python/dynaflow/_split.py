@@ -42,6 +42,7 @@ import enum
 import functools
 import sys
 import threading
+import weakref
 
 # Tensor arguments that are never per row, whatever their shape: positions in
 # the sequence shared by every row (Hugging Face's `cache_position`).
@@ -1346,16 +1347,22 @@ class _GrownLayer:
 
     DynamicLayer.update appends by concatenation, into a new tensor on every
     call. A view's update (where the layer's class appends as
-    _appends_by_concatenation checks) writes that concatenation into its rows of one tensor of the whole
-    batch's size instead, allocated by the first micro-batch to update (on
-    CUDA on the caller's stream, each micro-batch's stream recorded on it, as
-    SliceMerge does for outputs), so the merge takes that tensor as it is:
-    the cache is copied once per call, as the unsplit call copies it, not a
-    second time by concatenating the micro-batches' tensors. An update that
-    cannot write there concatenates as the layer's own (under autograd, whose
-    history in-place writes from several threads would race on; under a CUDA
-    graph capture; micro-batches of other shapes; a second update in the
-    call), and the merge then concatenates."""
+    _appends_by_concatenation checks) writes that concatenation into its rows
+    of one tensor of the whole batch's size instead, allocated by the first
+    micro-batch to update (on CUDA on the caller's stream, each micro-batch's
+    stream recorded on it, as SliceMerge does for outputs), so the merge
+    takes that tensor as it is: the cache is copied once per call, as the
+    unsplit call copies it, not a second time by concatenating the
+    micro-batches' tensors. An update that cannot write there concatenates
+    as the layer's own, and the merge then concatenates: with grad enabled
+    (what attention saves for backward would be a view of a tensor the other
+    micro-batches then write, bumping its version), under a CUDA graph
+    capture, for micro-batches of other shapes or dtypes, and for a second
+    update in the call.
+
+    The view's `update` refers to its view weakly: the view holds it, and a
+    cycle would keep the layer's previous tensors alive until the garbage
+    collector runs (a decode step's whole cache, on the GPU)."""
 
     def __init__(self, bounds, stream):
         self.bounds = bounds
@@ -1364,8 +1371,9 @@ class _GrownLayer:
         self.given = {}    # (name, micro-batch) -> what its view started with
         self.written = {}  # (name, micro-batch) -> its rows of `whole`, which it holds
 
-    def update(self, view, mb, key_states, value_states, *_args, **_kwargs):
-        """DynamicLayer.update of micro-batch `mb`'s view."""
+    def update(self, view_ref, mb, key_states, value_states, *_args, **_kwargs):
+        """DynamicLayer.update of micro-batch `mb`'s view (`view_ref()`)."""
+        view = view_ref()
         if not view.is_initialized:
             view.lazy_initialization(key_states, value_states)
         view.keys = self._grow("keys", mb, view.keys, key_states)
@@ -1395,12 +1403,11 @@ class _GrownLayer:
         import torch
 
         count = self.bounds[mb + 1] - self.bounds[mb]
-        if (name, mb) in self.written or new.dim() < 3 or new.shape[0] != count or \
-                (torch.is_grad_enabled() and (new.requires_grad or old.requires_grad)):
-            return None
+        if (name, mb) in self.written or torch.is_grad_enabled() or new.dim() < 3 or \
+                new.shape[0] != count or old.dtype != new.dtype or old.device != new.device:
+            return None  # (an empty `old` also has a dtype, which the concatenation promotes)
         if old.numel() and (old.dim() != new.dim() or old.shape[:-2] != new.shape[:-2] or
-                            old.shape[-1] != new.shape[-1] or old.dtype != new.dtype or
-                            old.device != new.device):
+                            old.shape[-1] != new.shape[-1]):
             return None  # the concatenation decides (it may raise, as unsplit)
         if new.is_cuda and (self.stream is None or self.stream.device != new.device or
                             torch.cuda.is_current_stream_capturing()):
@@ -1414,7 +1421,7 @@ class _GrownLayer:
                 with torch.cuda.stream(self.stream) if new.is_cuda else contextlib.nullcontext():
                     whole = self.whole[name] = torch.empty(shape, dtype=new.dtype,
                                                            device=new.device)
-        if tuple(whole.shape) != shape or whole.dtype != new.dtype:
+        if tuple(whole.shape) != shape or whole.dtype != new.dtype or whole.device != new.device:
             return None
         return whole.narrow(0, self.bounds[mb], count)
 
@@ -1445,13 +1452,13 @@ def _caller_stream():
 
 
 @functools.cache
-def _appends_by_concatenation(cls):
-    """Whether `cls.update` (transformers' DynamicLayer's) appends its keys
-    and values along the sequence, as _GrownLayer.update writes them, and
-    keeps nothing but what _DynamicLayerAdapter knows: probed once, on a
-    layer of tiny tensors, so that a transformers version whose layer
-    updates otherwise keeps its own update (and the merge concatenates), as
-    does a probe that fails."""
+def _appends_by_concatenation(cls, _update):
+    """Whether `cls.update` (transformers' DynamicLayer's; `_update`, so that
+    a patched update is probed anew) appends its keys and values along the
+    sequence, as _GrownLayer.update writes them, and keeps nothing but what
+    _DynamicLayerAdapter knows: probed once, on a layer of tiny tensors, so
+    that a transformers version whose layer updates otherwise keeps its own
+    update (and the merge concatenates), as does a probe that fails."""
     import torch
 
     try:
@@ -1493,7 +1500,8 @@ class _DynamicLayerAdapter:
 
     def views(self, layer, bounds):
         grown = _GrownLayer(bounds, _caller_stream())
-        in_place = self.GROWS_IN_PLACE and _appends_by_concatenation(type(layer))
+        in_place = self.GROWS_IN_PLACE and \
+            _appends_by_concatenation(type(layer), type(layer).update)
         out = []
         for mb in range(len(bounds) - 1):
             v = _shallow_copy(layer)
@@ -1503,7 +1511,7 @@ class _DynamicLayerAdapter:
             grown.given[("keys", mb)] = getattr(v, "keys", None)
             grown.given[("values", mb)] = getattr(v, "values", None)
             if in_place:  # the instance's own, found before the class's
-                v.update = functools.partial(grown.update, v, mb)
+                v.update = functools.partial(grown.update, weakref.ref(v), mb)
             v._dynaflow_grown = grown
             out.append(v)
         return out
