@@ -115,16 +115,25 @@ int ProcessesWithEnv(const std::string& entry) {
 // tracker exits once its parent's pipe closes), and a process's store may not
 // exist yet when CMD exits. Waits up to kStragglerWait for every process
 // traced into `parts_dir` (found by its DYNAFLOW_OUTPUT_DIR) to exit and
-// finish its store; returns how many still run then.
+// finish its store; returns how many still run then. One scan can miss a
+// live process (one in the middle of execve shows an empty environ: its new
+// memory holds no environment yet), so they are believed gone only once
+// kQuietScans scans in a row, kScanPeriod apart, find none. A straggler went
+// unseen once, in a test run on a loaded host, when one empty scan ended the
+// wait.
 constexpr auto kStragglerWait = std::chrono::seconds(3);
+constexpr auto kScanPeriod = std::chrono::milliseconds(20);
+constexpr int kQuietScans = 3;
 
 int WaitForStragglers(const std::string& parts_dir) {
   const std::string entry = "DYNAFLOW_OUTPUT_DIR=" + parts_dir;
   const auto deadline = std::chrono::steady_clock::now() + kStragglerWait;
+  int quiet = 0;
   while (true) {
     const int running = ProcessesWithEnv(entry);
-    if (running == 0 || std::chrono::steady_clock::now() >= deadline) return running;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    quiet = running == 0 ? quiet + 1 : 0;
+    if (quiet >= kQuietScans || std::chrono::steady_clock::now() >= deadline) return running;
+    std::this_thread::sleep_for(kScanPeriod);
   }
 }
 
