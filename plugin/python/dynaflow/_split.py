@@ -1010,6 +1010,18 @@ def _merge_per_token(split, parts, where):
     return torch.cat(parts, 0)
 
 
+def _empty_for(stream, shape, like):
+    """An empty tensor of `shape` with `like`'s dtype and device, for a
+    merge: on CUDA allocated on `stream`, the caller's, which uses it after
+    the call (None: the current stream), while the micro-batches' streams
+    write their rows of it and record themselves on it."""
+    import torch
+
+    with torch.cuda.stream(stream) if like.is_cuda and stream is not None else \
+            contextlib.nullcontext():
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
 class SliceMerge:
     """Merges the micro-batches' tensor outputs as each micro-batch finishes,
     not by one concatenation after the last: the first micro-batch to return
@@ -1058,18 +1070,11 @@ class SliceMerge:
     def _whole_for(self, where, t):
         """The output at `where`, allocated by the first micro-batch that
         returns it; None when `t` does not fit it (merged by concatenation)."""
-        import torch
-
         with self.lock:
             whole = self.outputs.get(where)
             if whole is None:
-                shape = (self.split.bounds[-1],) + tuple(t.shape[1:])
-                if t.is_cuda and self.caller_stream is not None:
-                    with torch.cuda.stream(self.caller_stream):
-                        whole = torch.empty(shape, dtype=t.dtype, device=t.device)
-                else:
-                    whole = torch.empty(shape, dtype=t.dtype, device=t.device)
-                self.outputs[where] = whole
+                whole = self.outputs[where] = _empty_for(
+                    self.caller_stream, (self.split.bounds[-1],) + tuple(t.shape[1:]), t)
         if whole.dtype != t.dtype or whole.device != t.device or whole.shape[1:] != t.shape[1:]:
             return None
         return whole
@@ -1418,9 +1423,7 @@ class _GrownLayer:
         with _GROWN_LOCK:
             whole = self.whole.get(name)
             if whole is None:
-                with torch.cuda.stream(self.stream) if new.is_cuda else contextlib.nullcontext():
-                    whole = self.whole[name] = torch.empty(shape, dtype=new.dtype,
-                                                           device=new.device)
+                whole = self.whole[name] = _empty_for(self.stream, shape, new)
         if tuple(whole.shape) != shape or whole.dtype != new.dtype or whole.device != new.device:
             return None
         return whole.narrow(0, self.bounds[mb], count)
