@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dynaflow import _apply, _split  # noqa: E402 - after the path is set
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_TRANSFORMERS = HAS_TORCH and importlib.util.find_spec("transformers") is not None
 RUNTIME = os.environ.get("DYNAFLOW_APPLY_LIB_BUILT", "")
 # The replay module, which carries the caller's torch state into the
 # micro-batches (CallerState), as `dynaflow apply` passes it.
@@ -335,6 +336,25 @@ class PureFunctionsTest(unittest.TestCase):
         self.assertFalse(_apply.matches("M.layers.*", "M.layers.x"))
         self.assertFalse(_apply.matches("M.layers.*", "M.layers.1.mlp"))
         self.assertTrue(_apply.matches("M.head", "M.head"))
+
+    @unittest.skipUnless(HAS_TRANSFORMERS, "needs transformers")
+    def test_the_tensors_of_cache_views_are_those_of_the_layers_read(self):
+        # The views' tensors recorded on the caller's stream after a call
+        # (_record_on) are those of the layers the micro-batches read: the
+        # walk makes no view of the others.
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        for layer in range(3):
+            cache.update(torch.zeros(4, 1, 2, 2), torch.ones(4, 1, 2, 2), layer)
+        s = _split.split_call("M", None, (torch.zeros(4, 1),), {"past_key_values": cache}, 4,
+                              [0, 2, 4])
+        views = [s.kwargs[i]["past_key_values"] for i in range(2)]
+        read = views[1].layers[2]
+        found = {id(t) for t in _apply._tensors_in(views)}
+        self.assertEqual(found, {id(read.keys), id(read.values)})
+        self.assertEqual([_split._LazyLayers.made(v.layers, k) for v in views for k in range(3)],
+                         [False, False, False, False, False, True])
 
     @unittest.skipUnless(HAS_TORCH, "needs torch")
     def test_the_batch_tensor_of_a_call_by_keywords(self):

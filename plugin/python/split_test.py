@@ -1389,6 +1389,108 @@ class CacheTest(unittest.TestCase):
         self.assertIs(cache.layers[1].keys, untouched[0])
         self.assertIs(cache.layers[1].values, untouched[1])
 
+    def three_layer_split(self, cache):
+        """`cache`'s views in a split in 2 of a batch of 4."""
+        s = split((torch.randn(4, 1),), {"past_key_values": cache}, 4, 2)
+        return s, [s.kwargs[i]["past_key_values"] for i in range(2)]
+
+    def test_a_layer_no_micro_batch_reads_gets_no_view_and_is_not_merged(self):
+        # A unit that is one decoder layer reads one layer of the cache:
+        # views of every layer on every layer's call cost a 32-layer decode
+        # step about 6x. The other layers' views are never made, and the
+        # merge leaves those layers as they were.
+        from transformers import DynamicCache, LlamaConfig, StaticCache
+
+        config = LlamaConfig(hidden_size=self.HEADS * self.DIM, num_attention_heads=self.HEADS,
+                             num_key_value_heads=self.HEADS, num_hidden_layers=3,
+                             head_dim=self.DIM)
+        for kind in ("dynamic", "static"):
+            with self.subTest(kind):
+                def make():
+                    return DynamicCache(config=config) if kind == "dynamic" else \
+                        StaticCache(config=config, max_cache_len=8)
+                cache, whole = make(), make()
+                for layer in range(3):
+                    for c in (cache, whole):
+                        c.update(*self.kv(4, 3, 20 + layer), layer,
+                                 {"cache_position": torch.arange(3)})
+                before = [(layer.keys, layer.values, getattr(layer, "cumulative_length", None))
+                          for layer in cache.layers]
+                lengths = [int(getattr(layer, "cumulative_length", 0)) for layer in cache.layers]
+                s, views = self.three_layer_split(cache)
+                k, v = self.kv(4, 1, 30)
+                for i, view in enumerate(views):
+                    begin, count = s.rows(i)
+                    view.update(k.narrow(0, begin, count), v.narrow(0, begin, count), 1,
+                                {"cache_position": torch.tensor([3])})
+                    self.assertEqual([_split._LazyLayers.made(view.layers, j) for j in range(3)],
+                                     [False, True, False])
+                    self.assertEqual(len(view.layers), 3)
+                s.merge_state()
+                whole.update(k, v, 1, {"cache_position": torch.tensor([3])})
+                for j in (0, 2):
+                    self.assertIs(cache.layers[j].keys, before[j][0])
+                    self.assertIs(cache.layers[j].values, before[j][1])
+                    if kind == "static":
+                        self.assertIs(cache.layers[j].cumulative_length, before[j][2])
+                self.assertEqual([int(getattr(layer, "cumulative_length", 0)) for layer
+                                  in cache.layers][::2], lengths[::2])
+                for a, b in zip(cache.layers, whole.layers):
+                    torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=0)
+                    torch.testing.assert_close(a.values, b.values, rtol=0, atol=0)
+                self.assertEqual(cache.get_seq_length(1), whole.get_seq_length(1))
+
+    def test_a_layer_list_read_other_than_by_index_holds_every_view(self):
+        # Iteration, slices, searches and copies see the list of all the
+        # micro-batch's views (an eager one's), never a placeholder.
+        import copy
+
+        cache = self.two_layer_cache()
+        _, views = self.three_layer_split(cache)
+        reads = {
+            "iteration": lambda layers: [layer for layer in layers],
+            "slice": lambda layers: layers[0:2],
+            "reversed": lambda layers: list(reversed(layers))[::-1],
+            "copy": lambda layers: copy.copy(layers),
+            "deepcopy": copy.deepcopy,
+            "pop": lambda layers: [layers[0], layers.pop()],
+            "insert": lambda layers: (layers.insert(0, None), layers[1:])[1],
+            "repr": lambda layers: (repr(layers), list.__iter__(layers))[1],
+        }
+        for name, read in reads.items():
+            with self.subTest(name):
+                _, views = self.three_layer_split(cache)
+                layers = views[1].layers
+                got = list(read(layers))
+                self.assertEqual(len(got), 2)
+                for j, layer in enumerate(got):
+                    self.assertIsNot(layer, _split._UNMADE)
+                    self.assertEqual(tuple(layer.keys.shape), (2, self.HEADS, 3, self.DIM))
+                    torch.testing.assert_close(layer.keys, cache.layers[j].keys[2:], rtol=0,
+                                               atol=0)
+        self.assertIs(type(copy.copy(views[0].layers)), list)
+        self.assertEqual(views[0].layers.index(views[0].layers[1]), 1)
+        self.assertIn(views[0].layers[0], views[0].layers)
+
+    def test_a_layer_one_micro_batch_did_not_read_is_merged_from_its_view_as_made(self):
+        # Micro-batch 0 writes a static layer, micro-batch 1 never reads it:
+        # its view is made at the merge, unwritten, and the merge refuses the
+        # micro-batches' different lengths, as it does for views made eagerly.
+        from transformers import LlamaConfig, StaticCache
+
+        config = LlamaConfig(hidden_size=self.HEADS * self.DIM, num_attention_heads=self.HEADS,
+                             num_key_value_heads=self.HEADS, num_hidden_layers=2,
+                             head_dim=self.DIM)
+        cache = StaticCache(config=config, max_cache_len=8)
+        self.offset = 0
+        self.update_whole(cache, 1, 2)
+        s, views = self.three_layer_split(cache)
+        k, v = self.kv(2, 1, 5)
+        views[0].update(k, v, 0, {"cache_position": torch.tensor([2])})
+        self.assertFalse(_split._LazyLayers.made(views[1].layers, 0))
+        with self.assertRaisesRegex(_split.MergeError, r"different lengths \[2, 3\]"):
+            s.merge_state()
+
     def test_a_grown_layer_frees_the_tensors_it_replaced_without_the_collector(self):
         # The views' updates refer to their views weakly: a cycle kept the
         # layer's previous keys and values alive until the garbage collector
@@ -1449,8 +1551,8 @@ class CacheTest(unittest.TestCase):
         self.assertFalse(_split._appends_by_concatenation(Windowed, Windowed.update))
         layer = Windowed()
         layer.update(*self.kv(4, 2, 1))
-        views = _split._DynamicLayerAdapter().views(layer, [0, 2, 4])
-        self.assertEqual(["update" in vars(v) for v in views], [False, False])
+        view = _split._DynamicLayerAdapter().views(layer, [0, 2, 4], None)
+        self.assertEqual(["update" in vars(view(mb)) for mb in (0, 1)], [False, False])
 
     def test_static_cache(self):
         from transformers import LlamaConfig, StaticCache

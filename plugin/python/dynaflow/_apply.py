@@ -2122,8 +2122,13 @@ def _tensors_in(value, seen=None):
     seen.add(id(value))
     if isinstance(value, torch.Tensor):
         yield value
-    elif isinstance(value, (tuple, list)):
+    elif isinstance(value, tuple):
         for v in value:
+            yield from _tensors_in(v, seen)
+    elif isinstance(value, list):
+        # A list's own items: a cache view's layers that no micro-batch read
+        # stay unmade (_split._LazyLayers), placeholders without tensors.
+        for v in list.__iter__(value):
             yield from _tensors_in(v, seen)
     elif isinstance(value, dict):
         for v in value.values():

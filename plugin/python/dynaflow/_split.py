@@ -40,6 +40,7 @@ import dataclasses
 import decimal
 import enum
 import functools
+import operator
 import sys
 import threading
 import weakref
@@ -1189,12 +1190,13 @@ class _CacheAdapter:
 
     def views(self, cache, bounds):
         """One shallow copy of `cache` per micro-batch of `bounds`, its layers
-        the layer adapters' views of its rows."""
-        layers = [self.layer_adapters[type(layer)].views(layer, bounds) for layer in cache.layers]
+        the layer adapters' views of its rows, each made where the
+        micro-batch first reads it (_LazyLayers)."""
+        layer_views = _LayerViews(self.layer_adapters, cache.layers, bounds, _caller_stream())
         out = []
         for mb in range(len(bounds) - 1):
             v = _shallow_copy(cache)
-            v.layers = [views[mb] for views in layers]
+            v.layers = _LazyLayers(layer_views, mb)
             out.append(v)
         return out
 
@@ -1230,6 +1232,10 @@ class _CacheAdapter:
 
     def merge(self, cache, views, bounds, host_reads=True):
         for k, layer in enumerate(cache.layers):
+            if not any(_LazyLayers.made(v.layers, k) for v in views):
+                continue  # no micro-batch read the layer: it is as it was
+            # A micro-batch that did not read it gets its view now, as it
+            # was made (its rows, unchanged), for the layer's merge to judge.
             self.layer_adapters[type(layer)].merge(layer, [v.layers[k] for v in views], bounds,
                                                    host_reads)
         grown = {len(v.layers) for v in views}
@@ -1240,6 +1246,113 @@ class _CacheAdapter:
             self.layer_adapters[type(new)].merge(new, [v.layers[k] for v in views], bounds,
                                                  host_reads)
             cache.layers.append(new)
+
+
+class _Unmade:
+    """Holds the place of a layer's view not made yet among _LazyLayers'
+    own items, which only its methods read."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "<cache layer view not made>"
+
+
+_UNMADE = _Unmade()
+
+
+class _LayerViews:
+    """The views of one cache's layers in one split call, each made at a
+    micro-batch's first read of the layer (_LazyLayers). A unit that is one
+    decoder layer reads one layer of the cache: views of all of them, made
+    on each layer's call, made a decode step's views quadratic in the depth
+    (docs/performance.md).
+
+    Contract of a layer adapter's `views(layer, bounds, stream)`: called at
+    most once per layer and call, with the caller's CUDA stream (None
+    without CUDA), it returns a function of a micro-batch that makes that
+    micro-batch's view of the layer's rows. The function runs on the
+    micro-batch's thread and stream when the micro-batch reads the layer,
+    and for a micro-batch that did not, on the caller's at the merge."""
+
+    def __init__(self, adapters, layers, bounds, stream):
+        self.adapters = adapters
+        self.layers = layers  # the originals, which nothing changes until the merge
+        self.bounds = bounds
+        self.stream = stream
+        self.makers = {}  # layer index -> its adapter's function
+        # The micro-batches' threads read a layer side by side.
+        self.lock = threading.Lock()
+
+    def view(self, k, mb):
+        with self.lock:
+            make = self.makers.get(k)
+            if make is None:
+                layer = self.layers[k]
+                make = self.makers[k] = self.adapters[type(layer)].views(layer, self.bounds,
+                                                                        self.stream)
+            return make(mb)
+
+
+class _LazyLayers(list):
+    """A micro-batch's copy of a cache's `layers`: item k is its view of
+    layer k, made (_LayerViews.view) when first read by index, as the
+    cache's methods read a layer (`self.layers[layer_idx]`). Any other read
+    (iteration, a slice, a search, a comparison, a copy) or change of order
+    first makes every view, so that the list then holds what a list of all
+    the views would; appending (a cache growing a layer) needs none. A copy
+    of it (copy, deepcopy, pickle) is a plain list."""
+
+    def __init__(self, views, mb):
+        super().__init__([_UNMADE] * len(views.layers))
+        self._views, self._mb = views, mb
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            self._make_all()
+            return list.__getitem__(self, k)
+        item = list.__getitem__(self, k)
+        if item is _UNMADE:
+            k = operator.index(k) % len(self)
+            item = self._views.view(k, self._mb)
+            list.__setitem__(self, k, item)
+        return item
+
+    def __setitem__(self, k, value):
+        if isinstance(k, slice):
+            self._make_all()
+        list.__setitem__(self, k, value)
+
+    def __reduce_ex__(self, _protocol):
+        return list, (list(self),)
+
+    def _make_all(self):
+        for k in range(len(self)):
+            self.__getitem__(k)
+
+    @staticmethod
+    def made(layers, k):
+        """Whether item k of a micro-batch's `layers` (this class, or a list
+        its cache was given in the call) holds a layer, not a view unmade."""
+        return not isinstance(layers, _LazyLayers) or list.__getitem__(layers, k) is not _UNMADE
+
+
+def _making_all(name):
+    method = getattr(list, name)
+
+    def making_all(self, *args, **kwargs):
+        self._make_all()
+        return method(self, *args, **kwargs)
+    making_all.__name__ = name
+    return making_all
+
+
+for _name in ("__iter__", "__reversed__", "__contains__", "__eq__", "__ne__", "__lt__", "__le__",
+              "__gt__", "__ge__", "__add__", "__mul__", "__rmul__", "__iadd__", "__imul__",
+              "__repr__", "__delitem__", "copy", "count", "index", "pop", "remove", "insert",
+              "sort", "reverse", "extend", "clear"):
+    setattr(_LazyLayers, _name, _making_all(_name))
+del _name
 
 
 class _EncoderDecoderCacheAdapter:
@@ -1501,12 +1614,14 @@ class _DynamicLayerAdapter:
     def graph_state(_layer):
         return "grows its keys and values by concatenation on every call"
 
-    def views(self, layer, bounds):
-        grown = _GrownLayer(bounds, _caller_stream())
+    def views(self, layer, bounds, stream):
+        """A function of a micro-batch that makes its view of `layer`'s rows
+        (_LayerViews' contract; `stream`: the caller's, or None)."""
+        grown = _GrownLayer(bounds, stream)
         in_place = self.GROWS_IN_PLACE and \
             _appends_by_concatenation(type(layer), type(layer).update)
-        out = []
-        for mb in range(len(bounds) - 1):
+
+        def view(mb):
             v = _shallow_copy(layer)
             if layer.is_initialized and layer.keys is not None and layer.keys.numel():
                 v.keys = layer.keys.narrow(0, bounds[mb], bounds[mb + 1] - bounds[mb])
@@ -1516,8 +1631,8 @@ class _DynamicLayerAdapter:
             if in_place:  # the instance's own, found before the class's
                 v.update = functools.partial(grown.update, weakref.ref(v), mb)
             v._dynaflow_grown = grown
-            out.append(v)
-        return out
+            return v
+        return view
 
     def concat(self, layers, where):
         import torch
@@ -1611,17 +1726,21 @@ class _StaticLayerAdapter:
         return (layer.max_cache_len,), [("keys", layer.keys), ("values", layer.values),
                                         ("cumulative_length", layer.cumulative_length)]
 
-    def views(self, layer, bounds):
-        out = []
-        for begin, end in zip(bounds, bounds[1:]):
+    @staticmethod
+    def views(layer, bounds, _stream):
+        """A function of a micro-batch that makes its view of `layer`'s rows
+        (_LayerViews' contract). Its length is its own copy, cloned on the
+        micro-batch's stream, where it is then advanced."""
+        def view(mb):
+            begin, end = bounds[mb], bounds[mb + 1]
             v = _shallow_copy(layer)
             v.cumulative_length = layer.cumulative_length.clone()
             if layer.is_initialized:
                 v.keys = layer.keys.narrow(0, begin, end - begin)
                 v.values = layer.values.narrow(0, begin, end - begin)
                 v.batch_size = end - begin
-            out.append(v)
-        return out
+            return v
+        return view
 
     def concat(self, layers, where):
         import torch
