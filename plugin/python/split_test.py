@@ -1456,12 +1456,15 @@ class CacheTest(unittest.TestCase):
             "pop": lambda layers: [layers[0], layers.pop()],
             "insert": lambda layers: (layers.insert(0, None), layers[1:])[1],
             "repr": lambda layers: (repr(layers), list.__iter__(layers))[1],
+            "added to": lambda layers: [None] + layers,
+            "compared": lambda layers: (views[0].layers == layers, list.__iter__(layers))[1],
+            "rebuilt by its type": lambda layers: type(layers)(layers),
         }
         for name, read in reads.items():
             with self.subTest(name):
                 _, views = self.three_layer_split(cache)
                 layers = views[1].layers
-                got = list(read(layers))
+                got = [layer for layer in read(layers) if layer is not None]
                 self.assertEqual(len(got), 2)
                 for j, layer in enumerate(got):
                     self.assertIsNot(layer, _split._UNMADE)

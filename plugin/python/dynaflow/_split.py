@@ -1191,12 +1191,15 @@ class _CacheAdapter:
     def views(self, cache, bounds):
         """One shallow copy of `cache` per micro-batch of `bounds`, its layers
         the layer adapters' views of its rows, each made where the
-        micro-batch first reads it (_LazyLayers)."""
+        micro-batch first reads it (_LazyLayers): from the layers as they
+        are then, so nothing may run on `cache` between the split and the
+        merge (nothing does: an audited call's split is dropped, a baseline
+        runs on a deep copy, a capture splits inside the graph)."""
         layer_views = _LayerViews(self.layer_adapters, cache.layers, bounds, _caller_stream())
         out = []
         for mb in range(len(bounds) - 1):
             v = _shallow_copy(cache)
-            v.layers = _LazyLayers(layer_views, mb)
+            v.layers = _LazyLayers(views=layer_views, mb=mb)
             out.append(v)
         return out
 
@@ -1301,10 +1304,16 @@ class _LazyLayers(list):
     (iteration, a slice, a search, a comparison, a copy) or change of order
     first makes every view, so that the list then holds what a list of all
     the views would; appending (a cache growing a layer) needs none. A copy
-    of it (copy, deepcopy, pickle) is a plain list."""
+    of it (copy, deepcopy, pickle) is a plain list.
 
-    def __init__(self, views, mb):
-        super().__init__([_UNMADE] * len(views.layers))
+    What reads a list subclass's items in C without its methods sees the
+    placeholder (`heapq` on it, torch's parser of a list of tensors): no
+    cache code does, and an attribute read on the placeholder raises."""
+
+    def __init__(self, items=(), views=None, mb=0):
+        """Micro-batch `mb`'s layers of `views`; without `views`, a list of
+        `items`, as generic code rebuilds a list by its type."""
+        super().__init__(items if views is None else [_UNMADE] * len(views.layers))
         self._views, self._mb = views, mb
 
     def __getitem__(self, k):
@@ -1326,6 +1335,9 @@ class _LazyLayers(list):
     def __reduce_ex__(self, _protocol):
         return list, (list(self),)
 
+    def __radd__(self, other):  # `[...] + layers`: Python asks the subclass first
+        return other + list(self)
+
     def _make_all(self):
         for k in range(len(self)):
             self.__getitem__(k)
@@ -1341,7 +1353,9 @@ def _making_all(name):
     method = getattr(list, name)
 
     def making_all(self, *args, **kwargs):
-        self._make_all()
+        for layers in (self, *args):  # both sides of a comparison or a sum
+            if isinstance(layers, _LazyLayers):
+                layers._make_all()
         return method(self, *args, **kwargs)
     making_all.__name__ = name
     return making_all
