@@ -357,6 +357,22 @@ class PureFunctionsTest(unittest.TestCase):
                          [False, False, False, False, False, True])
 
     @unittest.skipUnless(HAS_TORCH, "needs torch")
+    def test_a_first_calls_comparison_passes_equal_tensors_in_one_pass(self):
+        x = torch.randn(3, 4)
+        self.assertTrue(_apply._identical(x, x.clone()))
+        off = x.clone()
+        off[1, 2] += 1
+        self.assertFalse(_apply._identical(x, off))
+        nan = x.clone()
+        nan[0, 0] = float("nan")
+        self.assertFalse(_apply._identical(nan, nan.clone()))  # _difference judges NaNs
+        self.assertFalse(_apply._identical(x.to_sparse(), x.to_sparse()))
+        differs = _apply._PlannedForward._differs
+        self.assertEqual(differs("h", (x, nan), (x.clone(), nan.clone()), (), {}, (), {}), "")
+        self.assertRegex(differs("h", (x, nan), (off, nan.clone()), (), {}, (), {}),
+                         r"^h computed another result \(output\[0\]")
+
+    @unittest.skipUnless(HAS_TORCH, "needs torch")
     def test_the_batch_tensor_of_a_call_by_keywords(self):
         ids, mask = torch.zeros(4, 7, dtype=torch.long), torch.ones(4, 7)
         x = _apply.first_tensor((), {"cache_position": torch.arange(7), "input_ids": ids,
