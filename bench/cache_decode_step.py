@@ -7,8 +7,9 @@ every step, a copy of the whole cache; a split step also merges the
 micro-batches' layers back into one, which copied the cache a second time
 before the micro-batches wrote their rows into the merged tensors themselves
 (_split._DynamicLayerAdapter), and every layer of it on every layer's call
-before untouched layers were left alone. Prints the median ms per step of
-each and their ratio.
+before untouched layers were left alone. Prints the first split step (each
+layer's first decode call audited and compared, _apply._PlannedForward), the
+median ms per step of each and their ratio.
 
     .venv/bin/python bench/cache_decode_step.py build/plugin/apply/libdynaflow_apply.so [static]
 
