@@ -1300,6 +1300,13 @@ class CacheTest(unittest.TestCase):
         self.assertFalse(_split._copied_by_dict(Slotted))
         self.assertEqual(_split._shallow_copy(Own()), "own")
 
+    def llama_config(self, layers):
+        from transformers import LlamaConfig
+
+        return LlamaConfig(hidden_size=self.HEADS * self.DIM, num_attention_heads=self.HEADS,
+                           num_key_value_heads=self.HEADS, num_hidden_layers=layers,
+                           head_dim=self.DIM)
+
     def kv(self, batch, length, seed):
         g = torch.Generator().manual_seed(seed)
         shape = (batch, self.HEADS, length, self.DIM)
@@ -1396,14 +1403,12 @@ class CacheTest(unittest.TestCase):
 
     def test_a_layer_no_micro_batch_reads_gets_no_view_and_is_not_merged(self):
         # A unit that is one decoder layer reads one layer of the cache:
-        # views of every layer on every layer's call cost a 32-layer decode
-        # step about 6x. The other layers' views are never made, and the
-        # merge leaves those layers as they were.
-        from transformers import DynamicCache, LlamaConfig, StaticCache
+        # views of every layer on every layer's call made a decode step's
+        # views quadratic in the depth. The other layers' views are never
+        # made, and the merge leaves those layers as they were.
+        from transformers import DynamicCache, StaticCache
 
-        config = LlamaConfig(hidden_size=self.HEADS * self.DIM, num_attention_heads=self.HEADS,
-                             num_key_value_heads=self.HEADS, num_hidden_layers=3,
-                             head_dim=self.DIM)
+        config = self.llama_config(3)
         for kind in ("dynamic", "static"):
             with self.subTest(kind):
                 def make():
@@ -1479,11 +1484,9 @@ class CacheTest(unittest.TestCase):
         # Micro-batch 0 writes a static layer, micro-batch 1 never reads it:
         # its view is made at the merge, unwritten, and the merge refuses the
         # micro-batches' different lengths, as it does for views made eagerly.
-        from transformers import LlamaConfig, StaticCache
+        from transformers import StaticCache
 
-        config = LlamaConfig(hidden_size=self.HEADS * self.DIM, num_attention_heads=self.HEADS,
-                             num_key_value_heads=self.HEADS, num_hidden_layers=2,
-                             head_dim=self.DIM)
+        config = self.llama_config(2)
         cache = StaticCache(config=config, max_cache_len=8)
         self.offset = 0
         self.update_whole(cache, 1, 2)
@@ -1558,11 +1561,9 @@ class CacheTest(unittest.TestCase):
         self.assertEqual(["update" in vars(view(mb)) for mb in (0, 1)], [False, False])
 
     def test_static_cache(self):
-        from transformers import LlamaConfig, StaticCache
+        from transformers import StaticCache
 
-        config = LlamaConfig(hidden_size=self.HEADS * self.DIM, num_attention_heads=self.HEADS,
-                             num_key_value_heads=self.HEADS, num_hidden_layers=1,
-                             head_dim=self.DIM)
+        config = self.llama_config(1)
         cache = self.check_same(lambda: StaticCache(config=config, max_cache_len=16))
         self.assertEqual(tuple(cache.layers[0].keys.shape), (4, self.HEADS, 16, self.DIM))
 
@@ -1594,11 +1595,9 @@ class CacheTest(unittest.TestCase):
         self.assertEqual(cache.layers[0].cumulative_length_int, 7)
 
     def test_a_static_layer_replaced_instead_of_written_in_place_fails_the_merge(self):
-        from transformers import LlamaConfig, StaticCache
+        from transformers import StaticCache
 
-        config = LlamaConfig(hidden_size=self.HEADS * self.DIM, num_attention_heads=self.HEADS,
-                             num_key_value_heads=self.HEADS, num_hidden_layers=1,
-                             head_dim=self.DIM)
+        config = self.llama_config(1)
         cache = StaticCache(config=config, max_cache_len=16)
         self.offset = 0
         self.update_whole(cache, 1, 5)
@@ -1682,11 +1681,9 @@ class CacheTest(unittest.TestCase):
         # A CUDA graph replays a call only once its cross-attention keys are
         # computed (a replay would not set the flags) and both caches are
         # written in place (static).
-        from transformers import LlamaConfig, StaticCache
+        from transformers import StaticCache
 
-        config = LlamaConfig(hidden_size=self.HEADS * self.DIM, num_attention_heads=self.HEADS,
-                             num_key_value_heads=self.HEADS, num_hidden_layers=1,
-                             head_dim=self.DIM)
+        config = self.llama_config(1)
         static = EncoderDecoderCache(StaticCache(config=config, max_cache_len=8),
                                      StaticCache(config=config, max_cache_len=3))
         adapter = _split.state_adapter(static)
