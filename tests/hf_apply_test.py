@@ -580,8 +580,8 @@ class HfApplyTest(unittest.TestCase):
 
     @unittest.skipUnless(RUNTIME, "needs the built runtime library")
     def test_uneven_batches_more_splits_and_bfloat16_match_the_unmodified_run(self):
-        # tests/hf/hf_sweep.py: 16 cases over 12 families, in process.
-        self.in_process_script("hf/hf_sweep.py", "16 of 16 cases split and matched", *DEVICE)
+        # tests/hf/hf_sweep.py: 18 cases over 12 families, in process.
+        self.in_process_script("hf/hf_sweep.py", "18 of 18 cases split and matched", *DEVICE)
 
     @unittest.skipUnless(RUNTIME, "needs the built runtime library")
     def test_fsdp2_sharded_layers_split_and_a_stack_holding_their_hooks_is_refused(self):

@@ -65,6 +65,11 @@ CASES = [
     # forward takes (GPT-2's position_ids, made from the padding mask).
     ("gpt2", 5, 2, "model", F32, "left_padding", 12),
     ("llama", 6, 3, "model", BF16, "next_turn", 12),
+    # The layers as units, each reading its own layer of the cache (its
+    # views made at that read, _split._LazyLayers): sliding-window and full
+    # static layers side by side, and beam search's reordered caches.
+    ("gemma3", 5, 2, "layers", F32, "static_cache", 12),
+    ("gpt2", 4, 2, "layers", F32, "beam_search", 12),
 ]
 TOLERANCE = {F32: dict(rtol=1e-4, atol=1e-5), BF16: dict(rtol=2e-2, atol=2e-2)}
 
