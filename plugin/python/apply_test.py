@@ -213,21 +213,22 @@ class RegionOnCudaTest(unittest.TestCase):
         from unittest import mock
 
         fake = _FakeCuda()
+        # The Python twin: the C++ one (RegionTurns) has its own test against
+        # a fake device (plugin/torch/region_turns_test.cc).
         with mock.patch.object(torch.cuda, "Stream", fake.Stream), \
                 mock.patch.object(torch.cuda, "Event", fake.Event), \
-                mock.patch.object(torch.cuda, "set_stream", fake.set_stream):
+                mock.patch.object(torch.cuda, "set_stream", fake.set_stream), \
+                mock.patch.object(_apply, "_native_region", lambda *_: None):
             region = _apply._Region(_apply._Runtime(RUNTIME), "M", kind, stages, n, 2, cuda=True)
             try:
                 region.start_call(fake.caller, inline)
 
                 def micro_batch(mb):
                     fake.local.mb = mb
-                    _apply._ON_THREAD.at = (region, mb)
                     try:
                         region.begin(mb)
                         body(region, fake, mb)
                     finally:
-                        _apply._ON_THREAD.at = None
                         region.end(mb)
 
                 if region.inline:
@@ -329,6 +330,94 @@ class RegionOnCudaTest(unittest.TestCase):
         waits = {(stream, ev) for _, call, stream, ev in fake.log if call == "wait"}
         self.assertIn((comm, region.events[0].id), waits)
         self.assertIn((compute, region.events[2].id), waits)
+
+@unittest.skipUnless(HAS_TORCH and RUNTIME and REPLAY,
+                     "needs torch, the built runtime library and the replay module")
+class RegionOnCpuTest(unittest.TestCase):
+    """A staggered region's boundaries in C++ (RegionTurns) and in their
+    Python twin, on the CPU: both turn the micro-batches' threads through
+    the schedule's issue order and give the unplanned outputs."""
+
+    def staggered_plan(self):
+        p = plan(["Net"])
+        p["partition_rules"].append({"name": "stage", "role": "stage", "operators": [],
+                                     "modules": ["Net.blocks.*"]})
+        p["buckets"][0]["rules"].append("stage")
+        p["buckets"][0]["segments"] = 3
+        return p
+
+    def run_net(self, native):
+        torch.manual_seed(0)
+        net, x = Net(blocks=3), torch.randn(8, 16)
+        with torch.no_grad():
+            want = net(x)
+        with contextlib.ExitStack() as stack:
+            if not native:
+                stack.enter_context(mock.patch.object(_apply, "_native_region", lambda *_: None))
+            _apply.apply(net, self.staggered_plan(), runtime_lib=RUNTIME)
+        self.addCleanup(net._dynaflow_applier.detach)
+        region = net._dynaflow_applier.forwards[0].regions[2]
+        with torch.no_grad():
+            got = [net(x) for _ in range(4)]
+        return net, region, want, got, net._dynaflow_applier.report.regions["Net"]
+
+    def test_native_and_twin_run_the_predicted_order(self):
+        for native in (True, False):
+            with self.subTest(native=native):
+                _, region, want, got, r = self.run_net(native)
+                self.assertEqual(region.native is not None, native)
+                for out in got:
+                    torch.testing.assert_close(out, want)
+                # The first call's split run, compared with its unsplit
+                # result, is not counted.
+                self.assertEqual((r["calls"], r["off_schedule_calls"]), (3, 0))
+                self.assertEqual(r["executed"], r["issue_order"])
+                # Segment by segment: (segment, micro-batch, stream).
+                self.assertEqual(r["issue_order"], [[0, 0, 0], [0, 1, 1], [1, 0, 0], [1, 1, 1],
+                                                    [2, 0, 0], [2, 1, 1]])
+
+    def test_a_stage_called_outside_a_micro_batch_cuts_nothing(self):
+        # The pre-hook turns only a thread that runs a micro-batch of its
+        # region: called anywhere else it returns at once (a turn here would
+        # wait forever), and the next call still runs as predicted.
+        net, region, want, _, r = self.run_net(True)
+        calls = r["calls"]
+        self.assertIsNone(region.native.stage_hook(nn.Identity(), (torch.zeros(1),)))
+        with torch.no_grad():
+            net(torch.zeros(1, 16))  # a call too small to split: its stages run unturned
+        torch.manual_seed(0)
+        _ = Net(blocks=3)
+        x = torch.randn(8, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(net(x), want)
+        self.assertEqual((r["calls"], r["off_schedule_calls"]), (calls + 1, 0))
+
+    def test_a_region_call_without_its_stages_is_off_schedule(self):
+        # A micro-batch that ends before its last segment: the rest skipped,
+        # the call counted off the schedule, nothing waits forever.
+        _, region, _, _, _ = self.run_net(True)
+        region.start_call(None)
+        results = []
+
+        def micro_batch(mb):
+            try:
+                region.begin(mb)
+                results.append(mb)
+            finally:
+                region.end(mb)
+
+        threads = [threading.Thread(target=micro_batch, args=(mb,)) for mb in (1, 0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
+        self.assertEqual(sorted(results), [0, 1])
+        report = _apply.Report()
+        region.account(report)
+        r = report.regions["Net"]
+        self.assertEqual(r["off_schedule_calls"], 1)
+        self.assertEqual(r["executed"], [[0, 0, 0], [0, 1, 1]])
+
 
 class PureFunctionsTest(unittest.TestCase):
     def test_a_star_matches_one_layer_index(self):

@@ -7,8 +7,9 @@
 // (_rows.audit_key, _graphs.flatten_inputs); ModuleState, what such a call must leave
 // unchanged in its modules (_split.py); UnitWalk and global_modes, what it
 // checks of its unit's modules and of torch's settings (_split.check_module,
-// _graphs._global_modes); and CallerState, the caller's torch state carried
-// into each micro-batch.
+// _graphs._global_modes); CallerState, the caller's torch state carried
+// into each micro-batch; and RegionTurns, the boundaries of a region call
+// (_apply._Region).
 //
 // pybind11 with torch's type casters (torch/csrc/utils/pybind.h): a list of
 // tensors crosses as std::vector<at::Tensor> without copying any data. A C++
@@ -22,9 +23,30 @@
 #include "plugin/torch/call_split.h"
 #include "plugin/torch/module_snapshot.h"
 #include "plugin/torch/module_state.h"
+#include "plugin/torch/region_turns.h"
 #include "plugin/torch/replay_step.h"
 
 namespace py = pybind11;
+
+namespace {
+
+// The region call and micro-batch this thread runs (RegionTurns' begin to
+// its end), which the stage modules' pre-hook turns.
+thread_local dynaflow::RegionTurns* bound_region = nullptr;
+thread_local int bound_micro_batch = 0;
+
+void Check(const dynaflow::Status& status) {
+  if (!status.ok()) throw std::runtime_error("dynaflow apply: " + status.message());
+}
+
+// A function of libdynaflow_apply, from its address as ctypes gives it.
+template <typename Fn>
+Fn AbiFunction(uintptr_t address, const char* name) {
+  if (address == 0) throw std::invalid_argument(std::string("no address for ") + name);
+  return reinterpret_cast<Fn>(address);
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_dynaflow_replay, m) {
   m.doc() = "dynaflow: the per-call work of a planned call replayed from a CUDA graph";
@@ -82,6 +104,71 @@ PYBIND11_MODULE(_dynaflow_replay, m) {
       .def("check", &dynaflow::ModuleState::Check)
       .def_property_readonly("attributes", &dynaflow::ModuleState::attributes)
       .def_property_readonly("tensors", &dynaflow::ModuleState::tensors);
+
+  // A region's boundaries (plugin/torch/region_turns.h). The sequencer's
+  // functions come as the addresses ctypes found in libdynaflow_apply, so
+  // both sides turn one region. Waiting for a turn releases the GIL, or the
+  // micro-batch that holds the turn could not reach its next boundary.
+  using dynaflow::RegionAbi;
+  using dynaflow::RegionTurns;
+  py::class_<RegionTurns>(m, "RegionTurns")
+      .def(py::init([](uintptr_t region, uintptr_t turn, uintptr_t edges, uintptr_t reset,
+                       uintptr_t finish, const std::vector<std::tuple<int, int, int>>& tasks,
+                       bool staggered, std::optional<c10::Device> device) {
+             RegionAbi abi;
+             abi.region = reinterpret_cast<void*>(region);
+             abi.turn = AbiFunction<decltype(abi.turn)>(turn, "the region turn");
+             abi.edges = AbiFunction<decltype(abi.edges)>(edges, "the region edges");
+             abi.reset = AbiFunction<decltype(abi.reset)>(reset, "the region reset");
+             abi.finish = AbiFunction<decltype(abi.finish)>(finish, "the region finish");
+             std::vector<RegionTurns::Task> schedule;
+             for (const auto& [segment, micro_batch, stream] : tasks) {
+               schedule.push_back({segment, micro_batch, stream});
+             }
+             auto turns = std::make_unique<RegionTurns>(abi, std::move(schedule), staggered, device);
+             if (!turns->status().ok()) throw std::invalid_argument(turns->status().message());
+             return turns;
+           }),
+           py::arg("region"), py::arg("turn"), py::arg("edges"), py::arg("reset"),
+           py::arg("finish"), py::arg("tasks"), py::arg("staggered"), py::arg("device"))
+      .def("start_call", &RegionTurns::StartCall, py::arg("inline"), py::arg("caller"))
+      .def(
+          "begin",
+          [](RegionTurns& turns, int mb) {
+            bound_region = &turns;
+            bound_micro_batch = mb;
+            py::gil_scoped_release released;
+            Check(turns.Begin(mb));
+          },
+          py::arg("mb"))
+      .def(
+          "end",
+          [](RegionTurns& turns, int mb) {
+            bound_region = nullptr;
+            turns.End(mb);
+          },
+          py::arg("mb"))
+      // The forward pre-hook of every stage module: a boundary where this
+      // thread runs a micro-batch of this region, nothing elsewhere.
+      .def(
+          "stage_hook",
+          [](RegionTurns& turns, py::handle /*module*/, py::handle /*args*/) {
+            if (bound_region != &turns) return;
+            py::gil_scoped_release released;
+            Check(turns.Stage(bound_micro_batch));
+          },
+          py::arg("module"), py::arg("args"))
+      .def(
+          "boundary",
+          [](RegionTurns& turns, int mb) {
+            py::gil_scoped_release released;
+            Check(turns.Boundary(mb));
+          },
+          py::arg("mb"))
+      .def("end_call", &RegionTurns::EndCall, py::arg("caller"))
+      .def_property_readonly("inline", &RegionTurns::inline_call)
+      .def_property_readonly("issued", &RegionTurns::issued)
+      .def_property_readonly("extra", &RegionTurns::extra);
 
   // The calling thread's torch state, captured where a planned call starts:
   // grad and inference mode, autocast, torch function and dispatch modes,

@@ -77,7 +77,7 @@ from ._graphs import (EAGER, CudaGraphs, NoGraph, UnitGraphs, _first_line, _nati
                       torch_modes, unwatched)
 from ._rows import audit_key, make_audit
 from ._split import (_UNCHECKABLE, ContextState, MergeError, ModuleState, Refusal, SliceMerge,
-                     Unchanged, Unsplittable, _capture_underway, _storage_address,
+                     Unchanged, Unsplittable, _capture_underway, _replay_module, _storage_address,
                      alias_refusal, check_module, eager_after_fork_in_child, inference_buffers,
                      install_lazy_hooks, kind_refusal, merge_outputs, output_aliases,
                      output_refusal, split_call, watching)
@@ -937,8 +937,9 @@ class Report:
 # than the concatenation (bench/apply_overhead.py, docs/performance.md).
 SLICES_ON_CPU = False
 
-# The staggered region (and micro-batch) the current thread runs, if any:
-# the stage modules' pre-hooks cut segments only there.
+# The region (and micro-batch) the current thread runs, if any: the Python
+# twin's stage pre-hooks cut segments only there (RegionTurns keeps its own
+# in C++), and a dual-batch region's collectives are cut there.
 _ON_THREAD = threading.local()
 
 
@@ -949,6 +950,26 @@ STAGGERED, DUAL_BATCH = 0, 1
 _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                 "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast",
                 "reduce")
+
+
+def _native_region(runtime, handle, tasks, staggered, cuda):
+    """RegionTurns (plugin/torch/region_turns.h) driving the region
+    `handle` of `runtime`'s library, on the current CUDA device when `cuda`;
+    None without the replay module."""
+    module = _replay_module()
+    if module is None:
+        return None
+    lib = runtime.lib
+    address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+    device = None
+    if cuda:
+        import torch
+
+        device = torch.device("cuda", _current_cuda_index())
+    return module.RegionTurns(
+        handle, address(lib.dynaflow_apply_region_turn), address(lib.dynaflow_apply_region_edges),
+        address(lib.dynaflow_apply_region_reset), address(lib.dynaflow_apply_region_finish),
+        tasks, staggered, device)
 
 
 class _Region:
@@ -977,7 +998,12 @@ class _Region:
     thread is what capture supports (other threads' allocations under a
     "global" capture fail). Eagerly the turns stay: a host synchronisation
     inside one micro-batch (a mixture-of-experts layer's `nonzero`) would
-    otherwise keep the next micro-batch's work from being queued at all."""
+    otherwise keep the next micro-batch's work from being queued at all.
+
+    With the replay module, the boundaries run in C++ (`native`,
+    plugin/torch/region_turns.h): the stage modules' pre-hook, the turns,
+    and on CUDA the streams and events, through the same sequencer. The
+    methods below are its Python twin, for when the module is not built."""
 
     def __init__(self, runtime, path, kind, stages, n, splits, cuda):
         self.runtime = runtime
@@ -998,9 +1024,11 @@ class _Region:
         self.cut = [False] * splits     # per micro-batch: a stage has been called
         self.issued = []  # inline: this call's tasks, in the order they were issued
         self.extra = 0    # inline: boundaries past a micro-batch's last segment
-        self.hooks = [m.register_forward_pre_hook(self._pre_hook) for m in stages]
+        self.native = _native_region(runtime, self.handle, self.tasks, kind == STAGGERED, cuda)
+        hook = self._pre_hook if self.native is None else self.native.stage_hook
+        self.hooks = [m.register_forward_pre_hook(hook) for m in stages]
         self.streams = self.events = self.fork = self.ends = None
-        if cuda:
+        if cuda and self.native is None:
             import torch
 
             self.streams = [torch.cuda.Stream() for _ in range(max(t[2] for t in self.tasks) + 1)]
@@ -1012,11 +1040,16 @@ class _Region:
         for h in self.hooks:
             h.remove()
         self.hooks = []
+        self.native = None  # it holds the handle
         if self.handle:
             self.runtime.lib.dynaflow_apply_region_free(self.handle)
             self.handle = None
 
     def start_call(self, caller_stream, inline=False):
+        if self.native is not None:
+            self.native.start_call(inline, caller_stream)
+            self.inline = self.native.inline
+            return
         self.inline = inline and self.edges is not None
         if not self.inline:
             self.runtime.lib.dynaflow_apply_region_reset(self.handle)
@@ -1028,7 +1061,9 @@ class _Region:
             self.fork.record(caller_stream)
 
     def end_call(self, caller_stream):
-        if self.cuda:
+        if self.native is not None:
+            self.native.end_call(caller_stream)
+        elif self.cuda:
             for e in self.ends:
                 caller_stream.wait_event(e)
 
@@ -1072,9 +1107,22 @@ class _Region:
             self.events[task].record(self._stream_of(task))
 
     def begin(self, mb):
-        self._take(mb, True)
+        """Micro-batch `mb`'s first task, on this thread, once it has its
+        turn; until end(mb) the stage modules' calls on this thread cut it,
+        and a dual-batch region's collectives (_CollectiveCuts, which reads
+        _ON_THREAD.at)."""
+        _ON_THREAD.at = (self, mb)
+        if self.native is not None:
+            self.native.begin(mb)
+        else:
+            self._take(mb, True)
 
     def end(self, mb):
+        """Micro-batch `mb` returned or failed (also after begin raised)."""
+        _ON_THREAD.at = None
+        if self.native is not None:
+            self.native.end(mb)
+            return
         try:
             if self.current[mb] is not None:
                 self._close(mb)
@@ -1098,8 +1146,7 @@ class _Region:
     def collective(self, mb, fn, args, kwargs):
         """A dual-batch region's collective call: its own part, on the
         communication stream; the compute part after it waits for it."""
-        self._close(mb)
-        self._take(mb, False)
+        self._boundary(mb)
         if self.cuda:
             # Its tensors are used on the communication stream: their memory
             # is not reused before that stream is done (torch's rule).
@@ -1113,11 +1160,20 @@ class _Region:
             return fn(*args, **kwargs)
         finally:
             _ON_THREAD.in_collective = False
+            self._boundary(mb)
+
+    def _boundary(self, mb):
+        if self.native is not None:
+            self.native.boundary(mb)
+        else:
             self._close(mb)
             self._take(mb, False)
 
     def account(self, report):
-        if self.inline:
+        if self.inline and self.native is not None:
+            executed, extra = self.native.issued, self.native.extra
+            skipped = len(self.tasks) - len(executed)
+        elif self.inline:
             executed, extra = self.issued, self.extra
             skipped = len(self.tasks) - len(executed)
         else:
@@ -2027,16 +2083,16 @@ class _PlannedForward:
                 if split.slices is not None:
                     split.slices.put(mb, state["results"][mb])
                 return
-            if region.cuda:  # restores this thread's stream after the turns switched it
+            if region.cuda and region.native is None:
+                # Restores this thread's stream after the turns switched it
+                # (the native region's end does).
                 modes.enter_context(torch.cuda.stream(torch.cuda.current_stream()))
-            _ON_THREAD.at = (region, mb)
             try:
                 region.begin(mb)
                 state["results"][mb] = self.original(*split.args[mb], **split.kwargs[mb])
                 if split.slices is not None:  # in its last turn
                     split.slices.put(mb, state["results"][mb])
             finally:
-                _ON_THREAD.at = None
                 region.end(mb)
 
 

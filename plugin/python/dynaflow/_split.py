@@ -658,13 +658,16 @@ def _hook_refusal(fn, collecting):
     of the batch: a hook that counts calls, collects activations or moves
     weights (offloading) would be silently wrong, so only hooks known to keep
     per-thread state or none pass: dynaflow's own (module paths, segment
-    turns), those of `_PER_ROW_HOOKS`, and transformers' output-capturing
-    hook while nothing outside the unit collects (inside it, each
-    micro-batch's thread collects its own)."""
+    turns, in Python or the replay module's RegionTurns), those of
+    `_PER_ROW_HOOKS`, and transformers' output-capturing hook while nothing
+    outside the unit collects (inside it, each micro-batch's thread collects
+    its own)."""
     owner = getattr(fn, "__module__", None) or ""
-    if owner.startswith("dynaflow.") or (owner, getattr(fn, "__name__", "")) in _PER_ROW_HOOKS:
+    name = getattr(fn, "__name__", "")
+    if owner.startswith("dynaflow.") or (owner, name) in _PER_ROW_HOOKS or \
+            (owner, name) == ("_dynaflow_replay", "stage_hook"):
         return None
-    if owner == _HF_OUTPUT_CAPTURING and getattr(fn, "__name__", "") == "output_capturing_hook":
+    if owner == _HF_OUTPUT_CAPTURING and name == "output_capturing_hook":
         return _COLLECTED if collecting else None
     return "would run once per micro-batch, on part of the batch"
 

@@ -1,0 +1,186 @@
+#include "plugin/torch/region_turns.h"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+namespace dynaflow {
+namespace {
+
+// DYNAFLOW_APPLY_MAX_STREAMS: no task waits for more tasks than there are
+// streams.
+constexpr int kMaxWaits = 64;
+
+}  // namespace
+
+RegionTurns::RegionTurns(RegionAbi abi, std::vector<Task> tasks, bool staggered,
+                         std::optional<c10::Device> device)
+    : abi_(abi), tasks_(std::move(tasks)), device_(device) {
+  if (abi_.region == nullptr || abi_.turn == nullptr || abi_.edges == nullptr ||
+      abi_.reset == nullptr || abi_.finish == nullptr) {
+    status_ = Status::BadInput("region turns: no region or a region function missing");
+    return;
+  }
+  int streams = 0;
+  for (const Task& t : tasks_) {
+    if (t.segment < 0 || t.micro_batch < 0 || t.stream < 0 || t.stream >= kMaxWaits) {
+      status_ = Status::BadInput("region turns: a task with a negative index or stream");
+      return;
+    }
+    segments_ = std::max(segments_, t.segment + 1);
+    splits_ = std::max(splits_, t.micro_batch + 1);
+    streams = std::max(streams, t.stream + 1);
+  }
+  task_of_.assign(segments_, std::vector<int>(splits_, -1));
+  for (int i = 0; i < static_cast<int>(tasks_.size()); ++i) {
+    int& slot = task_of_[tasks_[i].segment][tasks_[i].micro_batch];
+    if (slot >= 0) {
+      status_ = Status::BadInput("region turns: two tasks of one segment and micro-batch");
+      return;
+    }
+    slot = i;
+  }
+  if (tasks_.empty() || static_cast<int>(tasks_.size()) != segments_ * splits_) {
+    status_ = Status::BadInput("region turns: not every micro-batch has every segment");
+    return;
+  }
+  if (staggered) {
+    for (int i = 0; i < static_cast<int>(tasks_.size()); ++i) {
+      std::array<int, kMaxWaits> waits{};
+      int signal = 0, count = 0;
+      std::array<char, 512> err{};
+      if (abi_.edges(abi_.region, i, &signal, waits.data(), kMaxWaits, &count, err.data(),
+                     err.size()) != 0) {
+        status_ = Status::BadInput(std::string("region turns: ") + err.data());
+        return;
+      }
+      signals_.push_back(signal != 0);
+      waits_.emplace_back(waits.begin(), waits.begin() + count);
+    }
+  }
+  current_.resize(splits_);
+  cut_.resize(splits_);
+  was_issued_.resize(tasks_.size());
+  saved_.resize(splits_);
+  if (device_) {
+    guard_.emplace(device_->type());
+    for (int s = 0; s < streams; ++s) {
+      streams_.push_back(guard_->getStreamFromGlobalPool(*device_, /*isHighPriority=*/false));
+    }
+    for (size_t i = 0; i < tasks_.size(); ++i) events_.emplace_back(device_->type());
+    for (int mb = 0; mb < splits_; ++mb) ends_.emplace_back(device_->type());
+    fork_.emplace(device_->type());
+  }
+}
+
+void RegionTurns::StartCall(bool inline_call, std::optional<c10::Stream> caller) {
+  inline_ = inline_call && !waits_.empty();
+  if (!inline_) abi_.reset(abi_.region);
+  std::fill(current_.begin(), current_.end(), Current{});
+  std::fill(cut_.begin(), cut_.end(), false);
+  std::fill(was_issued_.begin(), was_issued_.end(), false);
+  issued_.clear();
+  extra_ = 0;
+  if (fork_ && caller) fork_->record(*caller);
+}
+
+Status RegionTurns::NextInline(int mb, bool first, int* task, bool* signal,
+                               std::vector<int>* waits) {
+  if (mb < 0 || mb >= splits_) return Status::BadInput("region turns: no such micro-batch");
+  const int segment = first ? 0 : tasks_[current_[mb].task].segment + 1;
+  if (segment >= segments_) {
+    ++extra_;
+    *task = -1;
+    return Status::Ok();
+  }
+  *task = task_of_[segment][mb];
+  *signal = signals_[*task];
+  // An earlier micro-batch that ended before this segment recorded no event
+  // for it.
+  for (int w : waits_[*task]) {
+    if (was_issued_[w]) waits->push_back(w);
+  }
+  was_issued_[*task] = true;
+  issued_.push_back(*task);
+  return Status::Ok();
+}
+
+Status RegionTurns::Take(int mb, bool first) {
+  int task = -1;
+  bool signal = false;
+  std::vector<int> waits;
+  if (inline_) {
+    DF_RETURN_IF_ERROR(NextInline(mb, first, &task, &signal, &waits));
+  } else {
+    std::array<int, kMaxWaits> buffer{};
+    int flag = 0, count = 0;
+    std::array<char, 512> err{};
+    if (abi_.turn(abi_.region, mb, first ? 1 : 0, &task, &flag, buffer.data(), kMaxWaits,
+                  &count, err.data(), err.size()) != 0) {
+      return Status::Failure(err.data());
+    }
+    signal = flag != 0;
+    waits.assign(buffer.begin(), buffer.begin() + count);
+  }
+  if (task < 0) return Status::Ok();  // past the last segment: stays in it (counted)
+  current_[mb] = Current{task, signal};
+  if (!device_) return Status::Ok();
+  const c10::Stream& stream = streams_[tasks_[task].stream];
+  if (!saved_[mb]) {
+    const c10::Device device = guard_->exchangeDevice(*device_);
+    saved_[mb] = Saved{device, guard_->exchangeStream(stream)};
+  } else {
+    guard_->exchangeStream(stream);
+  }
+  if (first) fork_->block(stream);
+  for (int w : waits) events_[w].block(stream);
+  return Status::Ok();
+}
+
+void RegionTurns::Close(int mb) {
+  const Current& c = current_[mb];
+  if (c.signal && device_) events_[c.task].record(streams_[tasks_[c.task].stream]);
+}
+
+Status RegionTurns::Begin(int mb) {
+  if (mb < 0 || mb >= splits_) return Status::BadInput("region turns: no such micro-batch");
+  return Take(mb, /*first=*/true);
+}
+
+Status RegionTurns::Stage(int mb) {
+  if (mb < 0 || mb >= splits_) return Status::BadInput("region turns: no such micro-batch");
+  if (!cut_[mb]) {
+    cut_[mb] = true;  // the first stage call lies inside segment 0
+    return Status::Ok();
+  }
+  return Boundary(mb);
+}
+
+Status RegionTurns::Boundary(int mb) {
+  if (mb < 0 || mb >= splits_) return Status::BadInput("region turns: no such micro-batch");
+  if (current_[mb].task < 0) return Status::BadInput("region turns: the micro-batch has not begun");
+  Close(mb);
+  return Take(mb, /*first=*/false);
+}
+
+void RegionTurns::End(int mb) {
+  if (mb < 0 || mb >= splits_) return;
+  const Current& c = current_[mb];
+  if (c.task >= 0) {
+    Close(mb);
+    if (device_) ends_[mb].record(streams_[tasks_[c.task].stream]);
+  }
+  if (saved_[mb]) {
+    guard_->exchangeStream(saved_[mb]->stream);
+    guard_->setDevice(saved_[mb]->device);
+    saved_[mb].reset();
+  }
+  if (!inline_) abi_.finish(abi_.region, mb);
+}
+
+void RegionTurns::EndCall(std::optional<c10::Stream> caller) {
+  if (!device_ || !caller) return;
+  for (c10::Event& e : ends_) e.block(*caller);
+}
+
+}  // namespace dynaflow
