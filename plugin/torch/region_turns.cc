@@ -58,10 +58,8 @@ RegionTurns::RegionTurns(RegionAbi abi, std::vector<Task> tasks, bool staggered,
       waits_.emplace_back(waits.begin(), waits.begin() + count);
     }
   }
-  current_.resize(splits_);
-  cut_.resize(splits_);
+  micro_batches_.resize(splits_);
   was_issued_.resize(tasks_.size());
-  saved_.resize(splits_);
   if (device_) {
     guard_.emplace(device_->type());
     for (int s = 0; s < streams; ++s) {
@@ -76,8 +74,7 @@ RegionTurns::RegionTurns(RegionAbi abi, std::vector<Task> tasks, bool staggered,
 void RegionTurns::StartCall(bool inline_call, std::optional<c10::Stream> caller) {
   inline_ = inline_call && !waits_.empty();
   if (!inline_) abi_.reset(abi_.region);
-  std::fill(current_.begin(), current_.end(), Current{});
-  std::fill(cut_.begin(), cut_.end(), false);
+  std::fill(micro_batches_.begin(), micro_batches_.end(), MicroBatch{});
   std::fill(was_issued_.begin(), was_issued_.end(), false);
   issued_.clear();
   extra_ = 0;
@@ -87,7 +84,7 @@ void RegionTurns::StartCall(bool inline_call, std::optional<c10::Stream> caller)
 Status RegionTurns::NextInline(int mb, bool first, int* task, bool* signal,
                                std::vector<int>* waits) {
   if (mb < 0 || mb >= splits_) return Status::BadInput("region turns: no such micro-batch");
-  const int segment = first ? 0 : tasks_[current_[mb].task].segment + 1;
+  const int segment = first ? 0 : tasks_[micro_batches_[mb].task].segment + 1;
   if (segment >= segments_) {
     ++extra_;
     *task = -1;
@@ -123,12 +120,14 @@ Status RegionTurns::Take(int mb, bool first) {
     waits.assign(buffer.begin(), buffer.begin() + count);
   }
   if (task < 0) return Status::Ok();  // past the last segment: stays in it (counted)
-  current_[mb] = Current{task, signal};
+  MicroBatch& m = micro_batches_[mb];
+  m.task = task;
+  m.signal = signal;
   if (!device_) return Status::Ok();
   const c10::Stream& stream = streams_[tasks_[task].stream];
-  if (!saved_[mb]) {
+  if (!m.saved) {
     const c10::Device device = guard_->exchangeDevice(*device_);
-    saved_[mb] = Saved{device, guard_->exchangeStream(stream)};
+    m.saved = Saved{device, guard_->exchangeStream(stream)};
   } else {
     guard_->exchangeStream(stream);
   }
@@ -138,8 +137,8 @@ Status RegionTurns::Take(int mb, bool first) {
 }
 
 void RegionTurns::Close(int mb) {
-  const Current& c = current_[mb];
-  if (c.signal && device_) events_[c.task].record(streams_[tasks_[c.task].stream]);
+  const MicroBatch& m = micro_batches_[mb];
+  if (m.signal && device_) events_[m.task].record(streams_[tasks_[m.task].stream]);
 }
 
 Status RegionTurns::Begin(int mb) {
@@ -149,8 +148,8 @@ Status RegionTurns::Begin(int mb) {
 
 Status RegionTurns::Stage(int mb) {
   if (mb < 0 || mb >= splits_) return Status::BadInput("region turns: no such micro-batch");
-  if (!cut_[mb]) {
-    cut_[mb] = true;  // the first stage call lies inside segment 0
+  if (!micro_batches_[mb].cut) {
+    micro_batches_[mb].cut = true;  // the first stage call lies inside segment 0
     return Status::Ok();
   }
   return Boundary(mb);
@@ -158,22 +157,22 @@ Status RegionTurns::Stage(int mb) {
 
 Status RegionTurns::Boundary(int mb) {
   if (mb < 0 || mb >= splits_) return Status::BadInput("region turns: no such micro-batch");
-  if (current_[mb].task < 0) return Status::BadInput("region turns: the micro-batch has not begun");
+  if (micro_batches_[mb].task < 0) return Status::BadInput("region turns: the micro-batch has not begun");
   Close(mb);
   return Take(mb, /*first=*/false);
 }
 
 void RegionTurns::End(int mb) {
   if (mb < 0 || mb >= splits_) return;
-  const Current& c = current_[mb];
-  if (c.task >= 0) {
+  MicroBatch& m = micro_batches_[mb];
+  if (m.task >= 0) {
     Close(mb);
-    if (device_) ends_[mb].record(streams_[tasks_[c.task].stream]);
+    if (device_) ends_[mb].record(streams_[tasks_[m.task].stream]);
   }
-  if (saved_[mb]) {
-    guard_->exchangeStream(saved_[mb]->stream);
-    guard_->setDevice(saved_[mb]->device);
-    saved_[mb].reset();
+  if (m.saved) {
+    guard_->exchangeStream(m.saved->stream);
+    guard_->setDevice(m.saved->device);
+    m.saved.reset();
   }
   if (!inline_) abi_.finish(abi_.region, mb);
 }

@@ -100,13 +100,17 @@ class RegionTurns {
   int extra() const { return extra_; }
 
  private:
-  struct Current {
-    int task = -1;
-    bool signal = false;
-  };
   struct Saved {
     c10::Device device;
     c10::Stream stream;
+  };
+  // A micro-batch's part of a call, touched by its thread only (one struct
+  // each: no two threads write one word).
+  struct MicroBatch {
+    int task = -1;        // the task it runs, or -1 before its first
+    bool signal = false;  // that task records its event at its end
+    bool cut = false;     // a stage module has been called
+    std::optional<Saved> saved;  // the thread's device and stream, on a device
   };
 
   Status Take(int mb, bool first);
@@ -122,14 +126,12 @@ class RegionTurns {
   std::vector<std::vector<int>> waits_;    // staggered: per task, the schedule's
   Status status_;
 
-  // This call's. Each micro-batch's entries are its own thread's; inline,
-  // one thread has them all.
+  // This call's. Inline, one thread has them all.
   bool inline_ = false;
-  std::vector<Current> current_;
-  std::vector<bool> cut_;
-  std::vector<int> issued_;
-  std::vector<bool> was_issued_;
-  int extra_ = 0;
+  std::vector<MicroBatch> micro_batches_;
+  std::vector<int> issued_;         // inline
+  std::vector<bool> was_issued_;    // inline, per task
+  int extra_ = 0;                   // inline
 
   // On a device.
   std::optional<c10::Device> device_;
@@ -138,7 +140,6 @@ class RegionTurns {
   std::vector<c10::Event> events_;  // per task
   std::vector<c10::Event> ends_;    // per micro-batch
   std::optional<c10::Event> fork_;
-  std::vector<std::optional<Saved>> saved_;  // per micro-batch
 };
 
 }  // namespace dynaflow

@@ -294,5 +294,71 @@ TEST(RegionTurnsTest, OnADeviceTasksRunOnTheirStreamsWithTheScheduleEdges) {
   EXPECT_EQ(region.Edges(1).second, std::vector<int>{0});
 }
 
+// On a device with turns: each micro-batch's thread runs on its own stream
+// and gets its own back at End, and every wait for a task's event comes
+// after that event's record in the log (the turn passed after the record).
+TEST(RegionTurnsTest, OnADeviceWithTurnsEveryWaitFollowsItsRecord) {
+  Region region(DYNAFLOW_APPLY_STAGGERED, 3, 2);
+  {
+    std::lock_guard<std::mutex> lock(Log().mu);
+    Log().lines.clear();
+  }
+  RegionTurns turns(region.abi(), region.tasks(), true, c10::Device(kFake, 0));
+  const c10::Stream caller(c10::Stream::UNSAFE, c10::Device(kFake, 0), 7);
+  std::mutex mu;
+  std::map<int, std::vector<c10::StreamId>> streams;  // per micro-batch, per segment
+  std::map<int, c10::StreamId> after;                 // per micro-batch, after End
+  for (int call = 0; call < 2; ++call) {
+    turns.StartCall(false, caller);
+    auto run = [&](int mb) {
+      current_stream = 40 + mb;  // the worker thread's own
+      ASSERT_TRUE(turns.Begin(mb).ok());
+      std::vector<c10::StreamId> seen = {current_stream};
+      ASSERT_TRUE(turns.Stage(mb).ok());  // inside segment 0
+      for (int s = 1; s < 3; ++s) {
+        ASSERT_TRUE(turns.Stage(mb).ok());
+        seen.push_back(current_stream);
+      }
+      turns.End(mb);
+      std::lock_guard<std::mutex> lock(mu);
+      streams[mb] = seen;
+      after[mb] = current_stream;
+    };
+    std::thread second(run, 1);
+    std::thread first(run, 0);
+    second.join();
+    first.join();
+    turns.EndCall(caller);
+    EXPECT_EQ(region.Executed(), region.order()) << "call " << call;
+  }
+  for (int mb = 0; mb < 2; ++mb) {
+    ASSERT_EQ(streams[mb].size(), 3u);
+    EXPECT_EQ(streams[mb][0], streams[mb][1]);
+    EXPECT_EQ(streams[mb][0], streams[mb][2]);
+    EXPECT_EQ(after[mb], 40 + mb);
+  }
+  EXPECT_NE(streams[0][0], streams[1][0]);
+  std::lock_guard<std::mutex> lock(Log().mu);
+  const std::vector<std::string>& log = Log().lines;
+  int waits = 0;
+  for (size_t i = 0; i < log.size(); ++i) {
+    const size_t at = log[i].find(" waits ");
+    if (at == std::string::npos) continue;
+    ++waits;
+    const std::string event = log[i].substr(at + 7);
+    bool recorded = false;
+    for (size_t j = 0; j < i && !recorded; ++j) recorded = log[j].rfind(event + " on ", 0) == 0;
+    EXPECT_TRUE(recorded) << log[i] << " at line " << i << " before any record of " << event;
+  }
+  // Per call: the schedule's cross-stream waits, each micro-batch's wait for
+  // the fork and the caller's for each end.
+  int cross = 0;
+  for (int task = 0; task < static_cast<int>(region.tasks().size()); ++task) {
+    cross += static_cast<int>(region.Edges(task).second.size());
+  }
+  EXPECT_EQ(cross, 3);  // micro-batch 1's segments, each on micro-batch 0's
+  EXPECT_EQ(waits, 2 * (cross + 2 + 2));
+}
+
 }  // namespace
 }  // namespace dynaflow
