@@ -359,12 +359,12 @@ class RegionOnCpuTest(unittest.TestCase):
         region = net._dynaflow_applier.forwards[0].regions[2]
         with torch.no_grad():
             got = [net(x) for _ in range(4)]
-        return net, region, want, got, net._dynaflow_applier.report.regions["Net"]
+        return net, x, region, want, got, net._dynaflow_applier.report.regions["Net"]
 
     def test_native_and_twin_run_the_predicted_order(self):
         for native in (True, False):
             with self.subTest(native=native):
-                _, region, want, got, r = self.run_net(native)
+                _, _, region, want, got, r = self.run_net(native)
                 self.assertEqual(region.native is not None, native)
                 for out in got:
                     torch.testing.assert_close(out, want)
@@ -380,22 +380,35 @@ class RegionOnCpuTest(unittest.TestCase):
         # The pre-hook turns only a thread that runs a micro-batch of its
         # region: called anywhere else it returns at once (a turn here would
         # wait forever), and the next call still runs as predicted.
-        net, region, want, _, r = self.run_net(True)
+        net, x, region, want, _, r = self.run_net(True)
         calls = r["calls"]
         self.assertIsNone(region.native.stage_hook(nn.Identity(), (torch.zeros(1),)))
         with torch.no_grad():
             net(torch.zeros(1, 16))  # a call too small to split: its stages run unturned
-        torch.manual_seed(0)
-        _ = Net(blocks=3)
-        x = torch.randn(8, 16)
-        with torch.no_grad():
             torch.testing.assert_close(net(x), want)
         self.assertEqual((r["calls"], r["off_schedule_calls"]), (calls + 1, 0))
+
+    def test_a_freed_regions_turns_refuse_every_call(self):
+        # Whoever still holds the C++ turns after the region is freed (a hook
+        # dict copied elsewhere) gets an error, not a freed sequencer.
+        _, _, region, _, _, _ = self.run_net(True)
+        native = region.native
+        region.free()
+        self.assertIsNone(region.native)
+        with self.assertRaisesRegex(RuntimeError, "the region was freed"):
+            native.begin(0)
+        with self.assertRaisesRegex(RuntimeError, "the region was freed"):
+            native.start_call(False, None)
 
     def test_a_region_call_without_its_stages_is_off_schedule(self):
         # A micro-batch that ends before its last segment: the rest skipped,
         # the call counted off the schedule, nothing waits forever.
-        _, region, _, _, _ = self.run_net(True)
+        for native in (True, False):
+            with self.subTest(native=native):
+                self.check_call_without_its_stages(native)
+
+    def check_call_without_its_stages(self, native):
+        _, _, region, _, _, _ = self.run_net(native)
         region.start_call(None)
         results = []
 

@@ -2,20 +2,25 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <exception>
 #include <utility>
+
+#include "plugin/apply/dynaflow_apply.h"
 
 namespace dynaflow {
 namespace {
 
-// DYNAFLOW_APPLY_MAX_STREAMS: no task waits for more tasks than there are
-// streams.
-constexpr int kMaxWaits = 64;
+// No task waits for more tasks than there are streams.
+constexpr int kMaxWaits = DYNAFLOW_APPLY_MAX_STREAMS;
+
+std::atomic<uint64_t> next_serial{1};
 
 }  // namespace
 
 RegionTurns::RegionTurns(RegionAbi abi, std::vector<Task> tasks, bool staggered,
                          std::optional<c10::Device> device)
-    : abi_(abi), tasks_(std::move(tasks)), device_(device) {
+    : serial_(next_serial++), abi_(abi), tasks_(std::move(tasks)), device_(device) {
   if (abi_.region == nullptr || abi_.turn == nullptr || abi_.edges == nullptr ||
       abi_.reset == nullptr || abi_.finish == nullptr) {
     status_ = Status::BadInput("region turns: no region or a region function missing");
@@ -24,7 +29,8 @@ RegionTurns::RegionTurns(RegionAbi abi, std::vector<Task> tasks, bool staggered,
   int streams = 0;
   for (const Task& t : tasks_) {
     if (t.segment < 0 || t.micro_batch < 0 || t.stream < 0 || t.stream >= kMaxWaits) {
-      status_ = Status::BadInput("region turns: a task with a negative index or stream");
+      status_ = Status::BadInput("region turns: a task with a negative index, or a stream past " +
+                                 std::to_string(kMaxWaits - 1));
       return;
     }
     segments_ = std::max(segments_, t.segment + 1);
@@ -71,19 +77,29 @@ RegionTurns::RegionTurns(RegionAbi abi, std::vector<Task> tasks, bool staggered,
   }
 }
 
-void RegionTurns::StartCall(bool inline_call, std::optional<c10::Stream> caller) {
+Status RegionTurns::CheckCall(int mb) const {
+  if (abi_.region == nullptr) return Status::Failure("region turns: the region was freed");
+  if (mb < 0 || mb >= splits_) {
+    return Status::BadInput("region turns: no micro-batch " + std::to_string(mb));
+  }
+  return Status::Ok();
+}
+
+Status RegionTurns::StartCall(bool inline_call, std::optional<c10::Stream> caller) {
+  DF_RETURN_IF_ERROR(CheckCall(0));
+  if (device_ && !caller) return Status::BadInput("region turns: no caller stream on a device");
   inline_ = inline_call && !waits_.empty();
   if (!inline_) abi_.reset(abi_.region);
   std::fill(micro_batches_.begin(), micro_batches_.end(), MicroBatch{});
   std::fill(was_issued_.begin(), was_issued_.end(), false);
   issued_.clear();
   extra_ = 0;
-  if (fork_ && caller) fork_->record(*caller);
+  if (device_) fork_->record(*caller);
+  return Status::Ok();
 }
 
 Status RegionTurns::NextInline(int mb, bool first, int* task, bool* signal,
                                std::vector<int>* waits) {
-  if (mb < 0 || mb >= splits_) return Status::BadInput("region turns: no such micro-batch");
   const int segment = first ? 0 : tasks_[micro_batches_[mb].task].segment + 1;
   if (segment >= segments_) {
     ++extra_;
@@ -125,29 +141,26 @@ Status RegionTurns::Take(int mb, bool first) {
   m.signal = signal;
   if (!device_) return Status::Ok();
   const c10::Stream& stream = streams_[tasks_[task].stream];
-  if (!m.saved) {
-    const c10::Device device = guard_->exchangeDevice(*device_);
-    m.saved = Saved{device, guard_->exchangeStream(stream)};
-  } else {
-    guard_->exchangeStream(stream);
-  }
+  if (!m.saved) m.saved = Saved{guard_->getDevice(), guard_->getStream(*device_)};
+  guard_->setDevice(*device_);
+  guard_->exchangeStream(stream);
   if (first) fork_->block(stream);
   for (int w : waits) events_[w].block(stream);
   return Status::Ok();
 }
 
-void RegionTurns::Close(int mb) {
+void RegionTurns::EndTask(int mb) {
   const MicroBatch& m = micro_batches_[mb];
   if (m.signal && device_) events_[m.task].record(streams_[tasks_[m.task].stream]);
 }
 
 Status RegionTurns::Begin(int mb) {
-  if (mb < 0 || mb >= splits_) return Status::BadInput("region turns: no such micro-batch");
+  DF_RETURN_IF_ERROR(CheckCall(mb));
   return Take(mb, /*first=*/true);
 }
 
 Status RegionTurns::Stage(int mb) {
-  if (mb < 0 || mb >= splits_) return Status::BadInput("region turns: no such micro-batch");
+  DF_RETURN_IF_ERROR(CheckCall(mb));
   if (!micro_batches_[mb].cut) {
     micro_batches_[mb].cut = true;  // the first stage call lies inside segment 0
     return Status::Ok();
@@ -156,30 +169,45 @@ Status RegionTurns::Stage(int mb) {
 }
 
 Status RegionTurns::Boundary(int mb) {
-  if (mb < 0 || mb >= splits_) return Status::BadInput("region turns: no such micro-batch");
-  if (micro_batches_[mb].task < 0) return Status::BadInput("region turns: the micro-batch has not begun");
-  Close(mb);
+  DF_RETURN_IF_ERROR(CheckCall(mb));
+  if (micro_batches_[mb].task < 0) {
+    return Status::BadInput("region turns: micro-batch " + std::to_string(mb) + " has not begun");
+  }
+  EndTask(mb);
   return Take(mb, /*first=*/false);
 }
 
-void RegionTurns::End(int mb) {
-  if (mb < 0 || mb >= splits_) return;
+Status RegionTurns::End(int mb) {
+  DF_RETURN_IF_ERROR(CheckCall(mb));
   MicroBatch& m = micro_batches_[mb];
-  if (m.task >= 0) {
-    Close(mb);
-    if (device_) ends_[mb].record(streams_[tasks_[m.task].stream]);
+  Status status;
+  try {
+    if (m.task >= 0) {
+      EndTask(mb);
+      if (device_) ends_[mb].record(streams_[tasks_[m.task].stream]);
+    }
+  } catch (const std::exception& e) {
+    status = Status::Failure(std::string("region turns: ") + e.what());
   }
   if (m.saved) {
-    guard_->exchangeStream(m.saved->stream);
-    guard_->setDevice(m.saved->device);
+    try {
+      guard_->exchangeStream(m.saved->stream);
+      guard_->setDevice(m.saved->device);
+    } catch (const std::exception& e) {
+      if (status.ok()) status = Status::Failure(std::string("region turns: ") + e.what());
+    }
     m.saved.reset();
   }
   if (!inline_) abi_.finish(abi_.region, mb);
+  return status;
 }
 
-void RegionTurns::EndCall(std::optional<c10::Stream> caller) {
-  if (!device_ || !caller) return;
+Status RegionTurns::EndCall(std::optional<c10::Stream> caller) {
+  DF_RETURN_IF_ERROR(CheckCall(0));
+  if (!device_) return Status::Ok();
+  if (!caller) return Status::BadInput("region turns: no caller stream on a device");
   for (c10::Event& e : ends_) e.block(*caller);
+  return Status::Ok();
 }
 
 }  // namespace dynaflow

@@ -12,8 +12,9 @@
 // Protocol, per call: StartCall on the caller's thread; then on each
 // micro-batch's thread Begin(mb), Stage(mb) at each call of a stage module,
 // Boundary(mb) before and after a collective, End(mb) when its part of the
-// region returns or fails; then EndCall. A thread waits for its turn
-// without holding anything of this class.
+// region returns or fails (also when Begin failed); then EndCall. A thread
+// waits for its turn without holding anything of this class. Detach() before
+// the region is freed: every later call fails.
 // - Turns (the default): each micro-batch on its own thread, turned by the
 //   sequencer through the schedule's issue order.
 // - Inline (under a CUDA graph capture, or on one thread; staggered regions
@@ -25,7 +26,8 @@
 // On a device (c10 streams and events through the device type's guard
 // implementation, as torch's generic code uses them; CUDA in practice):
 // - a task runs on its schedule stream, made the thread's current stream
-//   (and the device the thread's current device) when the task starts;
+//   (and the region's device the thread's current device, as
+//   torch.cuda.set_stream does) when the task starts;
 // - a micro-batch's first task waits for the caller's stream as it was at
 //   StartCall, and each task for the events of the tasks it depends on on
 //   other streams (the schedule's edges);
@@ -35,6 +37,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -76,9 +79,13 @@ class RegionTurns {
               std::optional<c10::Device> device);
 
   const Status& status() const { return status_; }
+  // Unique in the process, also after this object is gone (an address may be
+  // reused): what a thread's binding to a region call names.
+  uint64_t serial() const { return serial_; }
 
-  // Starts a call; `caller`: the caller's current stream, on a device.
-  void StartCall(bool inline_call, std::optional<c10::Stream> caller);
+  // Starts a call; `caller`: the caller's current stream, required on a
+  // device (BadInput without it).
+  Status StartCall(bool inline_call, std::optional<c10::Stream> caller);
   // Micro-batch `mb`'s first task, once it has its turn.
   Status Begin(int mb);
   // A call of a stage module: the first lies inside the micro-batch's first
@@ -87,10 +94,15 @@ class RegionTurns {
   // Ends the micro-batch's task and takes the next (around a collective).
   Status Boundary(int mb);
   // The micro-batch returned or failed: its task ends, its remaining tasks
-  // are skipped. Never fails.
-  void End(int mb);
-  // The caller's stream waits for every micro-batch's end.
-  void EndCall(std::optional<c10::Stream> caller);
+  // are skipped, and the thread gets its device and stream back, whatever
+  // fails on the way (a device error in an event's record: Failure, after
+  // all of that, so that the other micro-batches' turns still come).
+  Status End(int mb);
+  // The caller's stream waits for every micro-batch's end (BadInput on a
+  // device without it).
+  Status EndCall(std::optional<c10::Stream> caller);
+  // The region is about to be freed: no call may reach it any more.
+  void Detach() { abi_.region = nullptr; }
 
   bool inline_call() const { return inline_; }
   // An inline call's tasks in the order they were issued, and its
@@ -115,8 +127,12 @@ class RegionTurns {
 
   Status Take(int mb, bool first);
   Status NextInline(int mb, bool first, int* task, bool* signal, std::vector<int>* waits);
-  void Close(int mb);
+  // Records the micro-batch's task's event where another task waits for it.
+  void EndTask(int mb);
+  // BadInput for a micro-batch outside the region, Failure once detached.
+  Status CheckCall(int mb) const;
 
+  const uint64_t serial_;
   RegionAbi abi_;
   std::vector<Task> tasks_;
   int splits_ = 0;

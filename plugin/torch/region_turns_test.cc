@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,8 +42,28 @@ struct FakeLog {
 
   void Add(std::string line) {
     std::lock_guard<std::mutex> lock(mu);
+    if (fail_records && line.find(" on s") != std::string::npos) {
+      TORCH_CHECK(false, "the fake device failed a record");
+    }
     lines.push_back(std::move(line));
   }
+  // Forgets what was logged; events recorded from now on are numbered anew.
+  void Clear() {
+    std::lock_guard<std::mutex> lock(mu);
+    lines.clear();
+    next_event = 0;
+    fail_records = false;
+  }
+  void ClearLines() {
+    std::lock_guard<std::mutex> lock(mu);
+    lines.clear();
+  }
+  std::vector<std::string> Lines() {
+    std::lock_guard<std::mutex> lock(mu);
+    return lines;
+  }
+
+  std::atomic<bool> fail_records{false};  // records throw, as after a device error
 };
 FakeLog& Log() {
   static FakeLog log;
@@ -151,7 +172,7 @@ class Region {
 void RunMicroBatch(RegionTurns& turns, int mb, int stages) {
   ASSERT_TRUE(turns.Begin(mb).ok());
   for (int s = 0; s < stages; ++s) ASSERT_TRUE(turns.Stage(mb).ok());
-  turns.End(mb);
+  ASSERT_TRUE(turns.End(mb).ok());
 }
 
 TEST(RegionTurnsTest, RejectsAnAbiWithoutItsFunctionsOrAnIncompleteSchedule) {
@@ -180,7 +201,7 @@ TEST(RegionTurnsTest, TurnsThreadsThroughTheIssueOrder) {
   RegionTurns turns(region.abi(), region.tasks(), true, std::nullopt);
   ASSERT_TRUE(turns.status().ok());
   for (int call = 0; call < 3; ++call) {
-    turns.StartCall(false, std::nullopt);
+    ASSERT_TRUE(turns.StartCall(false, std::nullopt).ok());
     std::thread second([&] { RunMicroBatch(turns, 1, 4); });
     std::thread first([&] { RunMicroBatch(turns, 0, 4); });
     second.join();
@@ -193,7 +214,7 @@ TEST(RegionTurnsTest, TurnsThreadsThroughTheIssueOrder) {
 TEST(RegionTurnsTest, InlineIssuesMicroBatchAfterMicroBatchAndCountsExtraBoundaries) {
   Region region(DYNAFLOW_APPLY_STAGGERED, 3, 2);
   RegionTurns turns(region.abi(), region.tasks(), true, std::nullopt);
-  turns.StartCall(true, std::nullopt);
+  ASSERT_TRUE(turns.StartCall(true, std::nullopt).ok());
   ASSERT_TRUE(turns.inline_call());
   RunMicroBatch(turns, 0, 3);
   RunMicroBatch(turns, 1, 5);  // two stage calls past its last segment
@@ -205,14 +226,14 @@ TEST(RegionTurnsTest, InlineIssuesMicroBatchAfterMicroBatchAndCountsExtraBoundar
   // A dual-batch region has no inline calls: its turns stay.
   Region dual(DYNAFLOW_APPLY_DUAL_BATCH, 1, 2);
   RegionTurns dual_turns(dual.abi(), dual.tasks(), false, std::nullopt);
-  dual_turns.StartCall(true, std::nullopt);
+  ASSERT_TRUE(dual_turns.StartCall(true, std::nullopt).ok());
   EXPECT_FALSE(dual_turns.inline_call());
 }
 
 TEST(RegionTurnsTest, AnAbortedRegionFailsTheWaitingTurnWithItsReason) {
   Region region(DYNAFLOW_APPLY_STAGGERED, 2, 2);
   RegionTurns turns(region.abi(), region.tasks(), true, std::nullopt);
-  turns.StartCall(false, std::nullopt);
+  ASSERT_TRUE(turns.StartCall(false, std::nullopt).ok());
   Status waited;
   // Micro-batch 1's first task comes after micro-batch 0's; 0 never ends it.
   ASSERT_TRUE(turns.Begin(0).ok());
@@ -222,8 +243,8 @@ TEST(RegionTurnsTest, AnAbortedRegionFailsTheWaitingTurnWithItsReason) {
   blocked.join();
   EXPECT_EQ(waited.code(), StatusCode::kFailure);
   EXPECT_NE(waited.message().find("micro-batch 0 failed"), std::string::npos) << waited.message();
-  turns.End(0);
-  turns.End(1);
+  EXPECT_TRUE(turns.End(0).ok());
+  EXPECT_TRUE(turns.End(1).ok());
   EXPECT_EQ(turns.Stage(7).code(), StatusCode::kBadInput);
 }
 
@@ -234,14 +255,11 @@ TEST(RegionTurnsTest, OnADeviceTasksRunOnTheirStreamsWithTheScheduleEdges) {
   const c10::Device device(kFake, 1);
   current_device = 0;
   current_stream = 7;  // the caller's
-  {
-    std::lock_guard<std::mutex> lock(Log().mu);
-    Log().lines.clear();
-  }
+  Log().Clear();
   RegionTurns turns(region.abi(), region.tasks(), true, device);
   ASSERT_TRUE(turns.status().ok());
   const c10::Stream caller(c10::Stream::UNSAFE, c10::Device(kFake, 1), 7);
-  turns.StartCall(true, caller);
+  ASSERT_TRUE(turns.StartCall(true, caller).ok());
   std::vector<std::pair<int, c10::StreamId>> ran;  // (micro-batch, stream) per segment
   for (int mb = 0; mb < 2; ++mb) {
     ASSERT_TRUE(turns.Begin(mb).ok());
@@ -250,11 +268,11 @@ TEST(RegionTurnsTest, OnADeviceTasksRunOnTheirStreamsWithTheScheduleEdges) {
     ASSERT_TRUE(turns.Stage(mb).ok());  // inside segment 0
     ASSERT_TRUE(turns.Stage(mb).ok());  // segment 1
     ran.emplace_back(mb, current_stream);
-    turns.End(mb);
+    ASSERT_TRUE(turns.End(mb).ok());
     EXPECT_EQ(current_stream, 7) << "End puts back the thread's stream";
     EXPECT_EQ(current_device, 0) << "and its device";
   }
-  turns.EndCall(caller);
+  ASSERT_TRUE(turns.EndCall(caller).ok());
 
   // Each micro-batch on its own stream through both segments.
   ASSERT_EQ(ran.size(), 4u);
@@ -287,29 +305,33 @@ TEST(RegionTurnsTest, OnADeviceTasksRunOnTheirStreamsWithTheScheduleEdges) {
   }
   want.push_back("s7 waits e" + std::to_string(id("end0")));
   want.push_back("s7 waits e" + std::to_string(id("end1")));
-  std::lock_guard<std::mutex> lock(Log().mu);
-  EXPECT_EQ(Log().lines, want);
+  EXPECT_EQ(Log().Lines(), want);
   // The stagger: micro-batch 1's segment 0 (task 1) waits for micro-batch
   // 0's (task 0).
   EXPECT_EQ(region.Edges(1).second, std::vector<int>{0});
 }
 
 // On a device with turns: each micro-batch's thread runs on its own stream
-// and gets its own back at End, and every wait for a task's event comes
-// after that event's record in the log (the turn passed after the record).
+// and gets its own back at End, and in every call each wait for a task's
+// event comes after that event's record in the same call (the turn passed
+// after the record; c10 drops a wait for an event never recorded, so only
+// the call's own log is searched).
 TEST(RegionTurnsTest, OnADeviceWithTurnsEveryWaitFollowsItsRecord) {
   Region region(DYNAFLOW_APPLY_STAGGERED, 3, 2);
-  {
-    std::lock_guard<std::mutex> lock(Log().mu);
-    Log().lines.clear();
-  }
+  Log().Clear();
   RegionTurns turns(region.abi(), region.tasks(), true, c10::Device(kFake, 0));
   const c10::Stream caller(c10::Stream::UNSAFE, c10::Device(kFake, 0), 7);
-  std::mutex mu;
-  std::map<int, std::vector<c10::StreamId>> streams;  // per micro-batch, per segment
-  std::map<int, c10::StreamId> after;                 // per micro-batch, after End
+  int cross = 0;
+  for (int task = 0; task < static_cast<int>(region.tasks().size()); ++task) {
+    cross += static_cast<int>(region.Edges(task).second.size());
+  }
+  EXPECT_EQ(cross, 3);  // micro-batch 1's segments, each on micro-batch 0's
   for (int call = 0; call < 2; ++call) {
-    turns.StartCall(false, caller);
+    Log().ClearLines();
+    std::mutex mu;
+    std::map<int, std::vector<c10::StreamId>> streams;  // per micro-batch, per segment
+    std::map<int, c10::StreamId> after;                 // per micro-batch, after End
+    ASSERT_TRUE(turns.StartCall(false, caller).ok());
     auto run = [&](int mb) {
       current_stream = 40 + mb;  // the worker thread's own
       ASSERT_TRUE(turns.Begin(mb).ok());
@@ -319,7 +341,7 @@ TEST(RegionTurnsTest, OnADeviceWithTurnsEveryWaitFollowsItsRecord) {
         ASSERT_TRUE(turns.Stage(mb).ok());
         seen.push_back(current_stream);
       }
-      turns.End(mb);
+      ASSERT_TRUE(turns.End(mb).ok());
       std::lock_guard<std::mutex> lock(mu);
       streams[mb] = seen;
       after[mb] = current_stream;
@@ -328,36 +350,73 @@ TEST(RegionTurnsTest, OnADeviceWithTurnsEveryWaitFollowsItsRecord) {
     std::thread first(run, 0);
     second.join();
     first.join();
-    turns.EndCall(caller);
+    ASSERT_TRUE(turns.EndCall(caller).ok());
     EXPECT_EQ(region.Executed(), region.order()) << "call " << call;
+    for (int mb = 0; mb < 2; ++mb) {
+      ASSERT_EQ(streams[mb].size(), 3u);
+      EXPECT_EQ(streams[mb][0], streams[mb][1]);
+      EXPECT_EQ(streams[mb][0], streams[mb][2]);
+      EXPECT_EQ(after[mb], 40 + mb) << "End puts back the thread's stream";
+    }
+    EXPECT_NE(streams[0][0], streams[1][0]);
+    const std::vector<std::string> log = Log().Lines();
+    int waits = 0;
+    for (size_t i = 0; i < log.size(); ++i) {
+      const size_t at = log[i].find(" waits ");
+      if (at == std::string::npos) continue;
+      ++waits;
+      const std::string event = log[i].substr(at + 7);
+      bool recorded = false;
+      for (size_t j = 0; j < i && !recorded; ++j) recorded = log[j].rfind(event + " on ", 0) == 0;
+      EXPECT_TRUE(recorded) << log[i] << " at line " << i << " of call " << call
+                            << ", before any record of " << event << " in it";
+    }
+    // The schedule's cross-stream waits, each micro-batch's wait for the
+    // fork and the caller's for each end.
+    EXPECT_EQ(waits, cross + 2 + 2) << "call " << call;
   }
-  for (int mb = 0; mb < 2; ++mb) {
-    ASSERT_EQ(streams[mb].size(), 3u);
-    EXPECT_EQ(streams[mb][0], streams[mb][1]);
-    EXPECT_EQ(streams[mb][0], streams[mb][2]);
-    EXPECT_EQ(after[mb], 40 + mb);
-  }
-  EXPECT_NE(streams[0][0], streams[1][0]);
-  std::lock_guard<std::mutex> lock(Log().mu);
-  const std::vector<std::string>& log = Log().lines;
-  int waits = 0;
-  for (size_t i = 0; i < log.size(); ++i) {
-    const size_t at = log[i].find(" waits ");
-    if (at == std::string::npos) continue;
-    ++waits;
-    const std::string event = log[i].substr(at + 7);
-    bool recorded = false;
-    for (size_t j = 0; j < i && !recorded; ++j) recorded = log[j].rfind(event + " on ", 0) == 0;
-    EXPECT_TRUE(recorded) << log[i] << " at line " << i << " before any record of " << event;
-  }
-  // Per call: the schedule's cross-stream waits, each micro-batch's wait for
-  // the fork and the caller's for each end.
-  int cross = 0;
-  for (int task = 0; task < static_cast<int>(region.tasks().size()); ++task) {
-    cross += static_cast<int>(region.Edges(task).second.size());
-  }
-  EXPECT_EQ(cross, 3);  // micro-batch 1's segments, each on micro-batch 0's
-  EXPECT_EQ(waits, 2 * (cross + 2 + 2));
+}
+
+// A device error in End (an event's record throws) still skips the
+// micro-batch's remaining tasks, so the others' turns come, and puts back the
+// thread's stream; End then says what failed.
+TEST(RegionTurnsTest, AFailedRecordInEndStillLetsTheOthersRun) {
+  Region region(DYNAFLOW_APPLY_STAGGERED, 2, 2);
+  Log().Clear();
+  RegionTurns turns(region.abi(), region.tasks(), true, c10::Device(kFake, 0));
+  const c10::Stream caller(c10::Stream::UNSAFE, c10::Device(kFake, 0), 7);
+  ASSERT_TRUE(turns.StartCall(false, caller).ok());
+  current_stream = 7;
+  ASSERT_TRUE(turns.Begin(0).ok());
+  Status second_began;
+  std::thread second([&] {
+    second_began = turns.Begin(1);  // its turn comes after micro-batch 0's first task
+    Log().fail_records = false;
+    EXPECT_TRUE(turns.End(1).ok());
+  });
+  Log().fail_records = true;
+  const Status ended = turns.End(0);
+  second.join();
+  EXPECT_EQ(ended.code(), StatusCode::kFailure);
+  EXPECT_NE(ended.message().find("the fake device failed a record"), std::string::npos)
+      << ended.message();
+  EXPECT_EQ(current_stream, 7) << "the thread's stream is back";
+  EXPECT_TRUE(second_began.ok()) << second_began.message();
+  EXPECT_EQ(region.Executed(), (std::vector<int>{0, 1}));
+}
+
+TEST(RegionTurnsTest, RefusesACallWithoutTheCallersStreamOnADeviceAndAfterDetach) {
+  Region region(DYNAFLOW_APPLY_STAGGERED, 2, 2);
+  RegionTurns turns(region.abi(), region.tasks(), true, c10::Device(kFake, 0));
+  EXPECT_EQ(turns.StartCall(false, std::nullopt).code(), StatusCode::kBadInput);
+  EXPECT_EQ(turns.EndCall(std::nullopt).code(), StatusCode::kBadInput);
+  RegionTurns on_cpu(region.abi(), region.tasks(), true, std::nullopt);
+  on_cpu.Detach();
+  EXPECT_EQ(on_cpu.StartCall(false, std::nullopt).code(), StatusCode::kFailure);
+  const Status began = on_cpu.Begin(0);
+  EXPECT_EQ(began.code(), StatusCode::kFailure);
+  EXPECT_NE(began.message().find("freed"), std::string::npos) << began.message();
+  EXPECT_EQ(on_cpu.End(0).code(), StatusCode::kFailure);
 }
 
 }  // namespace

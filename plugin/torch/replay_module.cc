@@ -30,9 +30,10 @@ namespace py = pybind11;
 
 namespace {
 
-// The region call and micro-batch this thread runs (RegionTurns' begin to
-// its end), which the stage modules' pre-hook turns.
-thread_local dynaflow::RegionTurns* bound_region = nullptr;
+// The region call (RegionTurns::serial, 0 for none) and micro-batch this
+// thread runs, from a successful begin to its end: the stage modules'
+// pre-hook turns only there.
+thread_local uint64_t bound_region = 0;
 thread_local int bound_micro_batch = 0;
 
 void Check(const dynaflow::Status& status) {
@@ -131,21 +132,28 @@ PYBIND11_MODULE(_dynaflow_replay, m) {
            }),
            py::arg("region"), py::arg("turn"), py::arg("edges"), py::arg("reset"),
            py::arg("finish"), py::arg("tasks"), py::arg("staggered"), py::arg("device"))
-      .def("start_call", &RegionTurns::StartCall, py::arg("inline"), py::arg("caller"))
+      .def(
+          "start_call",
+          [](RegionTurns& turns, bool inline_call, std::optional<c10::Stream> caller) {
+            Check(turns.StartCall(inline_call, caller));
+          },
+          py::arg("inline"), py::arg("caller"))
       .def(
           "begin",
           [](RegionTurns& turns, int mb) {
-            bound_region = &turns;
+            {
+              py::gil_scoped_release released;
+              Check(turns.Begin(mb));
+            }
+            bound_region = turns.serial();
             bound_micro_batch = mb;
-            py::gil_scoped_release released;
-            Check(turns.Begin(mb));
           },
           py::arg("mb"))
       .def(
           "end",
           [](RegionTurns& turns, int mb) {
-            bound_region = nullptr;
-            turns.End(mb);
+            bound_region = 0;
+            Check(turns.End(mb));
           },
           py::arg("mb"))
       // The forward pre-hook of every stage module: a boundary where this
@@ -153,7 +161,7 @@ PYBIND11_MODULE(_dynaflow_replay, m) {
       .def(
           "stage_hook",
           [](RegionTurns& turns, py::handle /*module*/, py::handle /*args*/) {
-            if (bound_region != &turns) return;
+            if (bound_region != turns.serial()) return;
             py::gil_scoped_release released;
             Check(turns.Stage(bound_micro_batch));
           },
@@ -165,7 +173,13 @@ PYBIND11_MODULE(_dynaflow_replay, m) {
             Check(turns.Boundary(mb));
           },
           py::arg("mb"))
-      .def("end_call", &RegionTurns::EndCall, py::arg("caller"))
+      .def(
+          "end_call",
+          [](RegionTurns& turns, std::optional<c10::Stream> caller) {
+            Check(turns.EndCall(caller));
+          },
+          py::arg("caller"))
+      .def("detach", &RegionTurns::Detach)
       .def_property_readonly("inline", &RegionTurns::inline_call)
       .def_property_readonly("issued", &RegionTurns::issued)
       .def_property_readonly("extra", &RegionTurns::extra);

@@ -1017,16 +1017,17 @@ class _Region:
         self.task_of = {(seg, mb): t for t, (seg, mb, _) in enumerate(self.tasks)}
         # The order an inline call issues the tasks in: micro-batch by micro-batch.
         self.inline_order = [self.task_of[(seg, mb)] for mb in range(splits) for seg in range(n)]
+        self.native = _native_region(runtime, self.handle, self.tasks, kind == STAGGERED, cuda)
+        hook = self._pre_hook if self.native is None else self.native.stage_hook
+        self.hooks = [m.register_forward_pre_hook(hook) for m in stages]
+        # The Python twin's state.
         self.edges = None
-        if kind == STAGGERED:
+        if kind == STAGGERED and self.native is None:
             self.edges = [runtime.edges(self.handle, t) for t in range(len(self.tasks))]
         self.current = [None] * splits  # per micro-batch: (task, signal)
         self.cut = [False] * splits     # per micro-batch: a stage has been called
         self.issued = []  # inline: this call's tasks, in the order they were issued
         self.extra = 0    # inline: boundaries past a micro-batch's last segment
-        self.native = _native_region(runtime, self.handle, self.tasks, kind == STAGGERED, cuda)
-        hook = self._pre_hook if self.native is None else self.native.stage_hook
-        self.hooks = [m.register_forward_pre_hook(hook) for m in stages]
         self.streams = self.events = self.fork = self.ends = None
         if cuda and self.native is None:
             import torch
@@ -1040,7 +1041,9 @@ class _Region:
         for h in self.hooks:
             h.remove()
         self.hooks = []
-        self.native = None  # it holds the handle
+        if self.native is not None:
+            self.native.detach()  # whoever still holds it can no longer reach the handle
+            self.native = None
         if self.handle:
             self.runtime.lib.dynaflow_apply_region_free(self.handle)
             self.handle = None
