@@ -400,6 +400,30 @@ class RegionOnCpuTest(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "the region was freed"):
             native.start_call(False, None)
 
+    def test_a_failed_micro_batch_aborts_the_regions_waiting_turns(self):
+        # The executor skips the micro-batches it has not started once one
+        # failed: they never end their tasks, so a micro-batch waiting for a
+        # turn after theirs would wait forever. The failure aborts the
+        # region's call instead, and the first error is the one kept.
+        net, _, region, _, _, _ = self.run_net(True)
+        forward = net._dynaflow_applier.forwards[0]
+        aborted = []
+        state = {"contexts": [None, None], "context": contextvars.copy_context(),
+                 "carried": None, "modes": (False, False, []), "region": region,
+                 "error": None}
+        with mock.patch.object(forward, "_micro_batch", side_effect=ValueError("it broke")), \
+                mock.patch.object(region, "abort", aborted.append):
+            self.assertEqual(forward._task(state, 1, 0), 1)
+        self.assertEqual(aborted, ["micro-batch 1 failed: it broke"])
+        self.assertIsInstance(state["error"], ValueError)
+        # The real abort: a turn waiting in this call fails at once.
+        region.start_call(None)
+        region.abort("micro-batch 1 failed: it broke")
+        with self.assertRaisesRegex(RuntimeError, "micro-batch 1 failed: it broke"):
+            region.begin(0)
+        region.end(0)
+        region.end(1)
+
     def test_a_region_call_without_its_stages_is_off_schedule(self):
         # A micro-batch that ends before its last segment: the rest skipped,
         # the call counted off the schedule, nothing waits forever.

@@ -190,12 +190,15 @@ Status RegionTurns::End(int mb) {
     status = Status::Failure(std::string("region turns: ") + e.what());
   }
   if (m.saved) {
-    try {
-      guard_->exchangeStream(m.saved->stream);
-      guard_->setDevice(m.saved->device);
-    } catch (const std::exception& e) {
-      if (status.ok()) status = Status::Failure(std::string("region turns: ") + e.what());
-    }
+    auto attempt = [&status](auto&& step) {
+      try {
+        step();
+      } catch (const std::exception& e) {
+        if (status.ok()) status = Status::Failure(std::string("region turns: ") + e.what());
+      }
+    };
+    attempt([&] { guard_->exchangeStream(m.saved->stream); });
+    attempt([&] { guard_->setDevice(m.saved->device); });
     m.saved.reset();
   }
   if (!inline_) abi_.finish(abi_.region, mb);

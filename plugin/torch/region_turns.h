@@ -14,7 +14,7 @@
 // Boundary(mb) before and after a collective, End(mb) when its part of the
 // region returns or fails (also when Begin failed); then EndCall. A thread
 // waits for its turn without holding anything of this class. Detach() before
-// the region is freed: every later call fails.
+// the region is freed (not while a call runs): every later call fails.
 // - Turns (the default): each micro-batch on its own thread, turned by the
 //   sequencer through the schedule's issue order.
 // - Inline (under a CUDA graph capture, or on one thread; staggered regions

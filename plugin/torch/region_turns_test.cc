@@ -266,7 +266,9 @@ TEST(RegionTurnsTest, OnADeviceTasksRunOnTheirStreamsWithTheScheduleEdges) {
     EXPECT_EQ(current_device, 1) << "the region's device is the thread's during the call";
     ran.emplace_back(mb, current_stream);
     ASSERT_TRUE(turns.Stage(mb).ok());  // inside segment 0
+    current_device = 0;                 // the model's code moved the thread elsewhere
     ASSERT_TRUE(turns.Stage(mb).ok());  // segment 1
+    EXPECT_EQ(current_device, 1) << "every task starts on the region's device";
     ran.emplace_back(mb, current_stream);
     ASSERT_TRUE(turns.End(mb).ok());
     EXPECT_EQ(current_stream, 7) << "End puts back the thread's stream";

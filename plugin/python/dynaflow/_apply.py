@@ -1165,6 +1165,12 @@ class _Region:
             _ON_THREAD.in_collective = False
             self._boundary(mb)
 
+    def abort(self, why):
+        """Fails every turn of this call still waiting, and every later one
+        (until the next call): a micro-batch failed."""
+        if self.handle and not self.inline:
+            self.runtime.lib.dynaflow_apply_region_abort(self.handle, why.encode())
+
     def _boundary(self, mb):
         if self.native is not None:
             self.native.boundary(mb)
@@ -2066,6 +2072,12 @@ class _PlannedForward:
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
             if state.get("error") is None:
                 state["error"] = e
+            region = state.get("region")
+            if region is not None:
+                # The executor skips the micro-batches it has not started,
+                # which then never end their tasks: every micro-batch waiting
+                # for a turn after theirs is woken, failed, instead.
+                region.abort(f"micro-batch {mb} failed: {_first_line(e)}")
             return 1
 
     def _micro_batch(self, state, mb, stream):
