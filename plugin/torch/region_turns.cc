@@ -180,23 +180,23 @@ Status RegionTurns::Boundary(int mb) {
 Status RegionTurns::End(int mb) {
   DF_RETURN_IF_ERROR(CheckCall(mb));
   MicroBatch& m = micro_batches_[mb];
+  // Each step is tried whatever the one before did; the first failure is
+  // the one reported.
   Status status;
-  try {
-    if (m.task >= 0) {
+  auto attempt = [&status](auto&& step) {
+    try {
+      step();
+    } catch (const std::exception& e) {
+      if (status.ok()) status = Status::Failure(std::string("region turns: ") + e.what());
+    }
+  };
+  if (m.task >= 0) {
+    attempt([&] {
       EndTask(mb);
       if (device_) ends_[mb].record(streams_[tasks_[m.task].stream]);
-    }
-  } catch (const std::exception& e) {
-    status = Status::Failure(std::string("region turns: ") + e.what());
+    });
   }
   if (m.saved) {
-    auto attempt = [&status](auto&& step) {
-      try {
-        step();
-      } catch (const std::exception& e) {
-        if (status.ok()) status = Status::Failure(std::string("region turns: ") + e.what());
-      }
-    };
     attempt([&] { guard_->exchangeStream(m.saved->stream); });
     attempt([&] { guard_->setDevice(m.saved->device); });
     m.saved.reset();

@@ -1179,11 +1179,9 @@ class _Region:
             self._take(mb, False)
 
     def account(self, report):
-        if self.inline and self.native is not None:
-            executed, extra = self.native.issued, self.native.extra
-            skipped = len(self.tasks) - len(executed)
-        elif self.inline:
-            executed, extra = self.issued, self.extra
+        if self.inline:
+            issuer = self if self.native is None else self.native
+            executed, extra = issuer.issued, issuer.extra
             skipped = len(self.tasks) - len(executed)
         else:
             executed, skipped, extra = self.runtime.executed(self.handle, len(self.tasks))
