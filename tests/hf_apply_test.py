@@ -577,6 +577,40 @@ class HfApplyTest(unittest.TestCase):
         # Planned calls are graph breaks: the plan runs as it does eagerly.
         self.in_process("--compile")
 
+    @unittest.skipUnless(RUNTIME, "needs the built runtime library")
+    def test_llama_under_fullgraph_compile_is_refused_in_one_line(self):
+        # fullgraph=True leaves no graph break for the plan to run in, or to
+        # attach in (`dynaflow apply` attaches at the model's first call):
+        # dynamo traces the original forward, and the plan is refused in one
+        # line. torch's Unsupported was raised before, at the attach or at a
+        # planned unit. Every pattern then runs as the unmodified program
+        # does; --strict exits 2.
+        whole = ("torch.compile(fullgraph=True) traces it into one graph, where a planned call "
+                 "cannot run (it runs between graphs): the compiled program runs it the "
+                 "original way")
+        out = self.path("llama_fullgraph.pt")
+        r = run(BIN, "apply", self.plan_for("llama"), "--", PY, MODELS, "--family", "llama",
+                "--compile", "fullgraph", "--out", out, *DEVICE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"dynaflow apply: plan refused: LlamaForCausalLM: {whole}; the program "
+                      f"runs unmodified", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        compare(self, self.base_for("llama"), out)
+        r = run(BIN, "apply", "--strict", self.plan_for("llama"), "--", PY, MODELS, "--family",
+                "llama", "--compile", "fullgraph", "--patterns", "forward", *DEVICE)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(f"dynaflow apply: plan refused: LlamaForCausalLM: {whole}; exiting "
+                      f"(--strict)", r.stderr)
+        self.assertNotIn("tokens", r.stdout)  # it exited while its first forward was compiled
+        # Applied in process before the compile, the refusal is the unit's.
+        r = run(PY, MODELS, "--family", "llama", "--apply", self.plan_for("llama"), "--compile",
+                "fullgraph", "--out", out, *DEVICE, env=self.in_process_env())
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"dynaflow apply: plan refused: LlamaForCausalLM.model: {whole}; the "
+                      f"program runs unmodified", r.stderr)
+        self.assertIn("in-process: 0 planned and 0 original calls", r.stdout)
+        compare(self, self.base_for("llama"), out)
+
 
     @unittest.skipUnless(RUNTIME, "needs the built runtime library")
     def test_uneven_batches_more_splits_and_bfloat16_match_the_unmodified_run(self):

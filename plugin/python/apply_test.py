@@ -141,6 +141,16 @@ def plan(units, splits=2, min_split_tokens=0, device=""):
             "buckets": buckets}
 
 
+def staggered_plan():
+    """Net split in 2 and staggered by its blocks, 3 segments."""
+    p = plan(["Net"])
+    p["partition_rules"].append({"name": "stage", "role": "stage", "operators": [],
+                                 "modules": ["Net.blocks.*"]})
+    p["buckets"][0]["rules"].append("stage")
+    p["buckets"][0]["segments"] = 3
+    return p
+
+
 def planned_holder(layer):
     """Holder(layer) with a plan that splits its layer applied."""
     net = Holder(layer)
@@ -338,14 +348,6 @@ class RegionOnCpuTest(unittest.TestCase):
     Python twin, on the CPU: both turn the micro-batches' threads through
     the schedule's issue order and give the unplanned outputs."""
 
-    def staggered_plan(self):
-        p = plan(["Net"])
-        p["partition_rules"].append({"name": "stage", "role": "stage", "operators": [],
-                                     "modules": ["Net.blocks.*"]})
-        p["buckets"][0]["rules"].append("stage")
-        p["buckets"][0]["segments"] = 3
-        return p
-
     def run_net(self, native):
         torch.manual_seed(0)
         net, x = Net(blocks=3), torch.randn(8, 16)
@@ -354,7 +356,7 @@ class RegionOnCpuTest(unittest.TestCase):
         with contextlib.ExitStack() as stack:
             if not native:
                 stack.enter_context(mock.patch.object(_apply, "_native_region", lambda *_: None))
-            _apply.apply(net, self.staggered_plan(), runtime_lib=RUNTIME)
+            _apply.apply(net, staggered_plan(), runtime_lib=RUNTIME)
         self.addCleanup(net._dynaflow_applier.detach)
         region = net._dynaflow_applier.forwards[0].regions[2]
         with torch.no_grad():
@@ -454,6 +456,134 @@ class RegionOnCpuTest(unittest.TestCase):
         r = report.regions["Net"]
         self.assertEqual(r["off_schedule_calls"], 1)
         self.assertEqual(r["executed"], [[0, 0, 0], [0, 1, 1]])
+
+
+@unittest.skipUnless(HAS_TORCH and RUNTIME, "needs torch and the built runtime library")
+class CompileTest(unittest.TestCase):
+    """torch.compile and torch.export of a model with planned units. A
+    planned call is a graph break; where one would raise (fullgraph=True,
+    error_on_graph_break, a strict export), dynamo traces the unit's
+    original forward instead."""
+
+    WHOLE = ("dynaflow apply: plan refused: Net: {} traces it into one graph, where a planned "
+             "call cannot run (it runs between graphs): the compiled program runs it the "
+             "original way; the program runs unmodified")
+
+    def setUp(self):
+        torch._dynamo.reset()
+
+    def planned_net(self, native=True):
+        """Net, staggered by its blocks (their stage hooks: the replay
+        module's, else the Python twin's), its input and unplanned output."""
+        torch.manual_seed(0)
+        net, x = Net(blocks=3), torch.randn(8, 16)
+        with torch.no_grad():
+            want = net(x)
+        with contextlib.ExitStack() as stack:
+            if not native:
+                stack.enter_context(mock.patch.object(_apply, "_native_region", lambda *_: None))
+            _apply.apply(net, staggered_plan(), runtime_lib=RUNTIME)
+        self.addCleanup(net._dynaflow_applier.detach)
+        return net, x, want
+
+    def test_a_graph_to_compile_whole_traces_the_original_and_refuses_in_one_line(self):
+        # torch's Unsupported was raised at the planned call's graph break.
+        cases = (("torch.compile(fullgraph=True)", True, contextlib.nullcontext),
+                 ("torch.compile under torch._dynamo.error_on_graph_break", False,
+                  lambda: torch._dynamo.error_on_graph_break(True)))
+        for native in (True, False):
+            for how, fullgraph, context in cases:
+                with self.subTest(native=native, how=how):
+                    torch._dynamo.reset()
+                    net, x, want = self.planned_net(native)
+                    self.assertEqual([len(b._forward_pre_hooks) for b in net.blocks], [1, 1, 1])
+                    compiled = torch.compile(net, backend="eager", fullgraph=fullgraph)
+                    err = io.StringIO()
+                    with torch.no_grad(), redirect_stderr(err), context():
+                        for _ in range(2):
+                            torch.testing.assert_close(compiled(x), want)
+                    self.assertEqual(err.getvalue().splitlines(), [self.WHOLE.format(how)])
+                    report = net._dynaflow_applier.report
+                    self.assertEqual((report.planned_calls, report.original_calls), (0, 0))
+                    # The stage hooks went before dynamo traced the blocks.
+                    self.assertEqual([len(b._forward_pre_hooks) for b in net.blocks], [0, 0, 0])
+                    # Eagerly, the installed forward runs the original until
+                    # detach puts that back.
+                    with torch.no_grad():
+                        torch.testing.assert_close(net(x), want)
+                    self.assertEqual(report.planned_calls, 0)
+                    self.assertIn("forward", vars(net))
+                    net._dynaflow_applier.detach()
+                    self.assertNotIn("forward", vars(net))
+
+    def test_an_export_records_the_original_and_the_plan_goes_on(self):
+        # A strict export raised torch's Unsupported; a non-strict one
+        # records the original operators (traced).
+        net, x, want = self.planned_net()
+        with torch.no_grad():
+            for strict in (True, False):
+                torch.testing.assert_close(
+                    torch.export.export(net, (x,), strict=strict).module()(x), want)
+            report = net._dynaflow_applier.report
+            self.assertEqual(list(report.unsplit), ["Net: torch.export records it, the original way"])
+            self.assertEqual(report.refused, "")
+            for _ in range(2):
+                torch.testing.assert_close(net(x), want)
+        self.assertEqual(report.planned_calls, 1)  # after the audited first call
+
+    def test_a_compile_with_graph_breaks_runs_the_plan(self):
+        net, x, want = self.planned_net()
+        compiled = torch.compile(net, backend="eager")
+        with torch.no_grad():
+            for _ in range(3):
+                torch.testing.assert_close(compiled(x), want)
+        report = net._dynaflow_applier.report
+        self.assertEqual((report.planned_calls, report.refused), (2, ""))
+        self.assertEqual(report.regions["Net"]["off_schedule_calls"], 0)
+
+    def test_stages_compiled_inside_the_unit_keep_their_turns(self):
+        # Compiled in a micro-batch, a stage's pre-hook runs at a graph
+        # break, and the micro-batches still turn at every stage.
+        class CompiledBlocks(Net):
+            def __init__(self):
+                super().__init__(blocks=3)
+                self.run_blocks = torch.compile(self.blocks_eagerly, backend="eager")
+
+            def blocks_eagerly(self, x):
+                for b in self.blocks:
+                    x = b(x, scale=0.5)
+                return x
+
+            def forward(self, x):
+                return self.head(self.run_blocks(x))
+
+        torch.manual_seed(0)
+        net, x = CompiledBlocks(), torch.randn(8, 16)
+        with torch.no_grad():
+            want = net.head(net.blocks_eagerly(x))
+        p = staggered_plan()
+        p["partition_rules"][0]["modules"] = ["CompiledBlocks"]
+        p["partition_rules"][1]["modules"] = ["CompiledBlocks.blocks.*"]
+        _apply.apply(net, p, runtime_lib=RUNTIME)
+        self.addCleanup(net._dynaflow_applier.detach)
+        with torch.no_grad():
+            for _ in range(4):
+                torch.testing.assert_close(net(x), want)
+        r = net._dynaflow_applier.report.regions["CompiledBlocks"]
+        self.assertEqual((r["calls"], r["off_schedule_calls"]), (3, 0))
+        self.assertEqual(r["executed"], r["issue_order"])
+
+    def test_a_compiled_copy_traces_its_own_forward_and_refuses_nothing(self):
+        # A deep copy runs unplanned: whole, dynamo traces its forward.
+        net, x, want = self.planned_net()
+        twin = copy.deepcopy(net)
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(twin, backend="eager", fullgraph=True)(x),
+                                       want)
+            for _ in range(2):
+                torch.testing.assert_close(net(x), want)
+        report = net._dynaflow_applier.report
+        self.assertEqual((report.planned_calls, report.refused), (1, ""))
 
 
 class PureFunctionsTest(unittest.TestCase):

@@ -308,7 +308,8 @@ def main():
                     help="comma-separated; all: every pattern but outputs")
     ap.add_argument("--out")
     ap.add_argument("--apply", help="a plan to apply in process with dynaflow.apply")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--compile", nargs="?", const="graph-breaks", choices=["graph-breaks", "fullgraph"],
+                    help="torch.compile the model (fullgraph: with fullgraph=True)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (float32 either way)")
     ap.add_argument("--outputs-first", action="store_true",
                     help="call the model once with every output asked for before applying")
@@ -328,7 +329,7 @@ def main():
         import dynaflow
         model = dynaflow.apply(model, args.apply)
     if args.compile:
-        model = torch.compile(model, backend="eager")
+        model = torch.compile(model, backend="eager", fullgraph=args.compile == "fullgraph")
     names = list(PATTERNS) if args.patterns == "all" else args.patterns.split(",")
     results = {}
     with torch.inference_mode() if args.inference_mode else torch.no_grad():

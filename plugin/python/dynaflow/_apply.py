@@ -308,7 +308,7 @@ def traced(x):
     if torch.jit.is_tracing():
         return "torch.jit.trace records it, the original way"
     if torch.compiler.is_exporting():
-        return "torch.export records it, the original way"
+        return _EXPORT_RECORDS
     if type(x) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0:
         return ""  # no dispatch mode at all, a plain tensor: the usual call, cheaply
     fake, keys = _fake_tensor_type(), torch._C._TorchDispatchModeKey
@@ -316,6 +316,39 @@ def traced(x):
             torch._C._get_dispatch_mode(keys.PROXY) is not None:
         return "a tracer records it on fake tensors, the original way"
     return ""
+
+
+_EXPORT_RECORDS = "torch.export records it, the original way"
+
+
+def _graph_break_raises():
+    """Why dynamo, if it is tracing on this thread, would raise at a graph
+    break rather than run the code eagerly, or "": a strict torch.export
+    (_EXPORT_RECORDS), torch.compile(fullgraph=True), or
+    torch._dynamo.error_on_graph_break. Called by dynamo while it traces
+    (_installed_forward); a non-strict export runs the code, and so does
+    any dynamo this cannot read (torch's private tracer state), whose graph
+    break raises as before."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        from torch._dynamo.utils import _get_error_on_graph_break
+
+        tx = InstructionTranslator.current_tx()
+        if tx is None:
+            return ""
+        if tx.export:
+            return _EXPORT_RECORDS
+        if tx.one_graph:
+            return _WHOLE_GRAPH.format("torch.compile(fullgraph=True)")
+        if _get_error_on_graph_break():
+            return _WHOLE_GRAPH.format("torch.compile under torch._dynamo.error_on_graph_break")
+    except Exception:  # noqa: BLE001 - another torch's dynamo: the graph break as before
+        return ""
+    return ""
+
+
+_WHOLE_GRAPH = ("{} traces it into one graph, where a planned call cannot run (it runs between "
+                "graphs): the compiled program runs it the original way")
 
 
 @functools.cache
@@ -952,6 +985,29 @@ _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_sc
                 "reduce")
 
 
+def _stage_pre_hook(hook):
+    """`hook`, a region's pre-hook of its stage modules, as dynamo sees it.
+    Traced outside a micro-batch (a strict export, a copy of the model, a
+    graph compiled whole: _installed_forward), it is nothing, as the hook
+    is there eagerly; traced, the replay module's hook, a C++ function,
+    would be a graph break, which raises there. Inside a micro-batch (a
+    compiled function the unit calls) it runs at a graph break, as before."""
+    import torch
+
+    is_compiling = torch.compiler.is_compiling
+    # Dynamo calls it while it traces, and bakes in the answer.
+    in_micro_batch = torch._dynamo.assume_constant_result(
+        lambda: getattr(_ON_THREAD, "at", None) is not None)
+    at_graph_break = torch.compiler.disable(hook)  # not traced into as C++ (a warning)
+
+    def stage_pre_hook(module, args):
+        if is_compiling():
+            return at_graph_break(module, args) if in_micro_batch() else None
+        return hook(module, args)
+
+    return stage_pre_hook
+
+
 def _native_region(runtime, handle, tasks, staggered, cuda):
     """RegionTurns (plugin/torch/region_turns.h) driving the region
     `handle` of `runtime`'s library, on the current CUDA device when `cuda`;
@@ -1018,7 +1074,7 @@ class _Region:
         # The order an inline call issues the tasks in: micro-batch by micro-batch.
         self.inline_order = [self.task_of[(seg, mb)] for mb in range(splits) for seg in range(n)]
         self.native = _native_region(runtime, self.handle, self.tasks, kind == STAGGERED, cuda)
-        hook = self._pre_hook if self.native is None else self.native.stage_hook
+        hook = _stage_pre_hook(self._pre_hook if self.native is None else self.native.stage_hook)
         self.hooks = [m.register_forward_pre_hook(hook) for m in stages]
         # The Python twin's state.
         self.edges = None
@@ -1403,6 +1459,16 @@ def _state_with_own_forward(module):
     return state
 
 
+def _unplanned_forward(module, *args, **kwargs):
+    """The forward `module` had before apply, called: its instance's own,
+    else its class's. A copy's (deepcopy binds the copy), or the unit's
+    once restored, reached through a reference kept past detach."""
+    own = module.__dict__.get(_OWN_FORWARD)
+    if own is not None:
+        return own(*args, **kwargs)
+    return type(module).forward(module, *args, **kwargs)
+
+
 def _installed_forward(planned):
     """A unit's forward while the plan is applied (module.forward): a method
     of the module that calls `planned`. To what reads or copies it, it is
@@ -1428,24 +1494,40 @@ def _installed_forward(planned):
         planned = planned_ref()
         if planned is not None and not planned.restored and module is planned.module:
             return planned(*args, **kwargs)
-        # A copy's (deepcopy binds the copy), or a reference kept past
-        # detach: the module's own forward, else its class's.
-        own = module.__dict__.get(_OWN_FORWARD)
-        if own is not None:
-            return own(*args, **kwargs)
-        return type(module).forward(module, *args, **kwargs)
+        return _unplanned_forward(module, *args, **kwargs)
 
-    forward.__name__ = "forward"
-    forward.__qualname__ = f"{type(planned.module).__qualname__}.forward"
-    if planned.signature is not None:
-        this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
-        forward.__signature__ = planned.signature.replace(
-            parameters=[this, *planned.signature.parameters.values()])
     # Under torch.compile the planned call is a graph break: the split,
     # the runtime's threads and streams, and the merge run as they do
     # eagerly, never traced into a graph that would bake in one call's
     # split (the compiled parts around it stay compiled).
-    return types.MethodType(torch.compiler.disable(forward), planned.module)
+    eager = torch.compiler.disable(forward)
+
+    # Dynamo calls it while it traces (assume_constant_result), with the
+    # traced call's `mine`, and bakes in the answer.
+    # Dynamo calls it while it traces (assume_constant_result), with whether
+    # the traced call is the unit's, and bakes in the answer: a copy's
+    # forward, which runs unplanned, is traced.
+    @torch._dynamo.assume_constant_result
+    def traced_whole(mine):
+        planned = planned_ref()
+        return not mine or planned is None or planned.traced_whole()
+
+    def installed(module, *args, **kwargs):
+        # Where dynamo would raise at the graph break (_graph_break_raises),
+        # it traces the original forward instead (_PlannedForward.traced_whole).
+        if torch.compiler.is_compiling():
+            planned = planned_ref()
+            if traced_whole(planned is not None and module is planned.module):
+                return _unplanned_forward(module, *args, **kwargs)
+        return eager(module, *args, **kwargs)
+
+    installed.__name__ = "forward"
+    installed.__qualname__ = f"{type(planned.module).__qualname__}.forward"
+    if planned.signature is not None:
+        this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+        installed.__signature__ = planned.signature.replace(
+            parameters=[this, *planned.signature.parameters.values()])
+    return types.MethodType(installed, planned.module)
 
 
 class _PlannedForward:
@@ -1487,13 +1569,15 @@ class _PlannedForward:
         self.installed = _installed_forward(self)
         module.forward = self.installed
 
-    def restore(self):
-        """Puts the original forward back and frees the schedules."""
+    def restore(self, uninstall=True):
+        """Puts the original forward back and frees the schedules. Without
+        `uninstall` (Applier.refuse_traced) the installed forward stays, and
+        calls the original (restored) until a later restore."""
         self.restored = True
         getstate = self.module.__dict__.get("__getstate__")
-        if getattr(getstate, "__func__", None) is _state_with_own_forward:
+        if uninstall and getattr(getstate, "__func__", None) is _state_with_own_forward:
             del self.module.__dict__["__getstate__"]
-        if self.module.__dict__.get("forward") is self.installed:
+        if uninstall and self.module.__dict__.get("forward") is self.installed:
             if self.replaced is None:
                 del self.module.forward
             else:
@@ -1506,6 +1590,31 @@ class _PlannedForward:
         self.regions = {}
         if self.graphs is not None:
             self.graphs.clear()
+
+    def traced_whole(self):
+        """Whether dynamo, tracing a call of the unit now, traces its original
+        forward into the graph: where the planned call's graph break would
+        raise (_graph_break_raises). A strict torch.export records the
+        original operators, as a non-strict one does (traced), and refuses
+        nothing; a graph compiled whole (fullgraph=True) runs them on every
+        later call, and so refuses the plan. Inside a planned or audited
+        call it is traced as it runs there, the original way (__call__);
+        so is a call of a unit the plan was refused for while traced
+        (Applier.refuse_traced), which runs the original way."""
+        if self.restored:
+            return True
+        why = _graph_break_raises()
+        if not why:
+            return False
+        if getattr(_ON_THREAD, "in_plan", False) or getattr(_ON_THREAD, "auditing", False):
+            return True
+        if why == _EXPORT_RECORDS:
+            self.applier.report.unsplit_call(f"{self.path}: {why}")
+        elif _distributed():
+            self._refuse(None, f"{self.path}: {why}")
+        else:
+            self.applier.refuse_traced(f"{self.path}: {why}")
+        return True
 
     def __call__(self, *args, **kwargs):
         a = self.applier
@@ -2466,11 +2575,14 @@ class Applier:
         self.lock, self.merge_lock = threading.RLock(), threading.Lock()
         self.report.forked()
 
-    def detach(self):
-        """Restores every module and frees the runtime's objects."""
+    def detach(self, uninstall=True):
+        """Restores every module and frees the runtime's objects. Without
+        `uninstall` (refuse_traced) the units keep their installed forwards,
+        which call the original, until a later detach puts them back."""
         for f in self.forwards:
-            f.restore()
-        self.forwards = []
+            f.restore(uninstall)
+        if uninstall:
+            self.forwards = []
         if self.collective_cuts is not None:
             self.collective_cuts.restore()
             self.collective_cuts = None
@@ -2517,6 +2629,20 @@ class Applier:
             # The first reason stays: the one that ended the plan.
             self.report.refused = self.report.refused or message
         self.on_refuse(message, outcome)
+
+    def refuse_traced(self, message):
+        """refuse, for a refusal found while dynamo traces a call of a unit
+        (_PlannedForward.traced_whole): the units' installed forwards stay,
+        calling the original, until a later detach puts the original ones
+        back. Dynamo builds its guards on the traced modules' attributes
+        after the trace: the forward it read, gone by then, no longer
+        resolved (torch 2.11 raised an internal error). The stage modules'
+        hooks go now, before dynamo traces them (the unit it refuses at is
+        the first it meets)."""
+        with self.lock:
+            self.detach(uninstall=False)
+            self.report.refused = self.report.refused or message
+        self.on_refuse(message, _UNMODIFIED)
 
 
 # The appliers attached in this process, told when it forks (_forked).
@@ -2569,6 +2695,7 @@ class _FromEnvironment:
         atexit.register(self.write_report)
 
     def install(self):
+        import torch
         from torch.nn.modules import module as nn_module
 
         try:
@@ -2581,11 +2708,35 @@ class _FromEnvironment:
         if self.root is None:
             _say("the plan splits nothing (sequential): the program runs unmodified")
             return
+        self.is_compiling = torch.compiler.is_compiling
+        # Under torch.compile the root's first call attaches in a graph
+        # break, as eagerly; dynamo calls traced_whole while it traces
+        # (assume_constant_result) and bakes in the answer.
+        self.attach_eagerly = torch.compiler.disable(self.attach)
+        self.traced_whole = torch._dynamo.assume_constant_result(
+            lambda: self.traced_whole_now())  # a function: dynamo marks no methods
         self.hook = nn_module.register_module_forward_pre_hook(self.pre_hook)
 
     def pre_hook(self, module, _args):
-        if self.applier is not None or type(module).__name__ != self.root:
+        if self.applier is not None or self.report.refused or type(module).__name__ != self.root:
             return
+        if self.is_compiling() and self.traced_whole():
+            return
+        self.attach_eagerly(module)
+
+    def traced_whole_now(self):
+        """Whether dynamo, tracing a first call of the root now, traces it
+        unplanned: where the graph break the plan attaches in would raise
+        (_graph_break_raises). A strict torch.export records the original
+        operators, and a later call attaches; a graph compiled whole runs
+        them on every call, and refuses the plan."""
+        why = _graph_break_raises()
+        if why and why != _EXPORT_RECORDS:
+            self.hook.remove()
+            self.refuse(f"{_cut(self.root)}: {why}")
+        return bool(why)
+
+    def attach(self, module):
         self.hook.remove()
         try:
             self.applier = Applier(self.plan, os.environ.get("DYNAFLOW_APPLY_LIB"), self.verify,

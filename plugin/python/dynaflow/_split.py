@@ -658,14 +658,13 @@ def _hook_refusal(fn, collecting):
     of the batch: a hook that counts calls, collects activations or moves
     weights (offloading) would be silently wrong, so only hooks known to keep
     per-thread state or none pass: dynaflow's own (module paths, segment
-    turns, in Python or the replay module's RegionTurns), those of
+    turns: _apply._stage_pre_hook, around Python's or RegionTurns'), those of
     `_PER_ROW_HOOKS`, and transformers' output-capturing hook while nothing
     outside the unit collects (inside it, each micro-batch's thread collects
     its own)."""
     owner = getattr(fn, "__module__", None) or ""
     name = getattr(fn, "__name__", "")
-    if owner.startswith("dynaflow.") or (owner, name) in _PER_ROW_HOOKS or \
-            (owner, name) == ("_dynaflow_replay", "stage_hook"):
+    if owner.startswith("dynaflow.") or (owner, name) in _PER_ROW_HOOKS:
         return None
     if owner == _HF_OUTPUT_CAPTURING and name == "output_capturing_hook":
         return _COLLECTED if collecting else None
