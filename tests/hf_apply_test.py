@@ -613,6 +613,35 @@ class HfApplyTest(unittest.TestCase):
 
 
     @unittest.skipUnless(RUNTIME, "needs the built runtime library")
+    def test_generate_compiling_its_decode_steps_splits_them_or_refuses_in_one_line(self):
+        # generate() with a static cache compiles the decode steps' forward
+        # (on a GPU by default). With graph breaks the planned calls in them
+        # split; with fullgraph=True the plan is refused in one line at the
+        # first compiled step, and the steps run as unmodified.
+        for pattern, fullgraph in (("auto_compile", False), ("auto_compile_fullgraph", True)):
+            with self.subTest(pattern=pattern):
+                out = self.path(f"llama_{pattern}.pt")
+                r = run(BIN, "apply", self.plan_for("llama"), "--", PY, MODELS, "--family",
+                        "llama", "--patterns", pattern, "--out", out, "--warmup", *DEVICE)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+                said = [line for line in r.stderr.splitlines() if line.startswith("dynaflow")]
+                if fullgraph:
+                    self.assertEqual(said, [
+                        "dynaflow apply: 1 modules of LlamaForCausalLM run the plan",
+                        "dynaflow apply: plan refused: LlamaForCausalLM.model: "
+                        "torch.compile(fullgraph=True) traces it into one graph, where a planned "
+                        "call cannot run (it runs between graphs): the compiled program runs it "
+                        "the original way; the program runs unmodified"])
+                else:
+                    planned = re.search(r"^dynaflow apply: (\d+) planned and \d+ original calls",
+                                        r.stderr, re.M)
+                    self.assertIsNotNone(planned, r.stderr)
+                    self.assertGreater(int(planned.group(1)), 0)
+                    self.assertNotIn("plan refused", r.stderr)
+                compare(self, self.outputs_base("llama", pattern), out, (pattern,))
+
+    @unittest.skipUnless(RUNTIME, "needs the built runtime library")
     def test_uneven_batches_more_splits_and_bfloat16_match_the_unmodified_run(self):
         # tests/hf/hf_sweep.py: 18 cases over 12 families, in process.
         self.in_process_script("hf/hf_sweep.py", "18 of 18 cases split and matched", *DEVICE)

@@ -2011,6 +2011,24 @@ class ApplyTest(unittest.TestCase):
         torch.testing.assert_close(self.net(x), want, rtol=1e-5, atol=1e-6)
         self.assertEqual(report.planned_calls, 6)  # the parent's plan goes on
 
+    def test_a_forked_child_gets_torch_distributed_back(self):
+        # A plan that overlaps collectives wraps torch.distributed's and some
+        # tensor reads (_CollectiveCuts); a child (a server's worker) runs
+        # every call the original way, and its own collectives unwrapped.
+        import torch.distributed as dist
+
+        originals = dist.all_reduce, torch.Tensor.tolist
+        overlap = plan(["Holder.layers.*"])
+        overlap["buckets"][0].update(strategy="comm_overlap", splits=1)
+        overlap["partition_rules"][0]["role"] = "side_stream"
+        applier = _apply.apply(Holder(Block(16)), overlap, runtime_lib=RUNTIME)._dynaflow_applier
+        self.addCleanup(applier.detach)
+        self.assertIsNot(dist.all_reduce, originals[0])
+        self.assertIsNot(torch.Tensor.tolist, originals[1])
+        applier._forked()  # what a child's at-fork handler runs (_after_fork_in_child)
+        self.assertIs(dist.all_reduce, originals[0])
+        self.assertIs(torch.Tensor.tolist, originals[1])
+
     def test_the_models_device_is_its_parameters_else_its_buffers(self):
         # A model of buffers alone (on the GPU, its executor streams) was
         # taken for a CPU model; one without tensors is told per call.

@@ -1497,6 +1497,44 @@ class CacheTest(unittest.TestCase):
         with self.assertRaisesRegex(_split.MergeError, r"different lengths \[2, 3\]"):
             s.merge_state()
 
+    def test_a_call_reads_its_static_layers_lengths_on_the_host_once(self):
+        # Read layer by layer, each length was a device synchronisation on
+        # eager CUDA: 6 for 3 layers in 2 micro-batches. Now one read of
+        # them all, which still finds the layer whose lengths differ.
+        from transformers import StaticCache
+
+        for differs in (None, 2):
+            with self.subTest(differs=differs):
+                cache = StaticCache(config=self.llama_config(3), max_cache_len=8)
+                self.offset = 0
+                for layer in range(3):
+                    cache.update(*self.kv(4, 2, layer), layer)
+                s, views = self.three_layer_split(cache)
+                for mb in range(2):
+                    for layer in range(3):
+                        length = 2 if (mb, layer) == (1, differs) else 1
+                        views[mb].update(*self.kv(2, length, 10 + layer), layer,
+                                         {"cache_position": torch.arange(2, 2 + length)})
+                reads = []
+                tolist = torch.Tensor.tolist
+
+                def counted(t):
+                    reads.append(t.numel())
+                    return tolist(t)
+
+                with unittest.mock.patch.object(torch.Tensor, "tolist", counted), \
+                        unittest.mock.patch.object(torch.Tensor, "__int__", None), \
+                        unittest.mock.patch.object(torch.Tensor, "item", None):
+                    if differs is None:
+                        s.merge_state()
+                    else:
+                        with self.assertRaisesRegex(_split.MergeError,
+                                                    r"different lengths \[3, 4\]"):
+                            s.merge_state()
+                self.assertEqual(reads, [6])
+                if differs is None:
+                    self.assertEqual([int(l.cumulative_length) for l in cache.layers], [3, 3, 3])
+
     def test_a_grown_layer_frees_the_tensors_it_replaced_without_the_collector(self):
         # The views' updates refer to their views weakly: a cycle kept the
         # layer's previous keys and values alive until the garbage collector

@@ -199,6 +199,20 @@ def pattern_static_cache(model, ids):
                   cache_implementation="static")
 
 
+def auto_compiled(fullgraph):
+    """generate() with a static cache, which compiles the model's forward
+    for its decode steps (transformers' auto-compile: on a GPU by default,
+    here asked for on every device), with the eager backend."""
+    def pattern(model, ids):
+        import transformers
+
+        config = transformers.CompileConfig(backend="eager", mode=None, fullgraph=fullgraph)
+        config._compile_all_devices = True
+        return greedy(model, input_ids=ids, attention_mask=torch.ones_like(ids),
+                      cache_implementation="static", compile_config=config)
+    return pattern
+
+
 def pattern_left_padding(model, ids):
     ids = ids.clone()
     mask = torch.ones_like(ids)
@@ -298,7 +312,9 @@ def pattern_train(model, ids):
 EXTRA_PATTERNS = {"outputs": pattern_outputs, "router_logits": pattern_router_logits,
                   "train": pattern_train, "next_turn": pattern_next_turn,
                   "labels": pattern_labels, "passed_cache": pattern_passed_cache,
-                  "no_cache": pattern_no_cache, "beam_search": pattern_beam_search}
+                  "no_cache": pattern_no_cache, "beam_search": pattern_beam_search,
+                  "auto_compile": auto_compiled(False),
+                  "auto_compile_fullgraph": auto_compiled(True)}
 
 
 def main():

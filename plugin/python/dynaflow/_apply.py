@@ -1502,8 +1502,6 @@ def _installed_forward(planned):
     # split (the compiled parts around it stay compiled).
     eager = torch.compiler.disable(forward)
 
-    # Dynamo calls it while it traces (assume_constant_result), with the
-    # traced call's `mine`, and bakes in the answer.
     # Dynamo calls it while it traces (assume_constant_result), with whether
     # the traced call is the unit's, and bakes in the answer: a copy's
     # forward, which runs unplanned, is traced.
@@ -1512,10 +1510,12 @@ def _installed_forward(planned):
         planned = planned_ref()
         return not mine or planned is None or planned.traced_whole()
 
+    is_compiling = torch.compiler.is_compiling
+
     def installed(module, *args, **kwargs):
         # Where dynamo would raise at the graph break (_graph_break_raises),
         # it traces the original forward instead (_PlannedForward.traced_whole).
-        if torch.compiler.is_compiling():
+        if is_compiling():
             planned = planned_ref()
             if traced_whole(planned is not None and module is planned.module):
                 return _unplanned_forward(module, *args, **kwargs)
@@ -2569,9 +2569,14 @@ class Applier:
         parent's, so a call waiting for them would wait forever, and their
         join at exit too; the handles are dropped (never freed here), the
         locks made anew (another thread may have held them at the fork),
-        and every later call runs the original way (_PlannedForward)."""
+        and every later call runs the original way (_PlannedForward). The
+        collectives and tensor reads wrapped for the plan (_CollectiveCuts)
+        are put back: the child's own collectives run as they would."""
         self.forked = True
         self.executor = self.host_executor = None
+        if self.collective_cuts is not None:
+            self.collective_cuts.restore()
+            self.collective_cuts = None
         self.lock, self.merge_lock = threading.RLock(), threading.Lock()
         self.report.forked()
 
@@ -2636,9 +2641,9 @@ class Applier:
         calling the original, until a later detach puts the original ones
         back. Dynamo builds its guards on the traced modules' attributes
         after the trace: the forward it read, gone by then, no longer
-        resolved (torch 2.11 raised an internal error). The stage modules'
-        hooks go now, before dynamo traces them (the unit it refuses at is
-        the first it meets)."""
+        resolved (torch 2.11 raised an internal error). The rest goes now:
+        the runtime's objects, and the stage modules' hooks, before dynamo
+        traces them (the unit it refuses at is the first it meets)."""
         with self.lock:
             self.detach(uninstall=False)
             self.report.refused = self.report.refused or message

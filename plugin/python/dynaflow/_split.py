@@ -152,11 +152,43 @@ class CallSplit:
             self.module_state.check()
 
     def merge_state(self):
+        lengths = SameLengths() if self.host_reads else None
         for adapter, original, views in self.states:
-            adapter.merge(original, views, self.bounds, self.host_reads)
+            adapter.merge(original, views, self.bounds, lengths)
+        if lengths is not None:
+            lengths.check()
 
     def state_originals(self):
         return [original for _, original, _ in self.states]
+
+
+class SameLengths:
+    """The positions a call's micro-batches counted in each static cache
+    layer they wrote (device tensors, one per micro-batch), which must be
+    the same: read on the host once per call, one read per device, where a
+    read per layer was a device synchronisation each on eager CUDA (a
+    decoder's whole stack as the unit merges every layer in one call)."""
+
+    def __init__(self):
+        self.layers = []  # per layer: its micro-batches' lengths
+
+    def add(self, lengths):
+        self.layers.append(lengths)
+
+    def check(self):
+        """Raises MergeError when the micro-batches of a layer differ."""
+        import torch
+
+        on = {}  # device -> the lengths on it, in the order of self.layers
+        for lengths in self.layers:
+            for t in lengths:
+                on.setdefault(t.device, []).append(t.reshape(1))
+        read = {device: iter(torch.cat(ts).tolist()) for device, ts in on.items()}
+        for lengths in self.layers:
+            values = sorted({next(read[t.device]) for t in lengths})
+            if len(values) != 1:
+                raise MergeError(f"micro-batches wrote different lengths {values} into a static "
+                                 f"cache layer")
 
 
 _MODIFIED = ("is shared by the micro-batches and was modified in place: the split result "
@@ -1235,21 +1267,21 @@ class _CacheAdapter:
                       for layers in zip(*(c.layers for c in caches))]
         return out
 
-    def merge(self, cache, views, bounds, host_reads=True):
+    def merge(self, cache, views, bounds, lengths):
         for k, layer in enumerate(cache.layers):
             if not any(_LazyLayers.made(v.layers, k) for v in views):
                 continue  # no micro-batch read the layer: it is as it was
             # A micro-batch that did not read it gets its view now, as it
             # was made (its rows, unchanged), for the layer's merge to judge.
             self.layer_adapters[type(layer)].merge(layer, [v.layers[k] for v in views], bounds,
-                                                   host_reads)
+                                                   lengths)
         grown = {len(v.layers) for v in views}
         if len(grown) != 1:
             raise MergeError("micro-batches grew the cache by different numbers of layers")
         for k in range(len(cache.layers), grown.pop()):
             new = cache.layer_class_to_replicate()
             self.layer_adapters[type(new)].merge(new, [v.layers[k] for v in views], bounds,
-                                                 host_reads)
+                                                 lengths)
             cache.layers.append(new)
 
 
@@ -1460,11 +1492,11 @@ class _EncoderDecoderCacheAdapter:
         out.is_updated = dict(self._is_updated(caches, f"{where}: "))
         return out
 
-    def merge(self, cache, views, bounds, host_reads=True):
+    def merge(self, cache, views, bounds, lengths):
         is_updated = self._is_updated(views, "")
         for name, part in self._parts(cache):
             self.caches[type(part)].merge(part, [getattr(v, name) for v in views], bounds,
-                                          host_reads)
+                                          lengths)
         cache.is_updated.clear()
         cache.is_updated.update(is_updated)
 
@@ -1662,7 +1694,7 @@ class _DynamicLayerAdapter:
         out.values = torch.cat([v.values for v in layers], 0)
         return out
 
-    def merge(self, layer, views, bounds, _host_reads=True):
+    def merge(self, layer, views, bounds, _lengths):
         import torch
 
         if not any(v.is_initialized for v in views):
@@ -1706,9 +1738,9 @@ class _DynamicSlidingWindowLayerAdapter(_DynamicLayerAdapter):
         out._sliding_window_tensor = layers[0]._sliding_window_tensor
         return out
 
-    def merge(self, layer, views, bounds, host_reads=True):
+    def merge(self, layer, views, bounds, lengths):
         length = self._length(views, "")
-        super().merge(layer, views, bounds, host_reads)
+        super().merge(layer, views, bounds, lengths)
         layer.cumulative_length = length
         layer._sliding_window_tensor = views[0]._sliding_window_tensor
 
@@ -1773,18 +1805,17 @@ class _StaticLayerAdapter:
         out.cumulative_length = layers[0].cumulative_length.clone()
         return out
 
-    def merge(self, layer, views, bounds, host_reads=True):
+    def merge(self, layer, views, bounds, lengths):
         import torch
 
         if not any(v.is_initialized for v in views):
             return
-        # Without host reads (under a capture the lengths are not known yet)
-        # the lengths are not compared: every micro-batch adds the same
-        # number of positions, the sequence length, a shape they all share.
-        lengths = {int(v.cumulative_length) for v in views} if host_reads else {0}
-        if len(lengths) != 1:
-            raise MergeError(f"micro-batches wrote different lengths {sorted(lengths)} "
-                             f"into a static cache layer")
+        # Compared once the call's layers are merged (SameLengths); not
+        # without host reads (lengths None: under a capture they are not
+        # known yet): every micro-batch adds the same number of positions,
+        # the sequence length, a shape they all share.
+        if lengths is not None:
+            lengths.add([v.cumulative_length for v in views])
         if not layer.is_initialized:
             # First write: allocate the full batch the way the layer would,
             # then take the micro-batches' rows.
@@ -1834,9 +1865,9 @@ class _StaticSlidingWindowLayerAdapter(_StaticLayerAdapter):
         out.cumulative_length_int = length
         return out
 
-    def merge(self, layer, views, bounds, host_reads=True):
+    def merge(self, layer, views, bounds, lengths):
         length = self._length(views, "")
-        super().merge(layer, views, bounds, host_reads)
+        super().merge(layer, views, bounds, lengths)
         layer.cumulative_length_int = length
 
 
