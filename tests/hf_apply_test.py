@@ -642,6 +642,24 @@ class HfApplyTest(unittest.TestCase):
                 compare(self, self.outputs_base("llama", pattern), out, (pattern,))
 
     @unittest.skipUnless(RUNTIME, "needs the built runtime library")
+    def test_continuous_batching_runs_unsplit_and_says_why(self):
+        # generate_batch() packs the requests into one row over its paged
+        # cache: nothing to split by rows, and each call says so.
+        out = self.path("llama_continuous_batching.pt")
+        r = run(BIN, "apply", "--strict", self.plan_for("llama"), "--", PY, MODELS, "--family",
+                "llama", "--patterns", "continuous_batching", "--out", out, *DEVICE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        calls = re.search(r"^dynaflow apply: 0 planned and (\d+) original calls of 1 modules$",
+                          r.stderr, re.M)
+        self.assertIsNotNone(calls, r.stderr)
+        self.assertIn(f"dynaflow apply: {calls.group(1)} calls ran the original way: "
+                      f"LlamaForCausalLM.model: its batch has 1 row, fewer than its bucket's 2 "
+                      f"micro-batches (sequences packed into one row, as in continuous "
+                      f"batching, are one row)", r.stderr)
+        compare(self, self.outputs_base("llama", "continuous_batching"), out,
+                ("continuous_batching",))
+
+    @unittest.skipUnless(RUNTIME, "needs the built runtime library")
     def test_uneven_batches_more_splits_and_bfloat16_match_the_unmodified_run(self):
         # tests/hf/hf_sweep.py: 18 cases over 12 families, in process.
         self.in_process_script("hf/hf_sweep.py", "18 of 18 cases split and matched", *DEVICE)

@@ -2011,6 +2011,24 @@ class ApplyTest(unittest.TestCase):
         torch.testing.assert_close(self.net(x), want, rtol=1e-5, atol=1e-6)
         self.assertEqual(report.planned_calls, 6)  # the parent's plan goes on
 
+    def test_a_child_forked_while_the_plan_attaches_is_told(self):
+        # Another thread's fork just after the executor's threads started
+        # left a child that was never told (it waited for them forever):
+        # the applier joined the ones told of a fork only once attached.
+        applier = _apply.Applier(plan(["Holder.layers.*"]), RUNTIME, False)
+        self.addCleanup(applier.detach)
+        told = []
+        executor = applier.runtime.executor
+
+        def forking(*args):
+            made = executor(*args)
+            told.append(applier in _apply._ATTACHED_APPLIERS)  # what a fork here would tell
+            return made
+
+        with mock.patch.object(applier.runtime, "executor", forking):
+            applier.attach(Holder(Block(16)))
+        self.assertEqual(told, [True])
+
     def test_a_forked_child_gets_torch_distributed_back(self):
         # A plan that overlaps collectives wraps torch.distributed's and some
         # tensor reads (_CollectiveCuts); a child (a server's worker) runs

@@ -213,6 +213,16 @@ def auto_compiled(fullgraph):
     return pattern
 
 
+def pattern_continuous_batching(model, ids):
+    """generate_batch(): transformers' continuous batching, which packs the
+    requests' tokens into one row over a paged cache. No logits."""
+    config = tf.GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=-1,
+                                 pad_token_id=0)
+    out = model.generate_batch(inputs=[row.tolist() for row in ids], generation_config=config)
+    tokens = [out[f"req_{i}"].generated_tokens for i in range(len(ids))]
+    return {"tokens": torch.cat([ids, torch.tensor(tokens)], 1), "logits": []}
+
+
 def pattern_left_padding(model, ids):
     ids = ids.clone()
     mask = torch.ones_like(ids)
@@ -313,6 +323,7 @@ EXTRA_PATTERNS = {"outputs": pattern_outputs, "router_logits": pattern_router_lo
                   "train": pattern_train, "next_turn": pattern_next_turn,
                   "labels": pattern_labels, "passed_cache": pattern_passed_cache,
                   "no_cache": pattern_no_cache, "beam_search": pattern_beam_search,
+                  "continuous_batching": pattern_continuous_batching,
                   "auto_compile": auto_compiled(False),
                   "auto_compile_fullgraph": auto_compiled(True)}
 

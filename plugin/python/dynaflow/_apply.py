@@ -1427,10 +1427,13 @@ _KIND_UNMODIFIED = ("on this rank its calls of this kind run unmodified, and the
                     "plan goes on (the ranks split alike the calls whose collectives pair up)")
 _KIND_RAISES = "this call raises (its micro-batches ran), and its calls of this kind run unmodified"
 _KIND_OUTCOMES = (_KIND_UNMODIFIED, _KIND_RAISES)
-# Split, each micro-batch draws its own random numbers (dropout's masks, say),
-# in another order and count than the unsplit call: its result would differ.
+# Why calls run the original way (_PlannedForward.__call__).
+_FEW_ROWS = ("{}: its batch has {}, fewer than its bucket's {} micro-batches (sequences "
+             "packed into one row, as in continuous batching, are one row)")
 _FORKED = ("this process was forked from the one that applied the plan, whose runtime threads "
            "it does not have")
+# Split, each micro-batch draws its own random numbers (dropout's masks, say),
+# in another order and count than the unsplit call: its result would differ.
 _DRAWS_RANDOM = ("the call draws random numbers (dropout in training, say): split, each "
                  "micro-batch would draw its own, so the result could not equal the unsplit "
                  "call's")
@@ -1642,8 +1645,13 @@ class _PlannedForward:
                 args, kwargs)
         policy = a.policy_for(self.module, args, kwargs, x)
         index = -1 if policy is None else a.runtime.pick(policy, tokens_of(x))
-        if index < 0 or x.shape[0] < a.splits_of[index]:
+        if index < 0:  # the plan runs its bucket sequentially
             a.report.original_call()
+            return self.original(*args, **kwargs)
+        if x.shape[0] < a.splits_of[index]:
+            rows = x.shape[0]
+            a.report.unsplit_call(_FEW_ROWS.format(self.path, f"{rows} row{'s' * (rows != 1)}",
+                                                   a.splits_of[index]))
             return self.original(*args, **kwargs)
         why = device_refusal(x.device, a.device, _current_cuda_index() if a.cuda else None)
         if why:
@@ -2546,6 +2554,10 @@ class Applier:
                         f"{_cut(patterns[0])}{' and others' if len(patterns) > 1 else ''}, "
                         f"this model has {len(found)} such modules")
                 stages[(path, splits)] = found
+        # Told of a fork from here on: a child forked once the executor's
+        # threads exist (by another thread, while this one attaches) would
+        # otherwise wait for them forever.
+        _ATTACHED_APPLIERS.add(self)
         self.executor = self.runtime.executor(self.cuda, max(self.splits_of))
         if self.cuda and regions:
             self.host_executor = self.runtime.executor(False, max(self.splits_of))
@@ -2559,7 +2571,6 @@ class Applier:
                 forward.regions[splits] = _Region(self.runtime, path, kind, stages[(path, splits)],
                                                   n, splits, self.cuda)
         self.report.units = [p for p, _ in units]
-        _ATTACHED_APPLIERS.add(self)
         if _distributed():
             _let_collectives_finish_at_exit()
         return self
