@@ -625,6 +625,9 @@ class HfApplyTest(unittest.TestCase):
                         "llama", "--patterns", pattern, "--out", out, "--warmup", *DEVICE)
                 self.assertEqual(r.returncode, 0, r.stderr)
                 self.assertNotIn("Traceback", r.stderr)
+                compiled = re.findall(r"^auto-compile: dynamo compiled (\d+) graphs$", r.stdout,
+                                      re.M)
+                self.assertGreater(int(compiled[0]), 0, r.stdout)  # the first of two runs
                 said = [line for line in r.stderr.splitlines() if line.startswith("dynaflow")]
                 if fullgraph:
                     self.assertEqual(said, [
@@ -653,9 +656,9 @@ class HfApplyTest(unittest.TestCase):
                           r.stderr, re.M)
         self.assertIsNotNone(calls, r.stderr)
         self.assertIn(f"dynaflow apply: {calls.group(1)} calls ran the original way: "
-                      f"LlamaForCausalLM.model: its batch has 1 row, fewer than its bucket's 2 "
-                      f"micro-batches (sequences packed into one row, as in continuous "
-                      f"batching, are one row)", r.stderr)
+                      f"LlamaForCausalLM.model: its batch has 1 row, fewer than the 2 "
+                      f"micro-batches of its bucket (sequences packed into one row, as in "
+                      f"continuous batching, are one row)", r.stderr)
         compare(self, self.outputs_base("llama", "continuous_batching"), out,
                 ("continuous_batching",))
 

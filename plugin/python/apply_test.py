@@ -505,16 +505,15 @@ class CompileTest(unittest.TestCase):
                     self.assertEqual(err.getvalue().splitlines(), [self.WHOLE.format(how)])
                     report = net._dynaflow_applier.report
                     self.assertEqual((report.planned_calls, report.original_calls), (0, 0))
-                    # The stage hooks went before dynamo traced the blocks.
-                    self.assertEqual([len(b._forward_pre_hooks) for b in net.blocks], [0, 0, 0])
                     # Eagerly, the installed forward runs the original until
-                    # detach puts that back.
+                    # detach puts that back and removes the stage hooks.
                     with torch.no_grad():
                         torch.testing.assert_close(net(x), want)
                     self.assertEqual(report.planned_calls, 0)
                     self.assertIn("forward", vars(net))
                     net._dynaflow_applier.detach()
                     self.assertNotIn("forward", vars(net))
+                    self.assertEqual([len(b._forward_pre_hooks) for b in net.blocks], [0, 0, 0])
 
     def test_an_export_records_the_original_and_the_plan_goes_on(self):
         # A strict export raised torch's Unsupported; a non-strict one
@@ -542,8 +541,10 @@ class CompileTest(unittest.TestCase):
         self.assertEqual(report.regions["Net"]["off_schedule_calls"], 0)
 
     def test_stages_compiled_inside_the_unit_keep_their_turns(self):
-        # Compiled in a micro-batch, a stage's pre-hook runs at a graph
-        # break, and the micro-batches still turn at every stage.
+        # Compiled with graph breaks, a stage's pre-hook runs at one, and the
+        # micro-batches still turn at every stage: also where the graph was
+        # first compiled outside a micro-batch (a call of one row runs the
+        # original on the caller's thread), which dynamo reuses in them.
         class CompiledBlocks(Net):
             def __init__(self):
                 super().__init__(blocks=3)
@@ -567,23 +568,32 @@ class CompileTest(unittest.TestCase):
         _apply.apply(net, p, runtime_lib=RUNTIME)
         self.addCleanup(net._dynaflow_applier.detach)
         with torch.no_grad():
-            for _ in range(4):
-                torch.testing.assert_close(net(x), want)
+            torch.testing.assert_close(net(x[:1]), want[:1])
+            for _ in range(4):  # micro-batches of one row: the graph of the call of one
+                torch.testing.assert_close(net(x[:2]), want[:2])
         r = net._dynaflow_applier.report.regions["CompiledBlocks"]
         self.assertEqual((r["calls"], r["off_schedule_calls"]), (3, 0))
         self.assertEqual(r["executed"], r["issue_order"])
 
-    def test_a_compiled_copy_traces_its_own_forward_and_refuses_nothing(self):
-        # A deep copy runs unplanned: whole, dynamo traces its forward.
-        net, x, want = self.planned_net()
-        twin = copy.deepcopy(net)
-        with torch.no_grad():
-            torch.testing.assert_close(torch.compile(twin, backend="eager", fullgraph=True)(x),
-                                       want)
-            for _ in range(2):
-                torch.testing.assert_close(net(x), want)
-        report = net._dynaflow_applier.report
-        self.assertEqual((report.planned_calls, report.refused), (1, ""))
+    def test_a_compiled_copy_runs_unplanned_and_the_model_planned(self):
+        # A deep copy runs unplanned: compiled whole, dynamo traces its
+        # forward. Compiled with graph breaks, the graph the copy's call made
+        # (dynamo reuses it for the model: no guard tells them apart) holds
+        # the graph break, whose eager call runs the model's plan; once it
+        # held the copy's forward, and the model lost its plan, unsaid.
+        for fullgraph in (True, False):
+            with self.subTest(fullgraph=fullgraph):
+                torch._dynamo.reset()
+                net, x, want = self.planned_net()
+                twin = copy.deepcopy(net)
+                with torch.no_grad():
+                    torch.testing.assert_close(
+                        torch.compile(twin, backend="eager", fullgraph=fullgraph)(x), want)
+                    for _ in range(3):
+                        torch.testing.assert_close(
+                            net(x) if fullgraph else torch.compile(net, backend="eager")(x), want)
+                report = net._dynaflow_applier.report
+                self.assertEqual((report.planned_calls, report.refused), (2, ""))
 
 
 class PureFunctionsTest(unittest.TestCase):
@@ -2043,7 +2053,9 @@ class ApplyTest(unittest.TestCase):
         self.addCleanup(applier.detach)
         self.assertIsNot(dist.all_reduce, originals[0])
         self.assertIsNot(torch.Tensor.tolist, originals[1])
+        executor = applier.executor
         applier._forked()  # what a child's at-fork handler runs (_after_fork_in_child)
+        applier.runtime.lib.dynaflow_apply_executor_free(executor)  # the parent's threads
         self.assertIs(dist.all_reduce, originals[0])
         self.assertIs(torch.Tensor.tolist, originals[1])
 

@@ -208,8 +208,12 @@ def auto_compiled(fullgraph):
 
         config = transformers.CompileConfig(backend="eager", mode=None, fullgraph=fullgraph)
         config._compile_all_devices = True
-        return greedy(model, input_ids=ids, attention_mask=torch.ones_like(ids),
-                      cache_implementation="static", compile_config=config)
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        out = greedy(model, input_ids=ids, attention_mask=torch.ones_like(ids),
+                     cache_implementation="static", compile_config=config)
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
+        print(f"auto-compile: dynamo compiled {graphs} graphs", flush=True)
+        return out
     return pattern
 
 

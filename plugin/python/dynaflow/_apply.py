@@ -326,9 +326,10 @@ def _graph_break_raises():
     break rather than run the code eagerly, or "": a strict torch.export
     (_EXPORT_RECORDS), torch.compile(fullgraph=True), or
     torch._dynamo.error_on_graph_break. Called by dynamo while it traces
-    (_installed_forward); a non-strict export runs the code, and so does
-    any dynamo this cannot read (torch's private tracer state), whose graph
-    break raises as before."""
+    (_installed_forward, _stage_pre_hook, _FromEnvironment.pre_hook); a
+    non-strict export runs the code, and so does any dynamo this cannot
+    read (torch's private tracer state), whose graph break raises as
+    before."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
         from torch._dynamo.utils import _get_error_on_graph_break
@@ -986,23 +987,25 @@ _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_sc
 
 
 def _stage_pre_hook(hook):
-    """`hook`, a region's pre-hook of its stage modules, as dynamo sees it.
-    Traced outside a micro-batch (a strict export, a copy of the model, a
-    graph compiled whole: _installed_forward), it is nothing, as the hook
-    is there eagerly; traced, the replay module's hook, a C++ function,
-    would be a graph break, which raises there. Inside a micro-batch (a
-    compiled function the unit calls) it runs at a graph break, as before."""
+    """`hook`, a region's pre-hook of its stage modules, as dynamo sees it:
+    a graph break, where it runs as it does eagerly (acting only in a
+    micro-batch). Where a graph break would raise (_graph_break_raises: a
+    strict export, a graph compiled whole), it is nothing: outside a
+    micro-batch, as the hook is eagerly; inside one (a function compiled
+    whole that the unit calls), that call runs off the schedule, counted
+    (_Region.account), where the graph break raised. Which of the two a
+    graph holds depends on how it is compiled alone, not on the thread that
+    traced it: dynamo reuses a graph on any thread."""
     import torch
 
     is_compiling = torch.compiler.is_compiling
     # Dynamo calls it while it traces, and bakes in the answer.
-    in_micro_batch = torch._dynamo.assume_constant_result(
-        lambda: getattr(_ON_THREAD, "at", None) is not None)
+    whole = torch._dynamo.assume_constant_result(lambda: bool(_graph_break_raises()))
     at_graph_break = torch.compiler.disable(hook)  # not traced into as C++ (a warning)
 
     def stage_pre_hook(module, args):
         if is_compiling():
-            return at_graph_break(module, args) if in_micro_batch() else None
+            return None if whole() else at_graph_break(module, args)
         return hook(module, args)
 
     return stage_pre_hook
@@ -1428,8 +1431,8 @@ _KIND_UNMODIFIED = ("on this rank its calls of this kind run unmodified, and the
 _KIND_RAISES = "this call raises (its micro-batches ran), and its calls of this kind run unmodified"
 _KIND_OUTCOMES = (_KIND_UNMODIFIED, _KIND_RAISES)
 # Why calls run the original way (_PlannedForward.__call__).
-_FEW_ROWS = ("{}: its batch has {}, fewer than its bucket's {} micro-batches (sequences "
-             "packed into one row, as in continuous batching, are one row)")
+_FEW_ROWS = "{}: its batch has {}, fewer than the {} micro-batches of its bucket"
+_PACKED = " (sequences packed into one row, as in continuous batching, are one row)"
 _FORKED = ("this process was forked from the one that applied the plan, whose runtime threads "
            "it does not have")
 # Split, each micro-batch draws its own random numbers (dropout's masks, say),
@@ -1506,12 +1509,17 @@ def _installed_forward(planned):
     eager = torch.compiler.disable(forward)
 
     # Dynamo calls it while it traces (assume_constant_result), with whether
-    # the traced call is the unit's, and bakes in the answer: a copy's
-    # forward, which runs unplanned, is traced.
+    # the traced call is the unit's, and bakes in the answer, which no guard
+    # checks: where a graph break would not raise, always the graph break,
+    # whose eager call tells the unit from a copy (forward) on every call.
+    # Where it would, a copy's forward, unplanned, is traced.
     @torch._dynamo.assume_constant_result
     def traced_whole(mine):
+        why = _graph_break_raises()
+        if not why:
+            return False
         planned = planned_ref()
-        return not mine or planned is None or planned.traced_whole()
+        return not mine or planned is None or planned.traced_whole(why)
 
     is_compiling = torch.compiler.is_compiling
 
@@ -1572,15 +1580,13 @@ class _PlannedForward:
         self.installed = _installed_forward(self)
         module.forward = self.installed
 
-    def restore(self, uninstall=True):
-        """Puts the original forward back and frees the schedules. Without
-        `uninstall` (Applier.refuse_traced) the installed forward stays, and
-        calls the original (restored) until a later restore."""
+    def restore(self):
+        """Puts the original forward back and frees the schedules."""
         self.restored = True
         getstate = self.module.__dict__.get("__getstate__")
-        if uninstall and getattr(getstate, "__func__", None) is _state_with_own_forward:
+        if getattr(getstate, "__func__", None) is _state_with_own_forward:
             del self.module.__dict__["__getstate__"]
-        if uninstall and self.module.__dict__.get("forward") is self.installed:
+        if self.module.__dict__.get("forward") is self.installed:
             if self.replaced is None:
                 del self.module.forward
             else:
@@ -1594,27 +1600,19 @@ class _PlannedForward:
         if self.graphs is not None:
             self.graphs.clear()
 
-    def traced_whole(self):
-        """Whether dynamo, tracing a call of the unit now, traces its original
-        forward into the graph: where the planned call's graph break would
-        raise (_graph_break_raises). A strict torch.export records the
-        original operators, as a non-strict one does (traced), and refuses
-        nothing; a graph compiled whole (fullgraph=True) runs them on every
-        later call, and so refuses the plan. Inside a planned or audited
-        call it is traced as it runs there, the original way (__call__);
-        so is a call of a unit the plan was refused for while traced
-        (Applier.refuse_traced), which runs the original way."""
-        if self.restored:
-            return True
-        why = _graph_break_raises()
-        if not why:
-            return False
-        if getattr(_ON_THREAD, "in_plan", False) or getattr(_ON_THREAD, "auditing", False):
+    def traced_whole(self, why):
+        """Dynamo traces a call of the unit where its graph break would raise,
+        for `why` (_graph_break_raises): it traces the original forward. A
+        strict torch.export records the original operators, as a non-strict
+        one does (traced), and refuses nothing; a graph compiled whole
+        (fullgraph=True) runs them on every later call, and so refuses the
+        plan (Applier.refuse_traced). Inside a planned or audited call the
+        original is what runs there (__call__), and refuses nothing."""
+        if self.restored or getattr(_ON_THREAD, "in_plan", False) or \
+                getattr(_ON_THREAD, "auditing", False):
             return True
         if why == _EXPORT_RECORDS:
             self.applier.report.unsplit_call(f"{self.path}: {why}")
-        elif _distributed():
-            self._refuse(None, f"{self.path}: {why}")
         else:
             self.applier.refuse_traced(f"{self.path}: {why}")
         return True
@@ -1651,7 +1649,7 @@ class _PlannedForward:
         if x.shape[0] < a.splits_of[index]:
             rows = x.shape[0]
             a.report.unsplit_call(_FEW_ROWS.format(self.path, f"{rows} row{'s' * (rows != 1)}",
-                                                   a.splits_of[index]))
+                                                   a.splits_of[index]) + _PACKED * (rows == 1))
             return self.original(*args, **kwargs)
         why = device_refusal(x.device, a.device, _current_cuda_index() if a.cuda else None)
         if why:
@@ -2591,14 +2589,11 @@ class Applier:
         self.lock, self.merge_lock = threading.RLock(), threading.Lock()
         self.report.forked()
 
-    def detach(self, uninstall=True):
-        """Restores every module and frees the runtime's objects. Without
-        `uninstall` (refuse_traced) the units keep their installed forwards,
-        which call the original, until a later detach puts them back."""
+    def detach(self):
+        """Restores every module and frees the runtime's objects."""
         for f in self.forwards:
-            f.restore(uninstall)
-        if uninstall:
-            self.forwards = []
+            f.restore()
+        self.forwards = []
         if self.collective_cuts is not None:
             self.collective_cuts.restore()
             self.collective_cuts = None
@@ -2648,16 +2643,19 @@ class Applier:
 
     def refuse_traced(self, message):
         """refuse, for a refusal found while dynamo traces a call of a unit
-        (_PlannedForward.traced_whole): the units' installed forwards stay,
-        calling the original, until a later detach puts the original ones
-        back. Dynamo builds its guards on the traced modules' attributes
-        after the trace: the forward it read, gone by then, no longer
-        resolved (torch 2.11 raised an internal error). The rest goes now:
-        the runtime's objects, and the stage modules' hooks, before dynamo
-        traces them (the unit it refuses at is the first it meets)."""
-        with self.lock:
-            self.detach(uninstall=False)
-            self.report.refused = self.report.refused or message
+        (_PlannedForward.traced_whole): from now on every unit's installed
+        forward calls the original (restored), and detach, at exit or the
+        program's, frees the rest. Nothing else changes during the trace:
+        dynamo builds its guards on the modules' attributes after it (the
+        forward it read, gone by then, no longer resolved: torch 2.11 raised
+        an internal error), and it holds its compile lock, which a planned
+        call holding self.lock may be waiting for (its micro-batches
+        compiling). In a torch.distributed program every rank refuses so
+        when it compiles the unit so: the ranks must compile alike, as they
+        run the same program."""
+        for f in self.forwards:
+            f.restored = True
+        self.report.refused = self.report.refused or message
         self.on_refuse(message, _UNMODIFIED)
 
 
