@@ -10,9 +10,11 @@ import contextvars
 import importlib.util
 import inspect
 import io
+import json
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -594,6 +596,71 @@ class CompileTest(unittest.TestCase):
                             net(x) if fullgraph else torch.compile(net, backend="eager")(x), want)
                 report = net._dynaflow_applier.report
                 self.assertEqual((report.planned_calls, report.refused), (2, ""))
+
+
+@unittest.skipUnless(HAS_TORCH and RUNTIME, "needs torch and the built runtime library")
+class BootstrapUnderCompileTest(unittest.TestCase):
+    """`dynaflow apply`'s bootstrap (_FromEnvironment) attaches the plan at
+    the root module's first call, in a global forward pre-hook, which dynamo
+    traces when that call is compiled."""
+
+    def install(self):
+        torch._dynamo.reset()
+        with open(os.path.join(self.enterContext(tempfile.TemporaryDirectory()), "plan.json"),
+                  "w") as f:
+            json.dump(plan(["Net.blocks.*"]), f)
+        self.enterContext(mock.patch.dict(os.environ, {"DYNAFLOW_PLAN": f.name,
+                                                       "DYNAFLOW_APPLY_LIB": RUNTIME}))
+        env = _apply._FromEnvironment()
+        env.install()
+        self.addCleanup(lambda: env.applier and env.applier.detach())
+        self.addCleanup(env.hook.remove)
+        torch.manual_seed(0)
+        net, x = Net(), torch.randn(4, 16)
+        with torch.no_grad():
+            want = Net.forward(net, x)  # the class's forward: no module call, no hook
+        return env, net, x, want
+
+    def test_a_fullgraph_compile_of_the_first_call_refuses_in_one_line(self):
+        # torch's Unsupported was raised at the attach's graph break.
+        env, net, x, want = self.install()
+        err = io.StringIO()
+        with torch.no_grad(), redirect_stderr(err):
+            torch.testing.assert_close(torch.compile(net, backend="eager", fullgraph=True)(x),
+                                       want)
+            torch.testing.assert_close(net(x), want)  # eagerly too: not attached
+        said = [line for line in err.getvalue().splitlines() if line.startswith("dynaflow")]
+        self.assertEqual(said, [  # beside torch's warning of a compile under global hooks
+            "dynaflow apply: plan refused: Net: torch.compile(fullgraph=True) traces it into one "
+            "graph, where a planned call cannot run (it runs between graphs): the compiled "
+            "program runs it the original way; the program runs unmodified"])
+        self.assertIsNone(env.applier)
+
+    def test_an_export_records_the_original_before_and_after_the_attach(self):
+        # A non-strict export (torch's default) runs the code: the plan
+        # attaches in it, and the export records the original operators. A
+        # strict one, after the attach removed the global hook, too (torch
+        # 2.11's strict export fails with any global module hook).
+        env, net, x, want = self.install()
+        with torch.no_grad(), redirect_stderr(io.StringIO()):
+            torch.testing.assert_close(torch.export.export(net, (x,)).module()(x), want)
+            for _ in range(3):
+                torch.testing.assert_close(net(x), want)
+            torch.testing.assert_close(
+                torch.export.export(net, (x,), strict=True).module()(x), want)
+        report = env.applier.report
+        self.assertEqual(report.refused, "")
+        self.assertEqual(report.planned_calls, 6)  # 3 blocks, each audited first
+        self.assertEqual(report.unsplit["Net.blocks.0: torch.export records it, the original way"],
+                         2)
+
+    def test_a_compile_with_graph_breaks_attaches_at_its_first_call(self):
+        env, net, x, want = self.install()
+        compiled = torch.compile(net, backend="eager")
+        with torch.no_grad(), redirect_stderr(io.StringIO()):
+            for _ in range(3):
+                torch.testing.assert_close(compiled(x), want)
+        self.assertEqual(env.applier.report.planned_calls, 6)
 
 
 class PureFunctionsTest(unittest.TestCase):
