@@ -153,6 +153,22 @@ def staggered_plan():
     return p
 
 
+def staggered_net(test, native):
+    """Net of 3 blocks under staggered_plan, detached at `test`'s cleanup,
+    its stage hooks the replay module's (`native`) or the Python twin's;
+    its input and its unplanned output."""
+    torch.manual_seed(0)
+    net, x = Net(blocks=3), torch.randn(8, 16)
+    with torch.no_grad():
+        want = net(x)
+    with contextlib.ExitStack() as stack:
+        if not native:
+            stack.enter_context(mock.patch.object(_apply, "_native_region", lambda *_: None))
+        _apply.apply(net, staggered_plan(), runtime_lib=RUNTIME)
+    test.addCleanup(net._dynaflow_applier.detach)
+    return net, x, want
+
+
 def planned_holder(layer):
     """Holder(layer) with a plan that splits its layer applied."""
     net = Holder(layer)
@@ -351,15 +367,7 @@ class RegionOnCpuTest(unittest.TestCase):
     the schedule's issue order and give the unplanned outputs."""
 
     def run_net(self, native):
-        torch.manual_seed(0)
-        net, x = Net(blocks=3), torch.randn(8, 16)
-        with torch.no_grad():
-            want = net(x)
-        with contextlib.ExitStack() as stack:
-            if not native:
-                stack.enter_context(mock.patch.object(_apply, "_native_region", lambda *_: None))
-            _apply.apply(net, staggered_plan(), runtime_lib=RUNTIME)
-        self.addCleanup(net._dynaflow_applier.detach)
+        net, x, want = staggered_net(self, native)
         region = net._dynaflow_applier.forwards[0].regions[2]
         with torch.no_grad():
             got = [net(x) for _ in range(4)]
@@ -474,20 +482,6 @@ class CompileTest(unittest.TestCase):
     def setUp(self):
         torch._dynamo.reset()
 
-    def planned_net(self, native=True):
-        """Net, staggered by its blocks (their stage hooks: the replay
-        module's, else the Python twin's), its input and unplanned output."""
-        torch.manual_seed(0)
-        net, x = Net(blocks=3), torch.randn(8, 16)
-        with torch.no_grad():
-            want = net(x)
-        with contextlib.ExitStack() as stack:
-            if not native:
-                stack.enter_context(mock.patch.object(_apply, "_native_region", lambda *_: None))
-            _apply.apply(net, staggered_plan(), runtime_lib=RUNTIME)
-        self.addCleanup(net._dynaflow_applier.detach)
-        return net, x, want
-
     def test_a_graph_to_compile_whole_traces_the_original_and_refuses_in_one_line(self):
         # torch's Unsupported was raised at the planned call's graph break.
         cases = (("torch.compile(fullgraph=True)", True, contextlib.nullcontext),
@@ -497,7 +491,7 @@ class CompileTest(unittest.TestCase):
             for how, fullgraph, context in cases:
                 with self.subTest(native=native, how=how):
                     torch._dynamo.reset()
-                    net, x, want = self.planned_net(native)
+                    net, x, want = staggered_net(self, native)
                     self.assertEqual([len(b._forward_pre_hooks) for b in net.blocks], [1, 1, 1])
                     compiled = torch.compile(net, backend="eager", fullgraph=fullgraph)
                     err = io.StringIO()
@@ -520,7 +514,7 @@ class CompileTest(unittest.TestCase):
     def test_an_export_records_the_original_and_the_plan_goes_on(self):
         # A strict export raised torch's Unsupported; a non-strict one
         # records the original operators (traced).
-        net, x, want = self.planned_net()
+        net, x, want = staggered_net(self, True)
         with torch.no_grad():
             for strict in (True, False):
                 torch.testing.assert_close(
@@ -533,7 +527,7 @@ class CompileTest(unittest.TestCase):
         self.assertEqual(report.planned_calls, 1)  # after the audited first call
 
     def test_a_compile_with_graph_breaks_runs_the_plan(self):
-        net, x, want = self.planned_net()
+        net, x, want = staggered_net(self, True)
         compiled = torch.compile(net, backend="eager")
         with torch.no_grad():
             for _ in range(3):
@@ -586,7 +580,7 @@ class CompileTest(unittest.TestCase):
         for fullgraph in (True, False):
             with self.subTest(fullgraph=fullgraph):
                 torch._dynamo.reset()
-                net, x, want = self.planned_net()
+                net, x, want = staggered_net(self, True)
                 twin = copy.deepcopy(net)
                 with torch.no_grad():
                     torch.testing.assert_close(
