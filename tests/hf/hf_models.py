@@ -204,6 +204,7 @@ def auto_compiled(fullgraph):
     for its decode steps (transformers' auto-compile: on a GPU by default,
     here asked for on every device), with the eager backend."""
     def pattern(model, ids):
+        import torch._dynamo
         import transformers
 
         config = transformers.CompileConfig(backend="eager", mode=None, fullgraph=fullgraph)
