@@ -627,6 +627,7 @@ class HfApplyTest(unittest.TestCase):
                 self.assertNotIn("Traceback", r.stderr)
                 compiled = re.findall(r"^auto-compile: dynamo compiled (\d+) graphs$", r.stdout,
                                       re.M)
+                self.assertTrue(compiled, r.stdout)
                 self.assertGreater(int(compiled[0]), 0, r.stdout)  # the first of two runs
                 said = [line for line in r.stderr.splitlines() if line.startswith("dynaflow")]
                 if fullgraph:

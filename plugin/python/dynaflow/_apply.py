@@ -1512,14 +1512,16 @@ def _installed_forward(planned):
     # the traced call is the unit's, and bakes in the answer, which no guard
     # checks: where a graph break would not raise, always the graph break,
     # whose eager call tells the unit from a copy (forward) on every call.
-    # Where it would, a copy's forward, unplanned, is traced.
+    # Where it would, a copy's forward, unplanned, is traced; and no guard
+    # tells the copy's graph from the unit's (torch 2.11 matches the
+    # installed forward by its code): reused for the unit, it runs the
+    # original without the refusal being said (README).
     @torch._dynamo.assume_constant_result
     def traced_whole(mine):
         why = _graph_break_raises()
         if not why:
             return False
-        planned = planned_ref()
-        return not mine or planned is None or planned.traced_whole(why)
+        return not mine or planned_ref().traced_whole(why)
 
     is_compiling = torch.compiler.is_compiling
 
@@ -1713,10 +1715,11 @@ class _PlannedForward:
             prepared = self._graphs().prepare(key, split, args, kwargs,
                                               fits or self._fits(policy, index, x))
         with a.lock:  # one call at a time per executor
-            if a.executor is None:
-                # Another thread's call refused the plan since this call's
-                # checks (Applier.refuse waits for the lock): the modules
-                # are restored, nothing of this call ran.
+            if a.executor is None or self.restored:
+                # The plan was refused since this call's checks, by another
+                # thread's call (Applier.refuse waits for the lock) or while
+                # dynamo traced (refuse_traced): the modules are restored,
+                # nothing of this call ran.
                 a.report.original_call()
                 return self.original(*args, **kwargs)
             out = EAGER
@@ -1725,7 +1728,8 @@ class _PlannedForward:
                     prepared, split, modules, lambda: self._run_for_graph(split, key),
                     lambda static, padded: self._capture(static, padded, args, kwargs, modules,
                                                          split.parts, key))
-                if out is EAGER and (a.executor is None or self.audited.get(key)):
+                if out is EAGER and (a.executor is None or self.restored or
+                                     self.audited.get(key)):
                     # The capture's merge refused the plan (the modules are
                     # restored), or its kind (_refuse). Nothing of the call
                     # ran on the device, and its warm-up showed it changes no
