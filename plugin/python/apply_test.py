@@ -520,7 +520,8 @@ class CompileTest(unittest.TestCase):
                 torch.testing.assert_close(
                     torch.export.export(net, (x,), strict=strict).module()(x), want)
             report = net._dynaflow_applier.report
-            self.assertEqual(list(report.unsplit), ["Net: torch.export records it, the original way"])
+            self.assertEqual(list(report.unsplit),
+                             ["Net: torch.export records it, the original way"])
             self.assertEqual(report.refused, "")
             for _ in range(2):
                 torch.testing.assert_close(net(x), want)

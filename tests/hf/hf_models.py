@@ -205,9 +205,8 @@ def auto_compiled(fullgraph):
     here asked for on every device), with the eager backend."""
     def pattern(model, ids):
         import torch._dynamo
-        import transformers
 
-        config = transformers.CompileConfig(backend="eager", mode=None, fullgraph=fullgraph)
+        config = tf.CompileConfig(backend="eager", mode=None, fullgraph=fullgraph)
         config._compile_all_devices = True
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         out = greedy(model, input_ids=ids, attention_mask=torch.ones_like(ids),
@@ -340,7 +339,8 @@ def main():
                     help="comma-separated; all: every pattern but outputs")
     ap.add_argument("--out")
     ap.add_argument("--apply", help="a plan to apply in process with dynaflow.apply")
-    ap.add_argument("--compile", nargs="?", const="graph-breaks", choices=["graph-breaks", "fullgraph"],
+    ap.add_argument("--compile", nargs="?", const="graph-breaks",
+                    choices=["graph-breaks", "fullgraph"],
                     help="torch.compile the model (fullgraph: with fullgraph=True)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (float32 either way)")
     ap.add_argument("--outputs-first", action="store_true",
